@@ -1,0 +1,39 @@
+# Set-up is two commands: `make demo` and `make test`. Both install what they need.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CACHE ?= $(CURDIR)/.cache
+export EAGLEPATCH_TEST_CACHE ?= $(CACHE)
+
+.PHONY: install sshd test test-fast demo bench clean
+
+$(BIN)/eaglepatch: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	@touch $@
+
+install: $(BIN)/eaglepatch
+
+# The end-to-end tests start a real OpenSSH server on 127.0.0.1; install Debian's when it is missing.
+sshd:
+	@if [ ! -x /usr/sbin/sshd ]; then \
+	  echo "installing openssh-server (Debian) for the end-to-end tests" >&2; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null) \
+	  || { echo "could not install openssh-server: run 'apt-get install openssh-server' as root" >&2; exit 1; }; \
+	fi
+
+test: install sshd
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test-fast: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m 'not e2e and not real'
+
+demo: install
+	$(BIN)/python -m eaglepatch.demo
+
+bench: install sshd
+	$(BIN)/python benchmarks/run_all.py --out docs/benchmarks.md
+
+clean:
+	rm -rf $(VENV) $(CACHE) build *.egg-info

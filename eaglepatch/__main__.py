@@ -1,0 +1,3 @@
+from eaglepatch.cli import main
+
+main()

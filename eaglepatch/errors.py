@@ -1,0 +1,63 @@
+"""Typed errors, each with a message for a person and the exit code CONTRACT.md gives it.
+
+Only the CLI turns these into exit codes (``eaglepatch.cli``); nothing below it calls ``sys.exit``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """The exit codes of CONTRACT.md."""
+
+    OK = 0
+    INTERNAL = 1
+    USAGE = 2
+    CONNECTION = 3
+    UNSUPPORTED = 4
+    CONFLICT = 5
+    VALIDATION = 6
+    RESTART = 7
+
+
+class EaglepatchError(Exception):
+    """Base of every error eaglepatch reports to a person; ``str()`` is the one-line message."""
+
+    exit_code: ExitCode = ExitCode.INTERNAL
+
+
+class UsageError(EaglepatchError):
+    """Bad arguments or options; the target was not touched."""
+
+    exit_code = ExitCode.USAGE
+
+
+class ConnectionFailed(EaglepatchError):
+    """SSH connection, authentication or host-key failure; the target was not touched."""
+
+    exit_code = ExitCode.CONNECTION
+
+
+class Unsupported(EaglepatchError):
+    """No sglang, no recognisable worker, or an ambiguous call site; nothing was changed."""
+
+    exit_code = ExitCode.UNSUPPORTED
+
+
+class Conflict(EaglepatchError):
+    """A file changed since it was read or patched (drift), or another run holds the lock."""
+
+    exit_code = ExitCode.CONFLICT
+
+
+class ValidationFailed(EaglepatchError):
+    """The patched file does not compile with the server's interpreter; nothing was changed."""
+
+    exit_code = ExitCode.VALIDATION
+
+
+class RestartFailed(EaglepatchError):
+    """The server was not ready within the timeout; the message says what the rollback achieved."""
+
+    exit_code = ExitCode.RESTART
