@@ -1,0 +1,656 @@
+"""The pure core: a worker module's source text in, a result value out. No files, no SSH, no printing.
+
+``instrument(source, path, recipe)`` finds each recipe class's entry method and phase calls by their shape (libcst)
+and returns ``Instrumented`` (new text plus what it found), ``NotApplicable`` (no class of the recipe in this file)
+or ``Refused`` (the reason, with file, class and line). ``strip(source)`` removes what ``instrument`` added.
+
+What the patch adds is only whole lines, each ending with ``MARKER``: the runtime import, a decorator on the entry
+method, ``begin``/``end`` lines around each phase statement and an ``accepted`` line after the verify statement.
+So removing the marked lines gives back the original bytes, and ``git diff`` of a patched file shows only ``+``.
+Before returning, ``instrument`` checks its own output: it compiles, and stripping it gives back the input.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from typing import Iterator, Sequence, Union
+
+import libcst as cst
+from libcst.helpers import get_full_name_for_node
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+
+from eaglepatch.transform.recipe import Fact, Family, PhaseCall, Recipe
+
+MARKER = "# [eaglepatch]"
+RUNTIME_MODULE = "_eaglepatch_runtime"
+ALIAS = "_eaglepatch"
+IMPORT_LINE = f"from . import {RUNTIME_MODULE} as {ALIAS}  {MARKER}"
+# A line that eaglepatch added: code, two spaces, the marker, end of line. Used to recognise, never to find shapes.
+_MARKED_LINE = re.compile(r"^[ \t]*\S.*  " + re.escape(MARKER) + r"[ \t]*(\r\n|\n|\r)?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseSite:
+    """A phase call found in the source: 1-based lines of the statement holding it (original file)."""
+
+    phase: str
+    mode: str
+    method: str
+    call: str
+    line: int
+    end_line: int
+    form: str  # "statement" (begin before, end after) or "return" (begin before; closed at cycle end)
+
+
+@dataclasses.dataclass(frozen=True)
+class FactSite:
+    """A per-cycle fact read after a statement: ``expr`` is the local name read, at 1-based ``line``."""
+
+    name: str
+    method: str
+    expr: str
+    attrs: tuple[str, ...]
+    bonus_per_req: int
+    line: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerInfo:
+    """One worker class of the file and what the transform makes of it.
+
+    ``status`` is ``supported`` (entry method and phases found), ``inherits`` (no entry method of its own: the
+    base class's instrumented method times it), or ``unsupported`` (with ``reason``).
+    """
+
+    cls: str
+    family: str | None
+    status: str
+    method: str | None = None
+    method_start: int | None = None
+    method_end: int | None = None
+    phases: tuple[PhaseSite, ...] = ()
+    facts: tuple[FactSite, ...] = ()
+    reason: str | None = None
+
+    @property
+    def phase_names(self) -> list[str]:
+        """Distinct phase names in source order."""
+        seen: list[str] = []
+        for p in self.phases:
+            if p.phase not in seen:
+                seen.append(p.phase)
+        return seen
+
+
+@dataclasses.dataclass(frozen=True)
+class Instrumented:
+    """Success: ``source`` is the instrumented text; ``changed`` is False when the input already was exactly it."""
+
+    path: str
+    source: str
+    workers: tuple[WorkerInfo, ...]
+    warnings: tuple[str, ...]
+    changed: bool
+    was_patched: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class NotApplicable:
+    """The file holds no class the recipe instruments (it may list unsupported ones)."""
+
+    path: str
+    reason: str
+    workers: tuple[WorkerInfo, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Refused:
+    """The transform will not guess: ``message()`` is one line naming file, class and line."""
+
+    path: str
+    reason: str
+    cls: str | None = None
+    line: int | None = None
+
+    def message(self) -> str:
+        where = self.path + (f":{self.line}" if self.line else "")
+        who = f" ({self.cls})" if self.cls else ""
+        return f"{where}{who}: {self.reason}"
+
+
+TransformResult = Union[Instrumented, NotApplicable, Refused]
+
+
+class _Refusal(Exception):
+    def __init__(self, reason: str, cls: str | None = None, line: int | None = None):
+        super().__init__(reason)
+        self.reason, self.cls, self.line = reason, cls, line
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading the tree
+
+
+def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
+    """Every call inside ``node``, not descending into lambdas, nested functions or classes."""
+    found: list[cst.Call] = []
+
+    class V(cst.CSTVisitor):
+        def visit_Call(self, n: cst.Call) -> bool:
+            found.append(n)
+            return True
+
+        def visit_Lambda(self, n: cst.Lambda) -> bool:
+            return False
+
+        def visit_FunctionDef(self, n: cst.FunctionDef) -> bool:
+            return False
+
+        def visit_ClassDef(self, n: cst.ClassDef) -> bool:
+            return False
+
+    node.visit(V())
+    return found
+
+
+def _kwarg_names(call: cst.Call) -> set[str]:
+    return {a.keyword.value for a in call.args if a.keyword is not None}
+
+
+def _matches(call: cst.Call, pc: PhaseCall | None, callee: str) -> bool:
+    if get_full_name_for_node(call.func) != callee:
+        return False
+    if pc is None:
+        return True
+    kws = _kwarg_names(call)
+    return all(k in kws for k in pc.with_kwargs) and not any(k in kws for k in pc.without_kwargs)
+
+
+def _headers(stmt: cst.BaseCompoundStatement) -> list[cst.CSTNode]:
+    """The expressions of a compound statement's header lines (where no line can be inserted)."""
+    if isinstance(stmt, cst.If):
+        return [stmt.test]
+    if isinstance(stmt, cst.While):
+        return [stmt.test]
+    if isinstance(stmt, cst.For):
+        return [stmt.target, stmt.iter]
+    if isinstance(stmt, cst.With):
+        return list(stmt.items)
+    if isinstance(stmt, cst.Match):
+        return [stmt.subject]
+    return []
+
+
+def _blocks(stmt: cst.BaseCompoundStatement) -> Iterator[cst.BaseSuite]:
+    """The suites of a compound statement: body, elif/else, except handlers, finally, match cases."""
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        return
+    if isinstance(stmt, cst.Match):
+        for case in stmt.cases:
+            yield case.body
+        return
+    yield stmt.body
+    orelse = getattr(stmt, "orelse", None)
+    while orelse is not None:
+        if isinstance(orelse, cst.If):  # elif
+            yield orelse.body
+            orelse = orelse.orelse
+        else:
+            yield orelse.body
+            orelse = None
+    for h in getattr(stmt, "handlers", ()):
+        yield h.body
+    final = getattr(stmt, "finalbody", None)
+    if final is not None:
+        yield final.body
+
+
+@dataclasses.dataclass
+class _Stmt:
+    node: cst.CSTNode  # SimpleStatementLine, or the compound statement whose header holds a call
+    in_suite: bool  # True: a one-line suite ("if x: call()") or a compound header, where no line can go
+    header: bool
+
+
+def _walk(suite: cst.BaseSuite) -> Iterator[_Stmt]:
+    """Statements of a suite in source order, recursing into compound statements."""
+    if isinstance(suite, cst.SimpleStatementSuite):
+        yield _Stmt(suite, in_suite=True, header=False)
+        return
+    for stmt in suite.body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            yield _Stmt(stmt, in_suite=False, header=False)
+        elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        else:
+            for h in _headers(stmt):
+                yield _Stmt(h, in_suite=True, header=True)
+            for block in _blocks(stmt):
+                yield from _walk(block)
+
+
+def _bound_names(stmt: cst.CSTNode) -> list[str]:
+    """Names a simple statement binds: assignment targets, including inside tuples."""
+    names: list[str] = []
+
+    def collect(t: cst.BaseExpression) -> None:
+        if isinstance(t, cst.Name):
+            names.append(t.value)
+        elif isinstance(t, (cst.Tuple, cst.List)):
+            for el in t.elements:
+                collect(el.value)
+        elif isinstance(t, cst.StarredElement):
+            collect(t.value)
+
+    if isinstance(stmt, cst.SimpleStatementLine):
+        for small in stmt.body:
+            if isinstance(small, cst.Assign):
+                for t in small.targets:
+                    collect(t.target)
+            elif isinstance(small, cst.AnnAssign):
+                collect(small.target)
+    return names
+
+
+def _single_target(stmt: cst.CSTNode) -> str | None:
+    """The one Name a statement assigns to (``x = ...`` / ``x: T = ...``), else None."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return None
+    small = stmt.body[0]
+    if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+        return small.targets[0].target.value
+    if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.value is not None:
+        return small.target.value
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Finding what to instrument
+
+
+@dataclasses.dataclass
+class _Insert:
+    after_line: int  # 0-based index of the original line this goes after; -1 = at the very top
+    order: int  # same position: import (-1), phase end (1), fact (2), phase begin (3), decorator (4)
+    anchor_line: int  # 0-based line whose indentation and line ending the new line copies
+    code: str
+
+
+class _Finder:
+    def __init__(self, source: str, path: str, recipe: Recipe):
+        self.source, self.path, self.recipe = source, path, recipe
+        self.lines = source.splitlines(keepends=True)
+        try:
+            module = cst.parse_module(source)
+        except cst.ParserSyntaxError as exc:
+            raise _Refusal(f"does not parse: {exc.message}", line=exc.raw_line) from None
+        except RecursionError:
+            raise _Refusal("does not parse: nested too deeply") from None
+        self.module = module
+        # Line numbers come from the standard ast (fast) for classes, methods and imports, and from libcst's
+        # PositionProvider run on each scanned method alone (resolving positions for the whole module costs
+        # more than parsing it), shifted by the method's line in the file.
+        self.tree = ast.parse(source)
+        self.ast_classes = {n.name: n for n in self.tree.body if isinstance(n, ast.ClassDef)}
+        self.pos: dict[cst.CSTNode, CodeRange] = {}
+        self.warnings: list[str] = []
+        self.inserts: list[_Insert] = []
+
+    def _ast_method(self, cls: str, method: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
+        found = None
+        for n in self.ast_classes[cls].body:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == method:
+                found = n
+        assert found is not None
+        return found
+
+    def _locate(self, cls: str, fn: cst.FunctionDef) -> None:
+        """Resolve positions of every node of ``fn`` in file coordinates."""
+        node = self._ast_method(cls, fn.name.value)
+        first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+        wrapper = MetadataWrapper(cst.Module(body=[fn]), unsafe_skip_copy=True)
+        positions = wrapper.resolve(PositionProvider)
+        shift = first - positions[fn].start.line
+        for n, r in positions.items():
+            self.pos[n] = CodeRange((r.start.line + shift, r.start.column), (r.end.line + shift, r.end.column))
+
+    def _range(self, node: cst.CSTNode) -> CodeRange:
+        return self.pos[node]
+
+    def _def_line(self, cls: str, method: str) -> int:
+        node = self._ast_method(cls, method)
+        return node.decorator_list[0].lineno if node.decorator_list else node.lineno
+
+    def run(self) -> list[WorkerInfo]:
+        workers: list[WorkerInfo] = []
+        for stmt in self.module.body:
+            if isinstance(stmt, cst.ClassDef):
+                info = self._class(stmt)
+                if info is not None:
+                    workers.append(info)
+        return workers
+
+    def _methods(self, cls: cst.ClassDef) -> dict[str, cst.FunctionDef]:
+        out: dict[str, cst.FunctionDef] = {}
+        if isinstance(cls.body, cst.IndentedBlock):
+            for s in cls.body.body:
+                if isinstance(s, cst.FunctionDef):
+                    out[s.name.value] = s
+        return out
+
+    def _class(self, cls: cst.ClassDef) -> WorkerInfo | None:
+        name = cls.name.value
+        methods = self._methods(cls)
+        fam = self.recipe.family_of(name)
+        if fam is None:
+            reason = self.recipe.unsupported_reason(name)
+            entry_here = [m for m in self.recipe.entry_names if m in methods]
+            if reason is None and not entry_here:
+                # A subclass of an instrumented worker (StandaloneWorker) is timed through its base's method.
+                bases = [(get_full_name_for_node(b.value) or "").rsplit(".", 1)[-1] for b in cls.bases]
+                base_fam = next((self.recipe.family_of(b) for b in bases if self.recipe.family_of(b)), None)
+                if base_fam is None:
+                    return None  # not a worker: not ours to mention
+                return WorkerInfo(cls=name, family=base_fam.name, status="inherits",
+                                  reason="inherits its entry method: timed through the base class")
+            line = self._def_line(name, entry_here[0]) if entry_here else self.ast_classes[name].lineno
+            return WorkerInfo(
+                cls=name,
+                family=None,
+                status="unsupported",
+                method=entry_here[0] if entry_here else None,
+                method_start=line,
+                reason=reason or "no recipe for this class (add one with --recipe)",
+            )
+        entries = [m for m in fam.entry if m in methods]
+        if not entries:
+            return WorkerInfo(cls=name, family=fam.name, status="inherits", reason="no entry method of its own")
+        if len(entries) > 1:
+            raise _Refusal(f"both {entries[0]} and {entries[1]} are defined: which is the entry?", name,
+                           self._def_line(name, entries[1]))
+        entry = methods[entries[0]]
+        scanned = [entry] + [methods[h] for h in fam.helpers if h in methods]
+        for fn in scanned:
+            self._locate(name, fn)
+        rng = self._range(entry)
+        if entry.asynchronous is not None:
+            raise _Refusal(f"{entry.name.value} is async: not a shape eaglepatch knows", name, rng.start.line)
+        phases: list[PhaseSite] = []
+        facts: list[FactSite] = []
+        for fn in scanned:
+            p, f = self._scan_method(name, fam, fn)
+            phases.extend(p)
+            facts.extend(f)
+        for pc in fam.phases:
+            if pc.required and not any(p.phase == pc.name and p.call == pc.call and p.mode == pc.mode for p in phases):
+                raise _Refusal(
+                    f"phase {pc.name!r} ({pc.call}(...)) not found in {entries[0]}"
+                    + (f" or {', '.join(h for h in fam.helpers if h in methods)}" if scanned[1:] else "")
+                    + ": unknown layout, nothing instrumented",
+                    name,
+                    rng.start.line,
+                )
+        if fam.facts and not facts:
+            self.warnings.append(f"{self.path}: {name}: accepted tokens not found; records will carry accepted=null")
+        for fa in fam.facts:
+            if fa.required and not any(f.expr in fa.from_ or "$" in fa.from_ for f in facts):
+                raise _Refusal("the accepted-tokens value the recipe requires is not found", name, rng.start.line)
+        # The decorator goes above the def (or above its first decorator).
+        first = self._range(entry.decorators[0]).start.line if entry.decorators else rng.start.line
+        self.inserts.append(_Insert(first - 2, 4, first - 1, f"@{ALIAS}.entry"))
+        phases.sort(key=lambda p: p.line)
+        return WorkerInfo(
+            cls=name,
+            family=fam.name,
+            status="supported",
+            method=entries[0],
+            method_start=rng.start.line,
+            method_end=rng.end.line,
+            phases=tuple(phases),
+            facts=tuple(facts),
+        )
+
+    def _scan_method(self, cls: str, fam: Family, fn: cst.FunctionDef) -> tuple[list[PhaseSite], list[FactSite]]:
+        method = fn.name.value
+        phases: list[PhaseSite] = []
+        facts: list[FactSite] = []
+        seen: dict[int, int] = {}  # index of PhaseCall -> line already found in this method
+        for st in _walk(fn.body):
+            calls = _calls_in(st.node)
+            hits = []
+            for call in calls:
+                callee = get_full_name_for_node(call.func)
+                if callee is None:
+                    continue
+                for i, pc in enumerate(fam.phases):
+                    if _matches(call, pc, pc.call):
+                        hits.append((i, pc, call))
+            line = self._range(st.node).start.line
+            if hits:
+                if st.in_suite:
+                    what = "a compound statement's header" if st.header else "a one-line compound statement"
+                    raise _Refusal(f"phase call {hits[0][1].call}(...) sits in {what}: no line can be added around it",
+                                   cls, line)
+                if len(hits) > 1:
+                    raise _Refusal(
+                        f"one statement holds several phase calls ({', '.join(h[1].call for h in hits)}): ambiguous",
+                        cls, line)
+                i, pc, _call = hits[0]
+                if i in seen:
+                    raise _Refusal(
+                        f"phase {pc.name!r} ({pc.call}(...)) appears twice in {method} (lines {seen[i]} and {line}): "
+                        "ambiguous, nothing instrumented", cls, line)
+                seen[i] = line
+                phases.append(self._phase_site(cls, method, pc, st.node))
+                for fa in fam.facts:
+                    if fa.after == pc.name:
+                        self._fact(cls, method, fa, st.node, facts)
+            else:
+                for fa in fam.facts:
+                    if fa.after_call and not st.in_suite and any(
+                        get_full_name_for_node(c.func) == fa.after_call for c in calls
+                    ):
+                        self._fact(cls, method, fa, st.node, facts)
+        return phases, facts
+
+    def _check_line_start(self, cls: str, node: cst.CSTNode) -> tuple[int, int]:
+        rng = self._range(node)
+        start, end = rng.start.line - 1, rng.end.line - 1
+        before = self.lines[start][: rng.start.column]
+        if before.strip():
+            raise _Refusal("a phase statement does not start its line", cls, rng.start.line)
+        if not self.lines[end].endswith(("\n", "\r")):
+            raise _Refusal("a phase statement ends the file without a newline", cls, rng.end.line)
+        return start, end
+
+    def _phase_site(self, cls: str, method: str, pc: PhaseCall, node: cst.CSTNode) -> PhaseSite:
+        start, end = self._check_line_start(cls, node)
+        is_return = isinstance(node, cst.SimpleStatementLine) and any(isinstance(s, cst.Return) for s in node.body)
+        self.inserts.append(_Insert(start - 1, 3, start, f'{ALIAS}.begin("{pc.name}", "{pc.mode}")'))
+        if not is_return:
+            self.inserts.append(_Insert(end, 1, start, f'{ALIAS}.end("{pc.name}")'))
+        return PhaseSite(
+            phase=pc.name,
+            mode=pc.mode,
+            method=method,
+            call=pc.call,
+            line=start + 1,
+            end_line=end + 1,
+            form="return" if is_return else "statement",
+        )
+
+    def _fact(self, cls: str, method: str, fa: Fact, node: cst.CSTNode, out: list[FactSite]) -> None:
+        if isinstance(node, cst.SimpleStatementLine) and any(isinstance(s, cst.Return) for s in node.body):
+            return
+        bound = _bound_names(node)
+        chosen = None
+        for cand in fa.from_:
+            if cand == "$":
+                chosen = _single_target(node)
+            elif cand in bound:
+                chosen = cand
+            if chosen:
+                break
+        if chosen is None:
+            return
+        start, end = self._check_line_start(cls, node)
+        attrs = "(" + "".join(f'"{a}", ' for a in fa.attrs).rstrip(" ") + ")" if fa.attrs else "()"
+        self.inserts.append(_Insert(end, 2, start, f"{ALIAS}.accepted({chosen}, {attrs}, {fa.bonus_per_req})"))
+        out.append(FactSite(fa.name, method, chosen, fa.attrs, fa.bonus_per_req, start + 1))
+
+    def import_insert(self) -> _Insert:
+        """After the last top-level import that precedes the first class or def (after docstring/future)."""
+        after = -1
+        for i, stmt in enumerate(self.tree.body):
+            if isinstance(stmt, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                break
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                after = (stmt.end_lineno or stmt.lineno) - 1
+            elif i == 0 and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(
+                stmt.value.value, str
+            ):
+                after = (stmt.end_lineno or stmt.lineno) - 1  # the module docstring
+        anchor = after if after >= 0 else 0
+        return _Insert(after, -1, anchor, IMPORT_LINE.split(f"  {MARKER}")[0])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Public functions
+
+
+def _newline_of(line: str, default: str) -> str:
+    for nl in ("\r\n", "\n", "\r"):
+        if line.endswith(nl):
+            return nl
+    return default
+
+
+def _render(lines: Sequence[str], inserts: list[_Insert], default_nl: str) -> str:
+    by_pos: dict[int, list[_Insert]] = {}
+    for ins in inserts:
+        by_pos.setdefault(ins.after_line, []).append(ins)
+    out: list[str] = []
+
+    def emit(pos: int) -> None:
+        for ins in sorted(by_pos.get(pos, ()), key=lambda i: i.order):
+            anchor = lines[ins.anchor_line] if lines else ""
+            indent = anchor[: len(anchor) - len(anchor.lstrip(" \t"))] if ins.order >= 0 else ""
+            out.append(f"{indent}{ins.code}  {MARKER}{_newline_of(anchor, default_nl)}")
+
+    emit(-1)
+    for i, line in enumerate(lines):
+        out.append(line)
+        emit(i)
+    return "".join(out)
+
+
+def strip_lines(source: str) -> str:
+    """Remove every line eaglepatch marks as its own, by text alone (for files that no longer parse)."""
+    return "".join(line for line in source.splitlines(keepends=True) if not _MARKED_LINE.match(line))
+
+
+def strip(source: str) -> str:
+    """Remove what ``instrument`` added and return the rest byte for byte.
+
+    libcst finds the statements and decorators that carry the marker comment; their lines are removed. When that
+    count and the count of marked lines differ (a marker merged into someone's own code, a marker in a string),
+    or the file no longer parses, only the lines that have exactly the shape eaglepatch writes are removed.
+    """
+    if MARKER not in source:
+        return source
+    try:
+        module = cst.parse_module(source)
+    except (cst.ParserSyntaxError, RecursionError):
+        return strip_lines(source)
+    marked = 0
+
+    class V(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+            nonlocal marked
+            c = node.trailing_whitespace.comment
+            if c is not None and c.value == MARKER:
+                marked += 1
+            return False
+
+        def visit_Decorator(self, node: cst.Decorator) -> bool:
+            nonlocal marked
+            c = node.trailing_whitespace.comment
+            if c is not None and c.value == MARKER:
+                marked += 1
+            return False
+
+    module.visit(V())
+    lines = source.splitlines(keepends=True)
+    if marked == sum(1 for line in lines if _MARKED_LINE.match(line)):
+        return strip_lines(source)
+    # Rare: something that looks like our line but is not ours (inside a string, say). Remove by position.
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    pos = wrapper.resolve(PositionProvider)
+    drop: set[int] = set()
+
+    class P(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+            c = node.trailing_whitespace.comment
+            r = pos[node]
+            if c is not None and c.value == MARKER and r.start.line == r.end.line:
+                drop.add(r.start.line - 1)
+            return False
+
+        def visit_Decorator(self, node: cst.Decorator) -> bool:
+            c = node.trailing_whitespace.comment
+            if c is not None and c.value == MARKER:
+                drop.add(pos[node].start.line - 1)
+            return False
+
+    wrapper.module.visit(P())
+    return "".join(line for i, line in enumerate(lines) if i not in drop)
+
+
+def is_instrumented(source: str) -> bool:
+    """True when the source carries any line eaglepatch added."""
+    return MARKER in source and any(_MARKED_LINE.match(l) for l in source.splitlines(keepends=True))
+
+
+def analyze(source: str, path: str, recipe: Recipe) -> TransformResult:
+    """What ``instrument`` would find, with lines of ``source`` as given (patched or not)."""
+    return _instrument(source, path, recipe, render=False)
+
+
+def instrument(source: str, path: str, recipe: Recipe) -> TransformResult:
+    """Instrument every recipe class in ``source``; see the module docstring for the result values.
+
+    An already instrumented file is first stripped, so instrumenting twice equals instrumenting once, and a file
+    patched by an older recipe is brought up to date.
+    """
+    return _instrument(source, path, recipe, render=True)
+
+
+def _instrument(source: str, path: str, recipe: Recipe, render: bool) -> TransformResult:
+    was_patched = is_instrumented(source)
+    original = strip(source) if was_patched and render else source
+    try:
+        finder = _Finder(original, path, recipe)
+        workers = finder.run()
+    except _Refusal as r:
+        return Refused(path, r.reason, r.cls, r.line)
+    supported = [w for w in workers if w.status == "supported"]
+    if not supported:
+        if workers:
+            reasons = "; ".join(f"{w.cls}: {w.reason}" for w in workers)
+            return NotApplicable(path, reasons, tuple(workers))
+        return NotApplicable(path, "no speculative worker class of the recipe in this file", ())
+    if not render:
+        return Instrumented(path, source, tuple(workers), tuple(finder.warnings), False, was_patched)
+    inserts = finder.inserts + [finder.import_insert()]
+    default_nl = _newline_of(finder.lines[0], "\n") if finder.lines else "\n"
+    new = _render(finder.lines, inserts, default_nl)
+    # Check our own output before anyone writes it (Black's habit): it compiles, and it strips back to the input.
+    try:
+        compile(new, path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return Refused(path, f"internal error: the instrumented file does not compile ({exc.msg})", None, exc.lineno)
+    if strip_lines(new) != original:
+        return Refused(path, "internal error: removing the added lines would not give back the original")
+    return Instrumented(path, new, tuple(workers), tuple(finder.warnings), new != source, was_patched)

@@ -1,0 +1,207 @@
+"""Recipes: what to instrument, as data (the built-in ones live in the top-level ``patches/`` folder).
+
+A recipe names worker families: their classes, the entry method timed as a whole, helper methods that also hold
+phase calls, the phase calls themselves (by the dotted name of the callee and, where needed, keywords that must
+or must not be present), and the per-cycle facts (accepted tokens) read after a phase. See patches/README.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from importlib import resources
+from typing import Any
+
+from eaglepatch.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+PHASES = ("target", "draft_extend", "draft", "verify")
+MODES = ("prefill", "decode")
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseCall:
+    """One call shape that is a phase: ``call`` is the callee's dotted name, e.g. ``self.draft_worker.draft``."""
+
+    name: str
+    mode: str
+    call: str
+    with_kwargs: tuple[str, ...] = ()
+    without_kwargs: tuple[str, ...] = ()
+    required: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Fact:
+    """A per-cycle value read right after a phase (``after``) or another call (``after_call``).
+
+    ``from_`` lists candidate local names bound by that statement (``$`` = its single assignment target);
+    ``attrs`` the attributes to read from it in order of preference (empty: the value itself).
+    """
+
+    name: str
+    from_: tuple[str, ...]
+    attrs: tuple[str, ...]
+    bonus_per_req: int = 0
+    after: str | None = None
+    after_call: str | None = None
+    required: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A worker family: classes of one shape, instrumented the same way."""
+
+    name: str
+    classes: tuple[str, ...]
+    entry: tuple[str, ...]
+    helpers: tuple[str, ...] = ()
+    phases: tuple[PhaseCall, ...] = ()
+    facts: tuple[Fact, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Unsupported:
+    """Classes known and deliberately left alone, with the reason ``show`` gives."""
+
+    classes: tuple[str, ...]
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A whole recipe: families plus known-unsupported classes; ``source`` says where it came from."""
+
+    families: tuple[Family, ...]
+    unsupported: tuple[Unsupported, ...] = ()
+    source: str = "built-in"
+
+    def family_of(self, class_name: str) -> Family | None:
+        for fam in self.families:
+            if class_name in fam.classes:
+                return fam
+        return None
+
+    def unsupported_reason(self, class_name: str) -> str | None:
+        for u in self.unsupported:
+            if class_name in u.classes:
+                return u.reason
+        return None
+
+    @property
+    def entry_names(self) -> frozenset[str]:
+        return frozenset(n for fam in self.families for n in fam.entry)
+
+
+def _strs(value: Any, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise UsageError(f"recipe {where}: expected a string or a list of strings, got {value!r}")
+
+
+def parse_recipe(data: dict[str, Any], source: str) -> Recipe:
+    """Build a ``Recipe`` from parsed TOML; raises ``UsageError`` naming the bad field."""
+    families = []
+    for i, fam in enumerate(data.get("family", [])):
+        where = f"{source}: family #{i + 1}"
+        try:
+            name = fam["name"]
+            classes = _strs(fam["classes"], f"{where} classes")
+            entry = _strs(fam["entry"], f"{where} entry")
+        except KeyError as exc:
+            raise UsageError(f"{where}: missing field {exc.args[0]!r}: see patches/README.md") from None
+        phases = []
+        for j, ph in enumerate(fam.get("phase", [])):
+            pw = f"{where} phase #{j + 1}"
+            if not isinstance(ph.get("name"), str) or not isinstance(ph.get("call"), str):
+                raise UsageError(f"{pw}: needs string fields 'name' and 'call'")
+            mode = ph.get("mode", "decode")
+            if mode not in MODES:
+                raise UsageError(f"{pw}: mode must be one of {', '.join(MODES)}, not {mode!r}")
+            phases.append(
+                PhaseCall(
+                    name=ph["name"],
+                    mode=mode,
+                    call=ph["call"],
+                    with_kwargs=_strs(ph.get("with_kwargs"), f"{pw} with_kwargs"),
+                    without_kwargs=_strs(ph.get("without_kwargs"), f"{pw} without_kwargs"),
+                    required=bool(ph.get("required", True)),
+                )
+            )
+        facts = []
+        for j, fa in enumerate(fam.get("fact", [])):
+            fw = f"{where} fact #{j + 1}"
+            if fa.get("name") != "accepted":
+                raise UsageError(f"{fw}: the only fact eaglepatch records is 'accepted'")
+            if (fa.get("after") is None) == (fa.get("after_call") is None):
+                raise UsageError(f"{fw}: give exactly one of 'after' (a phase) or 'after_call' (a callee)")
+            facts.append(
+                Fact(
+                    name="accepted",
+                    from_=_strs(fa.get("from"), f"{fw} from") or ("$",),
+                    attrs=_strs(fa.get("attrs"), f"{fw} attrs"),
+                    bonus_per_req=int(fa.get("bonus_per_req", 0)),
+                    after=fa.get("after"),
+                    after_call=fa.get("after_call"),
+                    required=bool(fa.get("required", False)),
+                )
+            )
+        families.append(
+            Family(
+                name=name,
+                classes=classes,
+                entry=entry,
+                helpers=_strs(fam.get("helpers"), f"{where} helpers"),
+                phases=tuple(phases),
+                facts=tuple(facts),
+            )
+        )
+    unsupported = tuple(
+        Unsupported(classes=_strs(u.get("classes"), f"{source}: unsupported"), reason=str(u.get("reason", "")))
+        for u in data.get("unsupported", [])
+    )
+    if not families:
+        raise UsageError(f"{source}: the recipe names no [[family]]: see patches/README.md")
+    return Recipe(families=tuple(families), unsupported=unsupported, source=source)
+
+
+def load_recipe_text(text: str, source: str) -> Recipe:
+    """Parse recipe TOML text; raises ``UsageError`` with the position of a syntax error."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{source}: not valid TOML ({exc})") from None
+    return parse_recipe(data, source)
+
+
+def load_recipe_file(path: str) -> Recipe:
+    """Load a user's recipe (``--recipe FILE``); raises ``UsageError`` when missing or malformed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise UsageError(f"cannot read recipe {path}: {exc.strerror}") from None
+    return load_recipe_text(text, path)
+
+
+def builtin_recipe() -> Recipe:
+    """The recipe shipped in ``eaglepatch.patches`` (every ``*.toml`` there, merged in name order)."""
+    families: list[Family] = []
+    unsupported: list[Unsupported] = []
+    files = sorted(
+        (p for p in resources.files("eaglepatch.patches").iterdir() if p.name.endswith(".toml")),
+        key=lambda p: p.name,
+    )
+    for p in files:
+        r = load_recipe_text(p.read_text(encoding="utf-8"), f"patches/{p.name}")
+        families.extend(r.families)
+        unsupported.extend(r.unsupported)
+    return Recipe(families=tuple(families), unsupported=tuple(unsupported), source="built-in")
