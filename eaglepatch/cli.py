@@ -1,0 +1,318 @@
+"""The thin command line: parse options, call the ops, print data to stdout and messages to stderr.
+
+This is the only place that turns errors into exit codes (``_exit_code``); nothing below it calls ``sys.exit``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import sys
+import traceback
+from typing import Any, Callable, List, Optional
+
+import typer
+
+from eaglepatch import __version__
+from eaglepatch.errors import EaglepatchError, ExitCode, RestartFailed, Unsupported, UsageError
+from eaglepatch.hosts.base import Host
+from eaglepatch.ops import actions
+from eaglepatch.ops.core import FactsOptions, RuntimeOptions
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Time the draft, verify and draft-extend phases of SGLang speculative decoding on a live server, "
+    "and put every byte back afterwards.",
+)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Messages and exit codes
+
+
+def say(msg: str) -> None:
+    """A message for the person: stderr, never stdout."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _exit_code(exc: BaseException) -> ExitCode:
+    if isinstance(exc, EaglepatchError):
+        return exc.exit_code
+    if isinstance(exc, (typer.BadParameter, typer.Abort)):
+        return ExitCode.USAGE
+    return ExitCode.INTERNAL
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, EaglepatchError):
+        return str(exc)
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    if os.environ.get("EAGLEPATCH_DEBUG"):
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
+    first = str(exc).strip().splitlines()
+    return f"internal error: {type(exc).__name__}: {first[0] if first else ''} (EAGLEPATCH_DEBUG=1 shows more)"
+
+
+@dataclasses.dataclass
+class Outcome:
+    target: str
+    value: Any = None
+    error: BaseException | None = None
+
+    @property
+    def code(self) -> ExitCode:
+        return ExitCode.OK if self.error is None else _exit_code(self.error)
+
+
+def for_each_target(targets: List[str], fn: Callable[[str], Any]) -> list[Outcome]:
+    """Run ``fn`` per target, concurrently when several; one Outcome each, in the order given."""
+
+    def one(t: str) -> Outcome:
+        try:
+            return Outcome(t, fn(t))
+        except BaseException as exc:  # noqa: BLE001 - every error becomes an outcome with its exit code
+            if isinstance(exc, (SystemExit,)):
+                raise
+            return Outcome(t, error=exc)
+
+    if len(targets) == 1:
+        return [one(targets[0])]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
+        return list(pool.map(one, targets))
+
+
+def finish(outcomes: list[Outcome], emit_json: bool, render: Callable[[Any], str] | None) -> None:
+    """Print each outcome (data to stdout, errors to stderr) and exit with the worst code."""
+    values = []
+    for o in outcomes:
+        if o.error is not None:
+            prefix = f"{o.target}: " if len(outcomes) > 1 or not str(o.error).startswith(o.target) else ""
+            say(f"eaglepatch: {prefix}{_message(o.error)}")
+            if emit_json:
+                values.append({"target": o.target, "error": _message(o.error), "exit_code": int(o.code)})
+            continue
+        if emit_json:
+            values.append(o.value)
+        elif render is not None:
+            text = render(o.value)
+            if text:
+                sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    if emit_json:
+        doc = values[0] if len(values) == 1 and len(outcomes) == 1 else values
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    sys.stdout.flush()
+    raise typer.Exit(max((int(o.code) for o in outcomes), default=0))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Shared options
+
+IdentityOpt = typer.Option(None, "-i", "--identity", help="SSH private key file.")
+PortOpt = typer.Option(None, "-p", "--port", help="SSH port.")
+JumpOpt = typer.Option(None, "-J", "--jump", help="ProxyJump host: [user@]host[:port].")
+PythonOpt = typer.Option(None, "--python", help="The remote interpreter (default: the server's, else python3).")
+SglangPathOpt = typer.Option(None, "--sglang-path", help="The sglang package directory (skips discovery).")
+TimeoutOpt = typer.Option(10.0, "--connect-timeout", help="SSH connect timeout, seconds.")
+AcceptOpt = typer.Option(False, "--accept-new-host-key", help="Accept and save an unknown host key.")
+RecipeOpt = typer.Option(None, "--recipe", help="A recipe file replacing the built-in one (see patches/README.md).")
+RestartCmdOpt = typer.Option(None, "--restart-cmd", help="Restart with this shell command on the target.")
+UnitOpt = typer.Option(None, "--systemd-unit", help="Restart with systemctl restart NAME.")
+ReadyTimeoutOpt = typer.Option(900.0, "--timeout", help="Seconds to wait for the server to be ready.")
+
+
+def conn(identity, port, jump, python, sglang_path, connect_timeout, accept) -> actions.Connect:
+    return actions.Connect(identity=identity, port=port, jump=jump, connect_timeout=connect_timeout,
+                           accept_new_host_key=accept, facts=FactsOptions(python=python, sglang_path=sglang_path))
+
+
+def _guard(fn: Callable[[], None]) -> None:
+    """Errors raised before any target is touched (bad options): one line, their exit code."""
+    try:
+        fn()
+    except typer.Exit:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        say(f"eaglepatch: {_message(exc)}")
+        raise typer.Exit(int(_exit_code(exc)))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Commands
+
+
+@app.command()
+def show(
+    target: str = typer.Argument(..., help="SSH destination or local path."),
+    json_out: bool = typer.Option(False, "--json", help="JSON, as CONTRACT.md."),
+    recipe: Optional[str] = RecipeOpt,
+    identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
+    python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
+    connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+) -> None:
+    """The sglang install, its worker files, entry methods with numbered source, phase call sites, patch state."""
+    def go() -> None:
+        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
+        r = actions.load_recipe(recipe)
+        finish(for_each_target([target], lambda t: actions.show(t, c, r)), json_out, actions.render_show)
+    _guard(go)
+
+
+@app.command()
+def diff(
+    target: str = typer.Argument(..., help="SSH destination or local path."),
+    mode: str = typer.Option("sync", "--mode", help="sync or events."),
+    recipe: Optional[str] = RecipeOpt,
+    identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
+    python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
+    connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+) -> None:
+    """The unified diff that apply would make; changes nothing."""
+    def go() -> None:
+        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
+        r = actions.load_recipe(recipe)
+        ropts = RuntimeOptions(mode=mode)
+        finish(for_each_target([target], lambda t: actions.diff(t, c, r, ropts, say)), False, lambda v: v)
+    _guard(go)
+
+
+@app.command()
+def apply(
+    targets: List[str] = typer.Argument(..., help="SSH destinations or local paths."),
+    mode: str = typer.Option("sync", "--mode", help="sync (synchronize + perf_counter) or events (CUDA events)."),
+    every: int = typer.Option(1, "--every", help="Time one cycle in N."),
+    log_dir: str = typer.Option("/tmp/eaglepatch", "--log-dir", help="Timing log directory on the target."),
+    recipe: Optional[str] = RecipeOpt,
+    no_restart: bool = typer.Option(False, "--no-restart", help="Patch only; do not restart the server."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the diff; change nothing."),
+    json_out: bool = typer.Option(False, "--json"),
+    restart_cmd: Optional[str] = RestartCmdOpt, systemd_unit: Optional[str] = UnitOpt,
+    timeout: float = ReadyTimeoutOpt,
+    identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
+    python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
+    connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+) -> None:
+    """Instrument every supported worker file, back up the originals, restart the server, wait until ready."""
+    def go() -> None:
+        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
+        r = actions.load_recipe(recipe)
+        ropts = RuntimeOptions(mode=mode, every=every, log_dir=log_dir)
+        restart = None if no_restart else actions.restart_options(restart_cmd, systemd_unit, timeout)
+        outcomes = for_each_target(targets, lambda t: actions.apply(t, c, r, ropts, restart, dry_run, say))
+        finish(outcomes, json_out, actions.render_change)
+    _guard(go)
+
+
+@app.command()
+def revert(
+    targets: List[str] = typer.Argument(..., help="SSH destinations or local paths."),
+    force: bool = typer.Option(False, "--force", help="Revert a drifted file: keep a copy, remove our lines."),
+    no_restart: bool = typer.Option(False, "--no-restart"),
+    json_out: bool = typer.Option(False, "--json"),
+    restart_cmd: Optional[str] = RestartCmdOpt, systemd_unit: Optional[str] = UnitOpt,
+    timeout: float = ReadyTimeoutOpt,
+    identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
+    python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
+    connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+) -> None:
+    """Put back the original bytes, remove what apply added, restart."""
+    def go() -> None:
+        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
+        r = actions.load_recipe(None)
+        restart = None if no_restart else actions.restart_options(restart_cmd, systemd_unit, timeout)
+        outcomes = for_each_target(targets, lambda t: actions.revert(t, c, r, force, restart, say))
+        finish(outcomes, json_out, actions.render_change)
+    _guard(go)
+
+
+@app.command()
+def status(
+    targets: List[str] = typer.Argument(..., help="SSH destinations or local paths."),
+    json_out: bool = typer.Option(False, "--json"),
+    identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
+    python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
+    connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+) -> None:
+    """Patch state per file (pristine, patched, drifted) and the server process."""
+    def go() -> None:
+        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
+        r = actions.load_recipe(None)
+        finish(for_each_target(targets, lambda t: actions.status(t, c, r)), json_out, actions.render_status)
+    _guard(go)
+
+
+@app.command()
+def restart(
+    targets: List[str] = typer.Argument(..., help="SSH destinations or local paths."),
+    restart_cmd: Optional[str] = RestartCmdOpt, systemd_unit: Optional[str] = UnitOpt,
+    timeout: float = ReadyTimeoutOpt,
+    json_out: bool = typer.Option(False, "--json"),
+    identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
+    python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
+    connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+) -> None:
+    """Restart the server and wait until it is ready."""
+    def go() -> None:
+        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
+        ropts = actions.restart_options(restart_cmd, systemd_unit, timeout)
+        outcomes = for_each_target(targets, lambda t: actions.restart_target(t, c, ropts, say))
+        finish(outcomes, json_out, actions.render_restart)
+    _guard(go)
+
+
+@app.command()
+def report(
+    sources: List[str] = typer.Argument(..., help="Timing logs: local files or folders, or TARGETs to fetch from."),
+    json_out: bool = typer.Option(False, "--json"),
+    csv_out: bool = typer.Option(False, "--csv"),
+    by: Optional[str] = typer.Option(None, "--by", help="Group by bs, rank or host."),
+    skip: int = typer.Option(0, "--skip", help="Drop the first N cycles of each process (warm-up)."),
+    trace: Optional[str] = typer.Option(None, "--trace", help="Write a Chrome trace (Perfetto) to FILE."),
+    compare: bool = typer.Option(False, "--compare", help="Two or more sources side by side, with deltas."),
+    log_dir: Optional[str] = typer.Option(None, "--log-dir", help="Log directory on a TARGET (default: from its manifest)."),
+    identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
+    python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
+    connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+) -> None:
+    """Aggregate timing logs: per-phase mean and percentiles, share of the cycle, accept length, tokens/s."""
+    def go() -> None:
+        if json_out and csv_out:
+            raise UsageError("--json and --csv exclude each other: give one")
+        if by is not None and by not in ("bs", "rank", "host"):
+            raise UsageError(f"--by must be bs, rank or host, not {by!r}")
+        if skip < 0:
+            raise UsageError("--skip must be 0 or more")
+        if compare and len(sources) < 2:
+            raise UsageError("--compare needs two or more sources")
+        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
+        text = actions.report(sources, c, by=by, skip=skip, trace=trace, compare=compare, log_dir=log_dir,
+                              fmt="json" if json_out else "csv" if csv_out else "table", say=say)
+        sys.stdout.write(text)
+    _guard(go)
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        print(f"eaglepatch {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", callback=version_callback, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    pass
+
+
+def main() -> None:
+    """Console entry point. Usage errors from Click exit 2, as CONTRACT.md says."""
+    try:
+        app(standalone_mode=True)
+    except KeyboardInterrupt:
+        say("eaglepatch: interrupted")
+        sys.exit(130)

@@ -1,0 +1,459 @@
+"""The programs that run ON the target for show/diff/apply/revert/status: read facts, lock, carry out a plan.
+
+Shipped as source to the host's interpreter by ``eaglepatch.hosts.base.run_python`` together with
+``eaglepatch/server/_remote.py`` (whose ``op_scan`` finds the running server), one round trip per call, with
+``PAYLOAD = {"op": ...}``; prints one JSON document. Standard library only, Python 3.8+, never imports sglang.
+"""
+
+import base64
+import hashlib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+BACKUP_DIRNAME = ".eaglepatch"
+LOCK_NAME = ".eaglepatch.lock"
+RUNTIME_NAME = "_eaglepatch_runtime.py"
+TMP_TAG = ".eaglepatch-tmp-"
+
+
+def _sha(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _b64(data):
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text):
+    return base64.b64decode(text.encode("ascii"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# facts
+
+
+def _sys_path_of(python, env, cwd):
+    """sys.path of ``python`` as the server sees it (its environment and working directory), or None."""
+    try:
+        out = subprocess.run(
+            [python, "-c", "import sys,json;print(json.dumps(sys.path))"],
+            env=env,
+            cwd=cwd if cwd and os.path.isdir(cwd) else None,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+        )
+        return json.loads(out.stdout.decode()) if out.returncode == 0 else None
+    except Exception:
+        return None
+
+
+def _find_package(paths, cwd):
+    for p in paths:
+        p = p or cwd or os.getcwd()
+        cand = os.path.join(p, "sglang")
+        if os.path.isfile(os.path.join(cand, "__init__.py")):
+            return os.path.realpath(cand)
+    return None
+
+
+def _package_from_hint(hint):
+    """--sglang-path: the package dir, a dir above it, a checkout root (python/sglang), or a worker file."""
+    hint = os.path.abspath(os.path.expanduser(hint))
+    if os.path.isfile(hint):
+        d = os.path.dirname(hint)
+        while d != os.path.dirname(d):
+            if os.path.basename(d) == "sglang" and os.path.isfile(os.path.join(d, "__init__.py")):
+                return d
+            d = os.path.dirname(d)
+        return None
+    if os.path.basename(hint) == "sglang" and os.path.isfile(os.path.join(hint, "__init__.py")):
+        return os.path.realpath(hint)
+    for sub in ("sglang", "python/sglang"):
+        cand = os.path.join(hint, sub)
+        if os.path.isfile(os.path.join(cand, "__init__.py")):
+            return os.path.realpath(cand)
+    # a venv or prefix: lib/python3.X/site-packages/sglang
+    for root in ("lib", "lib64"):
+        base = os.path.join(hint, root)
+        if os.path.isdir(base):
+            for name in sorted(os.listdir(base)):
+                cand = os.path.join(base, name, "site-packages", "sglang")
+                if os.path.isfile(os.path.join(cand, "__init__.py")):
+                    return os.path.realpath(cand)
+    return None
+
+
+def _version(pkg):
+    """The installed version, read without importing sglang: _version.py (setuptools-scm), the dist-info
+    METADATA beside the package, or a literal in version.py / __init__.py."""
+    try:
+        text = _read(os.path.join(pkg, "_version.py")).decode("utf-8", "replace")
+        m = re.search(r"""(?:__version__|version)\s*=\s*(?:version\s*=\s*)?["']([^"']+)["']""", text)
+        if m:
+            return m.group(1)
+    except OSError:
+        pass
+    parent = os.path.dirname(pkg)
+    try:
+        for name in sorted(os.listdir(parent)):
+            if name.startswith("sglang-") and name.endswith(".dist-info"):
+                for line in _read(os.path.join(parent, name, "METADATA")).decode("utf-8", "replace").splitlines():
+                    if line.startswith("Version:"):
+                        return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    for name in ("version.py", "__init__.py"):
+        try:
+            text = _read(os.path.join(pkg, name)).decode("utf-8", "replace")
+        except OSError:
+            continue
+        m = re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", text, re.M)
+        if m:
+            return m.group(1)
+    return None
+
+
+def _lock_info(path):
+    try:
+        return json.loads(_read(path).decode())
+    except (OSError, ValueError):
+        return None
+
+
+def op_facts(payload):
+    """Everything eaglepatch needs to decide: server, interpreter, package, worker files, manifest, lock."""
+    out = {"hostname": socket.gethostname(), "self_python": sys.executable, "servers": []}
+    try:
+        out["servers"] = op_scan({})["servers"]  # noqa: F821 (from eaglepatch/server/_remote.py)
+    except Exception as exc:  # a /proc we cannot read is not fatal for patching
+        out["scan_error"] = str(exc)
+    server = out["servers"][0] if out["servers"] else None
+    python = payload.get("python") or (server and server.get("exe")) or sys.executable
+    out["python"] = python
+    pkg = None
+    if payload.get("sglang_path"):
+        pkg = _package_from_hint(payload["sglang_path"])
+        if pkg is None:
+            out["error"] = "no sglang package at %s" % payload["sglang_path"]
+            return out
+    else:
+        env = server.get("env") if server and not payload.get("python") else None
+        cwd = server.get("cwd") if server else None
+        paths = _sys_path_of(python, env if env else None, cwd)
+        if paths is None:
+            out["error"] = "cannot run %s on the host" % python
+            return out
+        pkg = _find_package(paths, cwd)
+    out["package_dir"] = pkg
+    if pkg is None:
+        return out
+    out["version"] = _version(pkg)
+    spec = os.path.join(pkg, "srt", "speculative")
+    out["spec_dir"] = spec
+    files = []
+    entry_re = re.compile(payload.get("pattern", r"def (forward_batch_generation|forward_batch_speculative_generation)\b"))
+    if os.path.isdir(spec):
+        for root, dirs, names in os.walk(spec):
+            dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", BACKUP_DIRNAME))
+            for name in sorted(names):
+                if not name.endswith(".py") or name == RUNTIME_NAME or TMP_TAG in name:
+                    continue
+                path = os.path.join(root, name)
+                try:
+                    data = _read(path)
+                except OSError:
+                    continue
+                if not entry_re.search(data.decode("utf-8", "replace")):
+                    continue
+                st = os.stat(path)
+                files.append(
+                    {
+                        "path": os.path.relpath(path, os.path.dirname(pkg)),
+                        "abs": path,
+                        "data": _b64(data),
+                        "sha256": _sha(data),
+                        "mode": st.st_mode,
+                        "uid": st.st_uid,
+                        "gid": st.st_gid,
+                    }
+                )
+    out["files"] = files
+    backup_dir = os.path.join(spec, BACKUP_DIRNAME)
+    manifest_path = os.path.join(backup_dir, "manifest.json")
+    out["backup_dir"] = backup_dir
+    out["manifest_path"] = manifest_path
+    try:
+        out["manifest"] = json.loads(_read(manifest_path).decode())
+    except (OSError, ValueError):
+        out["manifest"] = None
+    backups = {}
+    if out["manifest"]:
+        for f in out["manifest"].get("files", []):
+            b = f.get("backup")
+            try:
+                backups[b] = _sha(_read(b))
+            except (OSError, TypeError):
+                backups[b] = None
+    out["backups"] = backups
+    runtime = os.path.join(spec, RUNTIME_NAME)
+    try:
+        out["runtime_sha256"] = _sha(_read(runtime))
+    except OSError:
+        out["runtime_sha256"] = None
+    out["runtime_path"] = runtime
+    out["lock_path"] = os.path.join(spec, LOCK_NAME)
+    out["lock"] = _lock_info(out["lock_path"])
+    out["writable"] = os.access(spec, os.W_OK) if os.path.isdir(spec) else False
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# lock
+
+
+def op_lock(payload):
+    """Take the install's lock (O_EXCL); a stale lock (its client is gone, or too old) is taken over."""
+    path = payload["lock_path"]
+    me = payload["owner"]
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            held = _lock_info(path) or {}
+            if held.get("token") == me["token"]:
+                return {"ok": True}
+            age = time.time() - float(held.get("time", 0) or 0)
+            stale = age > float(payload.get("ttl", 7200))
+            if held.get("client_host") == me.get("client_host") and held.get("client_pid") in payload.get("dead_pids", []):
+                stale = True
+            if stale:
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
+                continue
+            return {"ok": False, "held": held, "path": path}
+        except OSError as exc:
+            return {"ok": False, "error": "cannot create %s: %s" % (path, exc.strerror)}
+        with os.fdopen(fd, "w") as f:
+            json.dump(dict(me, time=time.time()), f)
+        return {"ok": True}
+    return {"ok": False, "held": _lock_info(path) or {}, "path": path}
+
+
+def op_unlock(payload):
+    held = _lock_info(payload["lock_path"]) or {}
+    if held.get("token") == payload["token"]:
+        try:
+            os.remove(payload["lock_path"])
+        except OSError:
+            pass
+    return {"ok": True}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# carrying out a plan
+
+
+def _tmp_name(path, token):
+    d, name = os.path.split(path)
+    return os.path.join(d, "." + name + TMP_TAG + token)
+
+
+def _write_new(path, data, like_stat=None, mode=0o644):
+    """Write ``data`` to ``path`` (a new temp file), fsync'd, with the mode and owner of ``like_stat``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    if like_stat is not None:
+        os.chmod(path, like_stat.st_mode & 0o7777)
+        try:
+            os.chown(path, like_stat.st_uid, like_stat.st_gid)
+        except OSError:
+            pass  # not root: the file is ours, as the original was writable by us
+    else:
+        os.chmod(path, mode)
+
+
+def _replace(src_tmp, dst):
+    os.replace(src_tmp, dst)
+
+
+def _drop_bytecode(path):
+    d, name = os.path.split(path)
+    stem = name[:-3] if name.endswith(".py") else name
+    cache = os.path.join(d, "__pycache__")
+    removed = []
+    if os.path.isdir(cache):
+        for n in os.listdir(cache):
+            if n.startswith(stem + ".") and n.endswith((".pyc", ".pyo")):
+                try:
+                    os.remove(os.path.join(cache, n))
+                    removed.append(n)
+                except OSError:
+                    pass
+    return removed
+
+
+def _fault(payload, point):
+    """Test hook: die right here, as a cut connection would leave things (see tests/e2e)."""
+    if payload.get("fault") == point:
+        os._exit(99)
+
+
+def op_execute(payload):
+    """Carry out a plan: check, write temps, compile, back up, swap in. All or nothing.
+
+    payload: token, writes [{path, expect_sha256 (null: must not exist), data | null (= remove), backup?,
+    compile: bool}], manifest {path, data | null}.
+    """
+    token = payload["token"]
+    held = _lock_info(payload["lock_path"]) or {}
+    if held.get("token") != token:
+        return {"ok": False, "kind": "conflict", "error": "lost the lock %s" % payload["lock_path"]}
+    writes = payload["writes"]
+    # 1. Nothing changed since it was read.
+    for w in writes:
+        try:
+            cur = _sha(_read(w["path"]))
+        except FileNotFoundError:
+            cur = None
+        except OSError as exc:
+            return {"ok": False, "kind": "io", "path": w["path"], "error": exc.strerror}
+        if cur != w["expect_sha256"]:
+            return {"ok": False, "kind": "conflict", "path": w["path"],
+                    "error": "changed since it was read (expected %s, found %s)" % (
+                        (w["expect_sha256"] or "no file")[:12], (cur or "no file")[:12])}
+    temps = []
+
+    def cleanup():
+        for t in temps:
+            try:
+                os.remove(t)
+            except OSError:
+                pass
+
+    try:
+        # 2. Temp files beside their destinations, validated with this (the server's) interpreter.
+        staged = []
+        for w in writes:
+            if w.get("data") is None:
+                staged.append((w, None))
+                continue
+            data = _unb64(w["data"])
+            tmp = _tmp_name(w["path"], token)
+            like = os.stat(w["path"]) if w["expect_sha256"] is not None else None
+            temps.append(tmp)
+            _write_new(tmp, data, like, mode=w.get("mode", 0o644))
+            if w.get("compile"):
+                try:
+                    compile(data, w["path"], "exec", dont_inherit=True)
+                except SyntaxError as exc:
+                    cleanup()
+                    return {"ok": False, "kind": "compile", "path": w["path"],
+                            "error": "%s (line %s)" % (exc.msg, exc.lineno), "python": sys.executable}
+            staged.append((w, tmp))
+        _fault(payload, "after-upload")
+        # 3. Backups of the originals, then the manifest: before anything is replaced.
+        for w in writes:
+            b = w.get("backup")
+            if b and w["expect_sha256"] is not None:
+                os.makedirs(os.path.dirname(b), mode=0o700, exist_ok=True)
+                try:
+                    same = _sha(_read(b)) == w["expect_sha256"]
+                except OSError:
+                    same = False
+                if not same:
+                    btmp = _tmp_name(b, token)
+                    temps.append(btmp)
+                    _write_new(btmp, _read(w["path"]), os.stat(w["path"]))
+                    _replace(btmp, b)
+        man = payload.get("manifest")
+        if man and man.get("data") is not None:
+            os.makedirs(os.path.dirname(man["path"]), mode=0o700, exist_ok=True)
+            mtmp = _tmp_name(man["path"], token)
+            temps.append(mtmp)
+            _write_new(mtmp, json.dumps(man["data"], indent=1, sort_keys=True).encode(), None, 0o600)
+            _replace(mtmp, man["path"])
+        _fault(payload, "before-rename")
+    except OSError as exc:
+        cleanup()
+        return {"ok": False, "kind": "io", "error": "%s: %s" % (getattr(exc, "filename", None) or "", exc.strerror)}
+    # 4. Swap in. A failure here puts back what was already swapped.
+    done = []
+    try:
+        for w, tmp in staged:
+            if tmp is None:
+                if os.path.exists(w["path"]):
+                    os.remove(w["path"])
+                done.append(w)
+            else:
+                _replace(tmp, w["path"])
+                done.append(w)
+    except OSError as exc:
+        for w in done:
+            b = w.get("backup")
+            if b and os.path.exists(b):
+                rtmp = _tmp_name(w["path"], token + "r")
+                _write_new(rtmp, _read(b), os.stat(b))
+                _replace(rtmp, w["path"])
+        cleanup()
+        return {"ok": False, "kind": "io", "error": "%s: %s" % (getattr(exc, "filename", None) or "", exc.strerror)}
+    removed = []
+    for w in writes:
+        if w["path"].endswith(".py"):
+            removed += _drop_bytecode(w["path"])
+    if man and man.get("data") is None and os.path.exists(man["path"]):
+        os.remove(man["path"])
+        try:
+            os.rmdir(os.path.dirname(man["path"]))  # only when empty: a kept drifted copy stays
+        except OSError:
+            pass
+    return {"ok": True, "bytecode_removed": removed}
+
+
+def op_logs(payload):
+    """New bytes of the timing logs: for each *.jsonl, what follows the size the client already has."""
+    d = payload["log_dir"]
+    have = payload.get("have") or {}
+    if not os.path.isdir(d):
+        return {"error": "no timing logs at %s: apply first (or give --log-dir), then put load on the server" % d}
+    files = []
+    for name in sorted(os.listdir(d)):
+        if not name.endswith(".jsonl"):
+            continue
+        path = os.path.join(d, name)
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            continue
+        off = int(have.get(name, 0))
+        if off > size:
+            off = 0  # the file was replaced: fetch it whole
+        if off == size:
+            continue
+        with open(path, "rb") as f:
+            f.seek(off)
+            data = f.read(size - off)
+        # Only whole lines: a record being written now is fetched next time.
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:
+            continue
+        files.append({"name": name, "offset": off, "data": _b64(data[:cut])})
+    return {"files": files}
+
+
+OPS.update({"logs": op_logs, "facts": op_facts, "lock": op_lock, "unlock": op_unlock, "execute": op_execute})  # noqa: F821

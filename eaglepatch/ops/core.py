@@ -1,0 +1,533 @@
+"""Facts, plans, and carrying them out: what show, diff, apply, revert and status do to one target.
+
+pyinfra's split: ``gather`` reads facts from the host in one round trip; ``plan_apply`` / ``plan_revert`` are pure
+(facts in, a ``Plan`` of writes out: nothing runs); ``execute`` ships the plan to the host in one round trip, where
+it is checked, validated with the server's interpreter, backed up and swapped in, all or nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import difflib
+import functools
+import getpass
+import hashlib
+import json
+import os
+import pathlib
+import re
+import secrets
+import socket
+import time
+from typing import Any, Sequence
+
+from eaglepatch import __version__
+from eaglepatch.errors import Conflict, ConnectionFailed, EaglepatchError, Unsupported, UsageError, ValidationFailed
+from eaglepatch.hosts.base import Host, RemoteScriptError, run_python
+from eaglepatch.transform.engine import (
+    RUNTIME_MODULE,
+    Instrumented,
+    NotApplicable,
+    Refused,
+    WorkerInfo,
+    analyze,
+    instrument,
+    is_instrumented,
+    strip,
+)
+from eaglepatch.transform.recipe import Recipe
+
+RUNTIME_FILE = RUNTIME_MODULE + ".py"
+_CONFIG_LINE = re.compile(r"^_CONFIG = .*# eaglepatch:config$", re.M)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Options
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeOptions:
+    """How the runtime inside the server times: ``apply --mode/--every/--log-dir``."""
+
+    mode: str = "sync"
+    every: int = 1
+    log_dir: str = "/tmp/eaglepatch"
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("sync", "events", "cpu"):
+            raise UsageError(f"--mode must be sync or events, not {self.mode!r}")
+        if self.every < 1:
+            raise UsageError("--every must be 1 or more")
+        if not self.log_dir.startswith("/"):
+            raise UsageError(f"--log-dir must be an absolute path on the target, not {self.log_dir!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class FactsOptions:
+    """What discovery may be told: ``--python`` and ``--sglang-path``."""
+
+    python: str | None = None
+    sglang_path: str | None = None
+
+
+@functools.lru_cache(maxsize=1)
+def runtime_template() -> str:
+    return (pathlib.Path(__file__).parent.parent / "runtime" / RUNTIME_FILE).read_text(encoding="utf-8")
+
+
+def render_runtime(opts: RuntimeOptions) -> str:
+    """The runtime module's source with its config line set to ``opts``."""
+    config = {"mode": opts.mode, "every": opts.every, "log_dir": opts.log_dir,
+              "summary_every": 2000, "flush_records": 256, "flush_seconds": 2.0}
+    line = f"_CONFIG = {json.dumps(config)}  # eaglepatch:config"
+    src, n = _CONFIG_LINE.subn(lambda _m: line, runtime_template(), count=1)
+    if n != 1:
+        raise EaglepatchError("the runtime module lost its config line: reinstall eaglepatch")
+    return src
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Facts
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerFile:
+    """A worker file read from the target: ``path`` is relative to the package's parent (sglang/srt/...)."""
+
+    path: str
+    abs: str
+    data: bytes
+    sha256: str
+    mode: int
+
+    @property
+    def text(self) -> str:
+        return self.data.decode("utf-8")
+
+
+@dataclasses.dataclass(frozen=True)
+class HostFacts:
+    """What one round trip read from the target."""
+
+    target: str
+    hostname: str
+    python: str
+    package_dir: str
+    version: str | None
+    spec_dir: str
+    files: tuple[WorkerFile, ...]
+    manifest: dict[str, Any] | None
+    manifest_path: str
+    backup_dir: str
+    backups: dict[str, str | None]
+    runtime_path: str
+    runtime_sha256: str | None
+    lock_path: str
+    lock: dict[str, Any] | None
+    servers: tuple[dict[str, Any], ...]
+
+    @property
+    def server(self) -> dict[str, Any] | None:
+        return self.servers[0] if self.servers else None
+
+    def manifest_entry(self, path: str) -> dict[str, Any] | None:
+        """The manifest's record of a worker file (``path`` as read, sglang/srt/...), if any."""
+        short = _short(path)
+        for f in (self.manifest or {}).get("files", []):
+            if f.get("path") == short:
+                return f
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def remote_program() -> str:
+    """server/_remote.py (its /proc scan) and ops/_remote.py, as one program."""
+    here = pathlib.Path(__file__).parent
+    server = (here.parent / "server" / "_remote.py").read_text(encoding="utf-8")
+    head, sep, _tail = server.rpartition('\nif __name__ == "__main__"')
+    if not sep:
+        raise EaglepatchError("server/_remote.py lost its main block")
+    ops = (here / "_remote.py").read_text(encoding="utf-8")
+    return head + "\n\n" + ops + '\n\nif "PAYLOAD" in globals():\n    print(json.dumps(main(PAYLOAD)))\n'
+
+
+def call(host: Host, interp: str, op: str, timeout: float | None = 120, **payload: Any) -> Any:
+    """Run one op of the remote program with ``interp``; a failure to run it becomes a one-line error."""
+    try:
+        return run_python(host, interp, remote_program(), dict(payload, op=op), timeout=timeout)
+    except RemoteScriptError as exc:
+        if exc.result.rc == 127 or b"No such file" in exc.result.stderr[:500]:
+            raise Unsupported(f"{host.name}: cannot run {interp}: give the interpreter with --python") from None
+        raise EaglepatchError(f"{host.name}: {exc}") from None
+
+
+def gather(host: Host, opts: FactsOptions, entry_names: Sequence[str]) -> HostFacts:
+    """Read the target's facts in one round trip; raises ``Unsupported`` when there is no sglang."""
+    pattern = r"def (" + "|".join(re.escape(n) for n in sorted(entry_names)) + r")\b|^class \w+\("
+    raw = call(host, opts.python or "python3", "facts", python=opts.python, sglang_path=opts.sglang_path,
+               pattern=pattern)
+    if raw.get("error"):
+        hint = " (give --python or --sglang-path)" if not opts.sglang_path else ""
+        raise Unsupported(f"{host.name}: {raw['error']}{hint}")
+    if not raw.get("package_dir"):
+        raise Unsupported(
+            f"{host.name}: no sglang package found for {raw.get('python')}: "
+            "point at it with --sglang-path DIR (or --python for the server's interpreter)")
+    files = tuple(
+        WorkerFile(f["path"], f["abs"], base64.b64decode(f["data"]), f["sha256"], f["mode"])
+        for f in raw.get("files", [])
+    )
+    return HostFacts(
+        target=host.name,
+        hostname=raw["hostname"],
+        python=raw["python"],
+        package_dir=raw["package_dir"],
+        version=raw.get("version"),
+        spec_dir=raw["spec_dir"],
+        files=files,
+        manifest=raw.get("manifest"),
+        manifest_path=raw["manifest_path"],
+        backup_dir=raw["backup_dir"],
+        backups=raw.get("backups") or {},
+        runtime_path=raw["runtime_path"],
+        runtime_sha256=raw.get("runtime_sha256"),
+        lock_path=raw["lock_path"],
+        lock=raw.get("lock"),
+        servers=tuple(raw.get("servers") or ()),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What each file is
+
+
+def file_state(facts: HostFacts, f: WorkerFile, recipe: Recipe) -> str:
+    """``pristine``, ``patched`` or ``drifted`` (changed since eaglepatch patched it, or half-patched)."""
+    entry = facts.manifest_entry(f.path)
+    if entry is not None:
+        if f.sha256 == entry.get("after_sha256"):
+            return "patched"
+        if f.sha256 == entry.get("before_sha256"):
+            return "pristine"
+        return "drifted"
+    if not is_instrumented(f.text):
+        return "pristine"
+    again = instrument(f.text, f.path, recipe)
+    return "patched" if isinstance(again, Instrumented) and not again.changed else "drifted"
+
+
+def worker_json(w: WorkerInfo) -> dict[str, Any]:
+    out: dict[str, Any] = {"class": w.cls, "method": w.method, "phases": w.phase_names}
+    if w.status != "supported":
+        out["status"] = w.status
+        out["reason"] = w.reason
+    else:
+        out["lines"] = [w.method_start, w.method_end]
+        out["call_sites"] = [{"phase": p.phase, "mode": p.mode, "method": p.method, "line": p.line} for p in w.phases]
+        out["accepted"] = [{"method": x.method, "line": x.line, "from": x.expr} for x in w.facts]
+    return out
+
+
+def server_json(facts: HostFacts) -> dict[str, Any] | None:
+    s = facts.server
+    return None if s is None else {"pid": s["pid"], "argv": s["argv"]}
+
+
+def describe(facts: HostFacts, recipe: Recipe) -> dict[str, Any]:
+    """The ``status --json`` / ``show --json`` object of CONTRACT.md (show adds slices on top)."""
+    files = []
+    for f in facts.files:
+        res = analyze(f.text, f.path, recipe)
+        workers = [] if isinstance(res, Refused) else [worker_json(w) for w in res.workers]
+        if not workers and not isinstance(res, Refused):
+            continue
+        entry: dict[str, Any] = {"path": _short(f.path), "state": file_state(facts, f, recipe), "workers": workers}
+        if isinstance(res, Refused):
+            entry["refused"] = res.message()
+        files.append(entry)
+    return {"target": facts.target, "sglang_version": facts.version, "package_dir": facts.package_dir,
+            "files": files, "server": server_json(facts)}
+
+
+def _short(path: str) -> str:
+    """Contract paths are relative to the package: srt/speculative/eagle_worker.py."""
+    return path.split("/", 1)[1] if path.startswith("sglang/") else path
+
+
+def source_slices(facts: HostFacts, recipe: Recipe) -> list[dict[str, Any]]:
+    """The numbered source of each supported entry method (and its helpers' phase lines), for ``show``."""
+    out = []
+    for f in facts.files:
+        res = analyze(f.text, f.path, recipe)
+        if not isinstance(res, Instrumented):
+            continue
+        lines = f.text.splitlines()
+        for w in res.workers:
+            if w.status != "supported" or w.method_start is None or w.method_end is None:
+                continue
+            marks = {p.line: p.phase for p in w.phases}
+            body = []
+            for n in range(w.method_start, w.method_end + 1):
+                body.append({"line": n, "text": lines[n - 1], "phase": marks.get(n)})
+            extra = [p for p in w.phases if not (w.method_start <= p.line <= w.method_end)]
+            for p in extra:
+                body.append({"line": p.line, "text": lines[p.line - 1], "phase": p.phase, "method": p.method})
+            out.append({"path": _short(f.path), "class": w.cls, "method": w.method, "source": body})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Plans
+
+
+@dataclasses.dataclass(frozen=True)
+class Write:
+    """One file to put in place on the target (``data`` None: remove it)."""
+
+    path: str  # absolute on the target
+    rel: str  # for people: sglang/srt/...
+    before: bytes | None
+    data: bytes | None
+    backup: str | None = None
+    compile: bool = True
+    expect_sha256: str | None = None  # when ``before`` is not at hand (removing a backup)
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "expect_sha256": self.expect_sha256 if self.before is None else _sha(self.before),
+            "data": None if self.data is None else base64.b64encode(self.data).decode(),
+            "backup": self.backup,
+            "compile": self.compile and self.data is not None and self.path.endswith(".py"),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What a command would do: the writes, the manifest to leave, and notes for people. Pure data."""
+
+    writes: tuple[Write, ...]
+    manifest: dict[str, Any] | None  # None: remove it
+    notes: tuple[str, ...] = ()
+    files: tuple[dict[str, Any], ...] = ()  # per worker file: path, before_sha256, after_sha256, backup
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.writes)
+
+    def diff(self) -> str:
+        """The unified diff of the plan, paths relative to the package's parent."""
+        chunks = []
+        for w in self.writes:
+            a = (w.before or b"").decode("utf-8").splitlines(keepends=True)
+            b = (w.data or b"").decode("utf-8").splitlines(keepends=True)
+            chunks.extend(difflib.unified_diff(a, b, w.rel if w.before is not None else "/dev/null",
+                                               w.rel if w.data is not None else "/dev/null"))
+        text = "".join(chunks)
+        return text if not text or text.endswith("\n") else text + "\n"
+
+
+def _backup_path(facts: HostFacts, f: WorkerFile) -> str:
+    return facts.backup_dir + "/" + f.path.rsplit("/", 1)[-1] + ".orig"
+
+
+def plan_apply(facts: HostFacts, recipe: Recipe, opts: RuntimeOptions, *, launch: dict[str, Any] | None = None,
+               now: float | None = None) -> Plan:
+    """Instrument every supported worker file; raises ``Unsupported`` (with file, class, line) when any file
+    of a supported family is refused, or when no file is supported at all."""
+    writes: list[Write] = []
+    notes: list[str] = []
+    files: list[dict[str, Any]] = []
+    refused: list[str] = []
+    for f in facts.files:
+        res = instrument(f.text, f.path, recipe)
+        if isinstance(res, Refused):
+            refused.append(res.message())
+            continue
+        if isinstance(res, NotApplicable):
+            for w in res.workers:
+                if w.status == "unsupported":
+                    notes.append(f"{_short(f.path)}: {w.cls} not supported: {w.reason}")
+            continue
+        notes.extend(res.warnings)
+        entry = facts.manifest_entry(f.path)
+        original = strip(f.text).encode("utf-8") if res.was_patched else f.data
+        if entry is not None and f.sha256 == entry.get("after_sha256"):
+            original_sha = entry["before_sha256"]
+        else:
+            original_sha = _sha(original)
+        new = res.source.encode("utf-8")
+        backup = _backup_path(facts, f)
+        files.append({"path": _short(f.path), "before_sha256": original_sha, "after_sha256": _sha(new),
+                      "backup": backup})
+        if res.changed:
+            writes.append(Write(f.abs, f.path, f.data, new, backup=backup if not res.was_patched else None))
+    if refused:
+        raise Unsupported(refused[0] + (f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""))
+    if not files:
+        raise Unsupported(f"{facts.target}: no recognisable speculative worker in {facts.spec_dir}")
+    runtime = render_runtime(opts).encode("utf-8")
+    if facts.runtime_sha256 != _sha(runtime):
+        # expect_sha256 of the runtime is the one read from the target (Session._payload)
+        writes.append(Write(facts.runtime_path, _rel(facts, facts.runtime_path), None, runtime))
+    if not writes:
+        return Plan((), facts.manifest, tuple(notes), tuple(files))
+    old = facts.manifest or {}
+    manifest = {
+        "eaglepatch": __version__,
+        "created": old.get("created") or _iso(now),
+        "updated": _iso(now),
+        "target": facts.target,
+        "hostname": facts.hostname,
+        "python": facts.python,
+        "sglang_version": facts.version,
+        "package_dir": facts.package_dir,
+        "runtime": {"path": facts.runtime_path, "sha256": _sha(runtime), "mode": opts.mode, "every": opts.every,
+                    "log_dir": opts.log_dir},
+        "files": files,
+        "server": launch if launch is not None else old.get("server"),
+    }
+    return Plan(tuple(writes), manifest, tuple(notes), tuple(files))
+
+
+def _rel(facts: HostFacts, path: str) -> str:
+    parent = facts.package_dir.rsplit("/", 1)[0]
+    return path[len(parent) + 1:] if path.startswith(parent + "/") else path
+
+
+def _iso(now: float | None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
+
+
+def plan_revert(facts: HostFacts, recipe: Recipe, *, force: bool, now: float | None = None) -> Plan:
+    """Put back the original bytes. Raises ``Conflict`` on a drifted file unless ``force``, which keeps a copy of
+    the drifted file and removes only eaglepatch's marked lines."""
+    writes: list[Write] = []
+    notes: list[str] = []
+    files: list[dict[str, Any]] = []
+    for f in facts.files:
+        entry = facts.manifest_entry(f.path)
+        marked = is_instrumented(f.text)
+        if entry is None and not marked:
+            continue
+        state = file_state(facts, f, recipe)
+        if state == "pristine":
+            continue
+        backup = entry.get("backup") if entry else None
+        backup_ok = backup is not None and facts.backups.get(backup) == entry.get("before_sha256")
+        if state == "drifted":
+            if not force:
+                raise Conflict(f"{_short(f.path)} changed since eaglepatch patched it: revert --force keeps a copy "
+                               "of it and removes only eaglepatch's lines")
+            keep = facts.backup_dir + "/" + f.path.rsplit("/", 1)[-1] + f".drifted-{int(now or time.time())}"
+            writes.append(Write(keep, _rel(facts, keep), None, f.data, compile=False))
+            new = strip(f.text).encode("utf-8")
+            notes.append(f"{_short(f.path)} had changed: a copy is in {keep}; removed only eaglepatch's lines")
+        elif backup_ok:
+            # Removing the marked lines is exact; the backup's checksum proves it.
+            new = strip(f.text).encode("utf-8")
+            if _sha(new) != entry.get("before_sha256"):
+                raise Conflict(f"{_short(f.path)}: removing eaglepatch's lines does not give the backed-up original")
+        else:
+            new = strip(f.text).encode("utf-8")
+            notes.append(f"{_short(f.path)}: no backup found: reverted by removing eaglepatch's lines")
+        files.append({"path": _short(f.path), "before_sha256": f.sha256, "after_sha256": _sha(new), "backup": backup})
+        writes.append(Write(f.abs, f.path, f.data, new))
+    if facts.runtime_sha256 is not None:
+        writes.append(Write(facts.runtime_path, _rel(facts, facts.runtime_path), None, None, compile=False))
+    if writes or facts.manifest:
+        # What apply left besides the files: the backups (the originals are back) and, below, the manifest.
+        for b, sha in sorted(facts.backups.items()):
+            if sha is not None:
+                writes.append(Write(b, _rel(facts, b), None, None, compile=False, expect_sha256=sha))
+    return Plan(tuple(writes), None, tuple(notes), tuple(files))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Carrying out
+
+
+@dataclasses.dataclass
+class Session:
+    """One target during one command: its host, facts, and the lock while held."""
+
+    host: Host
+    python: str
+    facts: HostFacts
+    token: str | None = None
+
+    def lock(self, ttl: float = 7200) -> None:
+        """Take the install's lock; raises ``Conflict`` when another run holds it."""
+        token = secrets.token_hex(8)
+        owner = {"token": token, "client_host": socket.gethostname(), "client_pid": os.getpid(),
+                 "user": getpass.getuser(), "eaglepatch": __version__}
+        dead = _dead_local_pids(self.facts.lock)
+        res = call(self.host, self.python, "lock", lock_path=self.facts.lock_path, owner=owner, ttl=ttl,
+                   dead_pids=dead)
+        if not res.get("ok"):
+            if res.get("error"):
+                raise EaglepatchError(f"{self.host.name}: {res['error']}")
+            held = res.get("held") or {}
+            since = time.strftime("%H:%M:%S", time.localtime(float(held.get("time", 0) or 0)))
+            raise Conflict(f"{self.host.name}: another eaglepatch run holds the lock (user {held.get('user')}, "
+                           f"from {held.get('client_host')} pid {held.get('client_pid')}, since {since}): "
+                           f"wait for it, or remove {res.get('path')} if no run is active")
+        self.token = token
+
+    def unlock(self) -> None:
+        if self.token is None:
+            return
+        try:
+            call(self.host, self.python, "unlock", lock_path=self.facts.lock_path, token=self.token)
+        except (EaglepatchError, ConnectionFailed):
+            pass
+        self.token = None
+
+    def execute(self, plan: Plan, fault: str | None = None) -> dict[str, Any]:
+        """Carry out ``plan`` on the host in one round trip; raises typed errors, the target unchanged."""
+        payload = {
+            "token": self.token,
+            "lock_path": self.facts.lock_path,
+            "writes": [self._payload(w) for w in plan.writes],
+            "manifest": {"path": self.facts.manifest_path, "data": plan.manifest},
+            "fault": fault or os.environ.get("EAGLEPATCH_TEST_FAULT"),
+        }
+        res = call(self.host, self.python, "execute", timeout=300, **payload)
+        if res.get("ok"):
+            return res
+        where = res.get("path") or ""
+        kind = res.get("kind")
+        msg = f"{self.host.name}: {where + ': ' if where else ''}{res.get('error')}"
+        if kind == "conflict":
+            raise Conflict(msg + ": nothing changed; run again to read it afresh")
+        if kind == "compile":
+            raise ValidationFailed(f"{msg}: the patched file does not compile with {res.get('python')}; "
+                                   "nothing changed")
+        raise EaglepatchError(msg + ": nothing changed")
+
+    def _payload(self, w: Write) -> dict[str, Any]:
+        p = w.payload()
+        if w.path == self.facts.runtime_path:
+            p["expect_sha256"] = self.facts.runtime_sha256
+        return p
+
+
+def _dead_local_pids(lock: dict[str, Any] | None) -> list[int]:
+    """A lock taken from this machine by a process that is gone is stale."""
+    if not lock or lock.get("client_host") != socket.gethostname():
+        return []
+    pid = lock.get("client_pid")
+    if not isinstance(pid, int):
+        return []
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return [pid]
+    except PermissionError:
+        return []
+    return []
