@@ -1,0 +1,673 @@
+"""``SSHHost``: the ``Host`` interface over one SSH connection (fabric + paramiko).
+
+This is the only module of eaglepatch that imports fabric or paramiko.
+
+- ``~/.ssh/config`` (and ``/etc/ssh/ssh_config``) are read through fabric's ``Config`` at connect time:
+  ``HostName``, ``User``, ``Port``, ``IdentityFile``, ``ProxyJump``, ``ProxyCommand``, ``ConnectTimeout``,
+  ``UserKnownHostsFile``, ``GlobalKnownHostsFile``, ``HashKnownHosts``. ``-i`` adds a key (tried first), ``-p`` and
+  ``-J`` override. ``-i`` also applies to the jump hosts.
+- Authentication: the ``-i`` key, ``IdentityFile`` keys, the ssh-agent, then ``~/.ssh/id_*``. Never a password,
+  never a prompt (a server that asks for a second factor is refused, not prompted for).
+- Host keys: checked against the known-hosts files (``~`` expanded at connect time). An unknown key is refused
+  unless ``--accept-new-host-key``, which accepts it and appends it to the first ``UserKnownHostsFile``
+  (``~/.ssh/known_hosts``); a changed key is always refused. The same for every jump host.
+- One connection per ``SSHHost``, reused for every call; one SFTP session, opened on first use.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import hashlib
+import os
+import select
+import shlex
+import socket
+import threading
+import time
+from typing import Any, Callable, Sequence, TypeVar
+
+import paramiko
+from fabric import Config, Connection
+from paramiko.ssh_exception import (
+    AuthenticationException,
+    BadHostKeyException,
+    ChannelException,
+    NoValidConnectionsError,
+    SSHException,
+)
+
+from eaglepatch.errors import ConnectionFailed, UsageError
+from eaglepatch.hosts.base import CommandResult, FileStat
+from eaglepatch.hosts.target import DEFAULT_CONNECT_TIMEOUT, Hop, TargetSpec, format_destination, parse_jump
+
+T = TypeVar("T")
+
+_CHUNK = 1 << 15
+_PID_MARKER = b"@eaglepatch-pid:"
+_DEFAULT_USER_KNOWN_HOSTS = "~/.ssh/known_hosts ~/.ssh/known_hosts2"
+_DEFAULT_GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# host keys
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH's ``SHA256:...`` fingerprint of a key."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+class _UnknownHostKey(Exception):
+    def __init__(self, hostname: str, key: paramiko.PKey):
+        super().__init__(hostname)
+        self.hostname = hostname
+        self.key = key
+
+
+class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
+    """Refuse an unknown host key, or (with --accept-new-host-key) accept it and append it to known_hosts.
+
+    paramiko calls this only for a host that has no key at all in the loaded known-hosts files; a key that differs
+    from a known one raises ``BadHostKeyException`` before any policy is asked, so a changed key is never accepted.
+    """
+
+    def __init__(self, accept_new: bool, known_hosts_file: str, hash_names: bool):
+        self.accept_new = accept_new
+        self.known_hosts_file = known_hosts_file
+        self.hash_names = hash_names
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        if not self.accept_new:
+            raise _UnknownHostKey(hostname, key)
+        append_known_host(self.known_hosts_file, hostname, key, hashed=self.hash_names)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def _load_known_hosts(client: paramiko.SSHClient, path: str) -> None:
+    """Add the entries of a known_hosts file to ``client``, skipping lines paramiko cannot read (as OpenSSH does,
+    where paramiko's own loader would give up on the whole file). ``@cert-authority``/``@revoked`` lines are
+    skipped too (paramiko has no use for them)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return
+    keys = client.get_host_keys()
+    for lineno, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith(("#", "@")):
+            continue
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
+        except Exception:
+            continue
+        if entry is None:
+            continue
+        for name in entry.hostnames:
+            keys.add(name, entry.key.get_name(), entry.key)
+
+
+def append_known_host(path: str, hostname: str, key: paramiko.PKey, hashed: bool = False) -> None:
+    """Append ``hostname keytype base64`` to a known_hosts file (``[host]:port`` names as given), creating its
+    directory with mode 0700 and the file with 0600 when missing."""
+    directory = os.path.dirname(path)
+    if directory and not os.path.isdir(directory):
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    name = paramiko.HostKeys.hash_host(hostname) if hashed else hostname
+    line = f"{name} {key.get_name()} {key.get_base64()}\n"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "a") as f:
+        if f.tell() > 0:
+            with open(path, "rb") as r:  # keep one entry per line if the file lacks a final newline
+                r.seek(-1, os.SEEK_END)
+                if r.read(1) != b"\n":
+                    f.write("\n")
+        f.write(line)
+
+
+class _NoPromptTransport(paramiko.Transport):
+    """A transport that never reads a password from the terminal (paramiko would, for a second factor)."""
+
+    def auth_interactive_dumb(self, username, handler=None, submethods=""):  # noqa: D401
+        raise AuthenticationException(
+            "the server asks for a password or keyboard-interactive second factor; eaglepatch does not prompt"
+        )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the host
+
+
+class SSHHost:
+    """A remote machine over SSH. Same semantics as ``LocalHost``; see ``eaglepatch.hosts.base.Host``.
+
+    ``SSHHost(spec)`` does not connect; the first call does (``connect()`` to do it now, as ``open_host`` does).
+    After ``close()`` a later call connects again.
+    """
+
+    is_local = False
+
+    def __init__(self, spec: TargetSpec):
+        if spec.is_local or not spec.host:
+            raise ValueError(f"SSHHost needs an SSH target, not {spec.text!r}")
+        self.spec = spec
+        self.name = spec.name
+        #: ``user@host:port`` after ~/.ssh/config, known once connected.
+        self.destination: str = spec.destination
+        self._lock = threading.RLock()  # connect/close, and one SFTP request at a time
+        self._conn: Connection | None = None
+        self._hops: list[Connection] = []
+        self._transport: paramiko.Transport | None = None
+        self._sftp: paramiko.SFTPClient | None = None
+        self._timeout = DEFAULT_CONNECT_TIMEOUT
+
+    def __repr__(self) -> str:
+        return f"SSHHost({self.name!r})"
+
+    def __enter__(self) -> "SSHHost":
+        self.connect()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------------------------------------- connecting
+
+    @property
+    def connected(self) -> bool:
+        return self._transport is not None and self._transport.is_active()
+
+    def connect(self) -> None:
+        """Open the connection (through the jump hosts, if any) now; raises ``ConnectionFailed``."""
+        if self.connected:
+            return
+        with self._lock:
+            if self.connected:
+                return
+            if self._conn is not None:  # a dead connection: drop it, then open a fresh one
+                self._close_locked()
+            try:
+                self._connect_locked()
+            except BaseException:
+                self._close_locked()
+                raise
+
+    def _connect_locked(self) -> None:
+        spec = self.spec
+        try:
+            config = Config()  # reads /etc/ssh/ssh_config and ~/.ssh/config (expanded now, not at import)
+            lookup = config.base_ssh_config.lookup(spec.host)
+        except Exception as exc:  # paramiko.ConfigParseError and friends
+            raise UsageError(f"cannot read the SSH config (~/.ssh/config, /etc/ssh/ssh_config): {exc}: fix it") from exc
+        timeout = spec.connect_timeout
+        if timeout is None:
+            try:
+                timeout = float(lookup.get("connecttimeout", DEFAULT_CONNECT_TIMEOUT))
+            except ValueError:
+                timeout = DEFAULT_CONNECT_TIMEOUT
+        self._timeout = timeout
+
+        jump = spec.jump
+        if jump is None and "proxyjump" in lookup:
+            try:
+                jump = parse_jump(lookup["proxyjump"])
+            except UsageError:
+                raise UsageError(
+                    f"ProxyJump {lookup['proxyjump']!r} for {spec.host} in the SSH config is not "
+                    "[user@]host[:port][,...]: fix it, or give -J/--jump"
+                ) from None
+            if any(hop.host in (spec.host, lookup.get("hostname")) for hop in jump):
+                jump = ()  # a wildcard ProxyJump that names the target itself (fabric does the same)
+        # None: no jump at all, so let fabric run a ProxyCommand from the SSH config, if there is one.
+        gateway: Any = None if (jump is None and "proxycommand" in lookup) else False
+
+        hops = [self._make_connection(config, hop, timeout) for hop in (jump or ())]
+        main = self._make_connection(config, Hop(spec.host, spec.user, spec.port), timeout, gateway=gateway)
+        self._hops = hops
+        self._conn = main
+        chain = hops + [main]
+        sock = None
+        for i, conn in enumerate(chain):
+            role = "jump host" if i < len(hops) else "target"
+            if sock is not None:
+                conn.connect_kwargs["sock"] = sock
+            self._open(conn, role)
+            if i + 1 < len(chain):
+                nxt = chain[i + 1]
+                try:
+                    sock = conn.transport.open_channel(
+                        "direct-tcpip", (nxt.host, int(nxt.port)), ("", 0), timeout=timeout
+                    )
+                except (ChannelException, SSHException, EOFError, OSError) as exc:
+                    reason = getattr(exc, "text", None) or str(exc) or type(exc).__name__
+                    raise ConnectionFailed(
+                        f"cannot connect to {_label(nxt)} through jump host {_label(conn)}: {reason}"
+                    ) from exc
+        self._transport = main.transport
+        self._transport.set_keepalive(30)
+        self.destination = _label(main)
+
+    def _make_connection(self, config: Config, hop: Hop, timeout: float, gateway: Any = False) -> Connection:
+        spec = self.spec
+        keys = [spec.identity] if spec.identity else []
+        kwargs: dict[str, Any] = {
+            "allow_agent": True,
+            "look_for_keys": True,
+            "banner_timeout": timeout,
+            "auth_timeout": max(timeout, 15.0),
+            "channel_timeout": timeout,
+            "transport_factory": _NoPromptTransport,
+        }
+        if keys:
+            kwargs["key_filename"] = keys
+        try:
+            conn = Connection(
+                hop.host, user=hop.user, port=hop.port, config=config, gateway=gateway, connect_kwargs=kwargs
+            )
+        except ValueError as exc:  # e.g. "Port abc" in ~/.ssh/config
+            raise UsageError(f"bad SSH config for {hop}: {exc}: fix ~/.ssh/config") from None
+        conn.connect_timeout = timeout  # fabric's own int() would turn 0.5 s into "no timeout"
+        # OpenSSH skips IdentityFile entries that do not exist; paramiko would raise on them.
+        found = []
+        for key in conn.connect_kwargs.get("key_filename") or []:
+            key = os.path.expanduser(key)
+            if os.path.isfile(key) and key not in found:
+                found.append(key)
+        if found:
+            conn.connect_kwargs["key_filename"] = found
+        else:
+            conn.connect_kwargs.pop("key_filename", None)
+
+        # Host keys: our policy, our known-hosts files (loaded in _open); never fabric's AutoAddPolicy.
+        ssh_cfg = conn.ssh_config
+        user_files = [os.path.expanduser(p) for p in ssh_cfg.get("userknownhostsfile", _DEFAULT_USER_KNOWN_HOSTS).split()]
+        conn.client.set_missing_host_key_policy(
+            _KnownHostsPolicy(
+                accept_new=spec.accept_new_host_key,
+                known_hosts_file=user_files[0] if user_files else os.path.expanduser("~/.ssh/known_hosts"),
+                hash_names=str(ssh_cfg.get("hashknownhosts", "no")).lower() == "yes",
+            )
+        )
+        return conn
+
+    def _open(self, conn: Connection, role: str) -> None:
+        label = _label(conn)
+        where = f"{role} {label}" if role != "target" else label
+        # Known hosts are read now, not when the Connection was made: a jump host's key accepted a moment ago
+        # counts for the next hop.
+        ssh_cfg = conn.ssh_config
+        files = ssh_cfg.get("userknownhostsfile", _DEFAULT_USER_KNOWN_HOSTS).split()
+        files += ssh_cfg.get("globalknownhostsfile", _DEFAULT_GLOBAL_KNOWN_HOSTS).split()
+        for path in (os.path.expanduser(p) for p in files):
+            _load_known_hosts(conn.client, path)
+        try:
+            conn.open()
+        except _UnknownHostKey as exc:
+            raise ConnectionFailed(
+                f"host key of {where} ({exc.key.get_name()} {fingerprint(exc.key)}) is not known: "
+                "check it, then run again with --accept-new-host-key"
+            ) from None
+        except BadHostKeyException as exc:
+            raise ConnectionFailed(
+                f"host key of {where} has CHANGED (known {fingerprint(exc.expected_key)}, offered "
+                f"{exc.key.get_name()} {fingerprint(exc.key)}): eaglepatch will not connect; if the change is "
+                f"genuine, remove the old key (ssh-keygen -R '{_known_hosts_name(conn)}') and run again with "
+                "--accept-new-host-key"
+            ) from None
+        except AuthenticationException as exc:
+            raise ConnectionFailed(_auth_message(conn, where, exc)) from None
+        except NoValidConnectionsError as exc:
+            reasons = {e.strerror or str(e) for e in exc.errors.values()} or {"connection refused"}
+            raise ConnectionFailed(
+                f"cannot connect to {where}: {'; '.join(sorted(reasons))}: is sshd running and the port right?"
+            ) from None
+        except socket.gaierror as exc:
+            raise ConnectionFailed(
+                f"cannot connect to {where}: cannot resolve host name {conn.host!r} ({exc.strerror}): check the name"
+            ) from None
+        except (socket.timeout, TimeoutError) as exc:
+            raise ConnectionFailed(
+                f"cannot connect to {where}: timed out after {self._timeout:g} s: check the host, or raise --connect-timeout"
+            ) from exc
+        except SSHException as exc:
+            text = str(exc).strip()
+            if "no authentication methods" in text.lower():  # paramiko: not a single key to offer
+                raise ConnectionFailed(_auth_message(conn, where, None)) from None
+            if text in ("No existing session", "Error reading SSH protocol banner") or "timed out" in text.lower():
+                # paramiko's words for a handshake that did not finish within the timeout
+                raise ConnectionFailed(
+                    f"cannot connect to {where}: no SSH handshake within {self._timeout:g} s ({text}): "
+                    "is it an SSH server? raise --connect-timeout if it is just slow"
+                ) from None
+            raise ConnectionFailed(f"cannot connect to {where}: {str(exc).strip() or type(exc).__name__}") from None
+        except EOFError:
+            raise ConnectionFailed(f"cannot connect to {where}: the server closed the connection") from None
+        except OSError as exc:
+            raise ConnectionFailed(f"cannot connect to {where}: {exc.strerror or exc}") from None
+        except ValueError as exc:  # fabric's own argument checks
+            raise ConnectionFailed(f"cannot connect to {where}: {exc}") from None
+
+    def close(self) -> None:
+        """Close the SFTP session, the connection and the jump hosts' connections; idempotent."""
+        with self._lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        sftp, self._sftp = self._sftp, None
+        conn, self._conn = self._conn, None
+        hops, self._hops = self._hops, []
+        self._transport = None
+        for thing in [sftp, conn, *reversed(hops)]:
+            if thing is None:
+                continue
+            try:
+                thing.close()
+            except Exception:
+                pass
+
+    def _live_transport(self) -> paramiko.Transport:
+        self.connect()
+        transport = self._transport
+        assert transport is not None
+        return transport
+
+    def _lost(self, exc: BaseException | None = None) -> ConnectionFailed:
+        detail = f" ({exc})" if exc is not None and str(exc) else ""
+        with self._lock:
+            self._close_locked()
+        return ConnectionFailed(f"connection to {self.name} was lost{detail}")
+
+    # ---------------------------------------------------------------------------------------------- commands
+
+    def run(
+        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
+    ) -> CommandResult:
+        """Run ``argv`` through the remote login shell (quoted with ``shlex.join``; POSIX shells).
+
+        Like ``LocalHost.run``: rc 127 when the program does not exist; rc 124 on timeout (the process is killed
+        with SIGKILL, as ``subprocess.run`` does); rc -1 when it died from a signal (SSH reports no status then).
+        Never raises on rc != 0.
+        """
+        if isinstance(argv, (str, bytes)):
+            raise TypeError("argv must be a sequence of arguments, not a string")
+        argv = [a if isinstance(a, str) else os.fspath(a) for a in argv]
+        if not argv:
+            raise ValueError("argv is empty")
+        # The shell prints its pid (which `exec` hands to the program) so that a timeout can kill the program.
+        command = f"echo {_PID_MARKER.decode()}$$; exec {shlex.join(argv)}"
+        deadline = None if timeout is None else time.monotonic() + timeout
+        rc, out, err, timed_out = self._exec(command, stdin, deadline)
+        pid = None
+        at = out.find(_PID_MARKER)
+        if at >= 0:
+            end = out.find(b"\n", at)
+            if end >= 0:
+                pid = out[at + len(_PID_MARKER) : end]
+                del out[at : end + 1]
+            elif timed_out:
+                pid = out[at + len(_PID_MARKER) :]
+                del out[at:]
+        if timed_out:
+            if pid and pid.isdigit():
+                try:
+                    self._exec(f"kill -KILL {int(pid)} 2>/dev/null; true", None, time.monotonic() + 10)
+                except ConnectionFailed:
+                    pass
+            return CommandResult(124, bytes(out), bytes(err) + b"\ntimed out")
+        return CommandResult(rc, bytes(out), bytes(err))
+
+    def _exec(
+        self, command: str, stdin: bytes | None, deadline: float | None
+    ) -> tuple[int, bytearray, bytearray, bool]:
+        """One session channel: run ``command`` (a shell command line), feed ``stdin``, collect both outputs;
+        returns (rc, stdout, stderr, timed_out)."""
+        transport = self._live_transport()
+        try:
+            chan = transport.open_session(timeout=self._timeout)
+        except (SSHException, EOFError, OSError) as exc:
+            if not transport.is_active():
+                raise self._lost(exc) from exc
+            raise ConnectionFailed(f"cannot open a session on {self.name}: {exc}") from exc
+        try:
+            return self._exec_channel(chan, transport, command, stdin, deadline)
+        finally:
+            try:
+                chan.close()
+            except Exception:
+                pass
+
+    def _exec_channel(
+        self,
+        chan: paramiko.Channel,
+        transport: paramiko.Transport,
+        command: str,
+        stdin: bytes | None,
+        deadline: float | None,
+    ) -> tuple[int, bytearray, bytearray, bool]:
+        try:
+            chan.exec_command(command)
+        except (SSHException, EOFError, OSError) as exc:
+            if not transport.is_active():
+                raise self._lost(exc) from exc
+            raise ConnectionFailed(f"cannot run a command on {self.name}: {exc}") from exc
+
+        # stdin goes from its own thread, so that a command that writes much before it reads all its input
+        # cannot deadlock against us; stdout and stderr are read here, both at once (they share one window).
+        if stdin:
+            data = bytes(stdin)
+
+            def feed() -> None:
+                try:
+                    view = memoryview(data)
+                    for i in range(0, len(view), _CHUNK):
+                        chan.sendall(view[i : i + _CHUNK])
+                    chan.shutdown_write()
+                except Exception:  # the command exited (or we closed the channel) before reading it all
+                    pass
+
+            writer = threading.Thread(target=feed, name=f"eaglepatch-stdin-{self.name}", daemon=True)
+            writer.start()
+        else:
+            chan.shutdown_write()
+
+        out, err = bytearray(), bytearray()
+        chan.fileno()  # turns on the pipe that select() watches (readable on stdout, stderr or EOF)
+
+        def drain() -> None:
+            while chan.recv_ready():
+                out.extend(chan.recv(1 << 16))
+            while chan.recv_stderr_ready():
+                err.extend(chan.recv_stderr(1 << 16))
+
+        timed_out = False
+        while True:
+            done = chan.eof_received or chan.closed
+            drain()
+            if done:
+                break
+            if not transport.is_active():
+                raise self._lost()
+            wait = 1.0
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
+                    timed_out = True
+                    break
+            select.select([chan], [], [], wait)
+
+        if not timed_out:
+            while not chan.exit_status_ready():
+                wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+                if wait <= 0:
+                    timed_out = True
+                    break
+                chan.status_event.wait(wait)
+                if not chan.exit_status_ready() and not transport.is_active():
+                    raise self._lost()
+        drain()
+        if timed_out:
+            return 124, out, err, True
+        status = chan.recv_exit_status()
+        if status == -1 and not transport.is_active():
+            raise self._lost()
+        return status, out, err, False
+
+    # ---------------------------------------------------------------------------------------------- files
+
+    def _sftp_call(self, op: str, path: str, fn: Callable[[paramiko.SFTPClient], T]) -> T:
+        with self._lock:
+            transport = self._live_transport()
+            try:
+                if self._sftp is None:
+                    self._sftp = transport.open_sftp_client()
+                    if self._sftp is None:
+                        raise SSHException("the server refused the sftp subsystem")
+                return fn(self._sftp)
+            except (EOFError, SSHException, paramiko.SFTPError) as exc:
+                if not transport.is_active():
+                    raise self._lost(exc) from exc
+                if isinstance(exc, paramiko.SFTPError) or self._sftp is None:
+                    raise ConnectionFailed(f"SFTP on {self.name} failed ({op} {path}): {exc}") from exc
+                raise self._lost(exc) from exc
+            except OSError as exc:
+                if isinstance(exc, (ConnectionError, socket.timeout)) or not transport.is_active():
+                    raise self._lost(exc) from exc
+                raise _os_error(exc, op, path, self.name) from None
+
+    def read_bytes(self, path: str) -> bytes:
+        def read(sftp: paramiko.SFTPClient) -> bytes:
+            with sftp.open(path, "rb") as f:
+                size = f.stat().st_size or 0
+                if size > _CHUNK:
+                    f.prefetch(size)
+                return f.read()
+
+        return self._sftp_call("read", path, read)
+
+    def write_bytes(self, path: str, data: bytes, mode: int | None = None) -> None:
+        perm = 0o600 if mode is None else (mode & 0o7777)
+
+        def write(sftp: paramiko.SFTPClient) -> None:
+            f = _sftp_create(sftp, path, perm)
+            with f:
+                f.set_pipelined(True)
+                f.write(bytes(data))
+                f.flush()
+                _sftp_fsync(sftp, f)
+            if mode is not None:
+                sftp.chmod(path, mode & 0o7777)
+
+        self._sftp_call("write", path, write)
+
+    def stat(self, path: str) -> FileStat | None:
+        def stat(sftp: paramiko.SFTPClient) -> FileStat | None:
+            try:
+                st = sftp.stat(path)
+            except FileNotFoundError:
+                return None
+            return FileStat(
+                mode=st.st_mode or 0,
+                uid=st.st_uid or 0,
+                gid=st.st_gid or 0,
+                size=st.st_size or 0,
+                mtime=float(st.st_mtime or 0),
+            )
+
+        return self._sftp_call("stat", path, stat)
+
+    def rename(self, src: str, dst: str) -> None:
+        def rename(sftp: paramiko.SFTPClient) -> bool:
+            try:
+                sftp.posix_rename(src, dst)
+                return True
+            except OSError as exc:
+                if exc.errno is None and "unsupported" in str(exc).lower():
+                    return False  # no posix-rename@openssh.com: fall back to mv below
+                raise
+
+        if not self._sftp_call("rename", src, rename):
+            result = self.run(["mv", "-f", "--", src, dst])
+            if not result.ok:
+                text = result.stderr.decode("utf-8", "replace").strip()
+                if "No such file" in text:
+                    raise FileNotFoundError(errno.ENOENT, "No such file or directory", src)
+                raise OSError(errno.EIO, f"rename failed on {self.name}: {text}", src)
+
+    def remove(self, path: str) -> None:
+        def remove(sftp: paramiko.SFTPClient) -> None:
+            try:
+                sftp.remove(path)
+            except FileNotFoundError:
+                pass
+
+        self._sftp_call("remove", path, remove)
+
+    def listdir(self, path: str) -> list[str]:
+        return self._sftp_call("listdir", path, lambda sftp: sorted(sftp.listdir(path)))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _label(conn: Connection) -> str:
+    """``user@host:port`` of a fabric Connection, plus the alias it came from when that differs."""
+    text = format_destination(conn.host, conn.user, int(conn.port))
+    if conn.original_host and conn.original_host != conn.host:
+        text = f"{conn.original_host} ({text})"
+    return text
+
+
+def _auth_message(conn: Connection, where: str, exc: BaseException | None) -> str:
+    keys = conn.connect_kwargs.get("key_filename") or []
+    tried = f"keys {', '.join(keys)}" if len(keys) > 1 else f"key {keys[0]}" if keys else "no key file"
+    agent = "the ssh-agent" if os.environ.get("SSH_AUTH_SOCK") else "no ssh-agent"
+    found = [p for p in ("~/.ssh/id_rsa", "~/.ssh/id_ecdsa", "~/.ssh/id_ed25519") if os.path.isfile(os.path.expanduser(p))]
+    default = ", ".join(found) if found else "no ~/.ssh/id_* key"
+    detail = (str(exc).strip().rstrip(".") if exc is not None else "") or "Authentication failed"
+    return f"cannot connect to {where}: {detail} (tried {tried}; {agent}; {default}): check -i/--identity or your ssh-agent"
+
+
+def _known_hosts_name(conn: Connection) -> str:
+    port = int(conn.port)
+    return conn.host if port == 22 else f"[{conn.host}]:{port}"
+
+
+def _os_error(exc: OSError, op: str, path: str, host: str) -> OSError:
+    if exc.errno == errno.ENOENT or isinstance(exc, FileNotFoundError):
+        return FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+    if exc.errno in (errno.EACCES, errno.EPERM) or isinstance(exc, PermissionError):
+        return PermissionError(errno.EACCES, "Permission denied", path)
+    text = exc.strerror or str(exc) or type(exc).__name__
+    return OSError(exc.errno or errno.EIO, f"{op} failed on {host}: {text}", path)
+
+
+def _sftp_create(sftp: paramiko.SFTPClient, path: str, perm: int) -> paramiko.SFTPFile:
+    """Open ``path`` for writing (create, truncate) with ``perm`` as the creation mode, like os.open(..., perm);
+    paramiko's ``open`` sends no mode, so a new file would get the server's default 0666 & umask."""
+    from paramiko import sftp as proto
+    from paramiko.sftp_attr import SFTPAttributes
+    from paramiko.sftp_file import SFTPFile
+
+    try:
+        attrs = SFTPAttributes()
+        attrs.st_mode = perm
+        flags = proto.SFTP_FLAG_WRITE | proto.SFTP_FLAG_CREATE | proto.SFTP_FLAG_TRUNC
+        t, msg = sftp._request(proto.CMD_OPEN, sftp._adjust_cwd(path), flags, attrs)
+        if t != proto.CMD_HANDLE:
+            raise proto.SFTPError("Expected handle")
+        return SFTPFile(sftp, msg.get_binary(), "wb", -1)
+    except AttributeError:  # paramiko moved its internals: fall back to the public call
+        return sftp.open(path, "wb")
+
+
+def _sftp_fsync(sftp: paramiko.SFTPClient, f: paramiko.SFTPFile) -> None:
+    """OpenSSH's ``fsync@openssh.com`` on an open file, when the server has it; silently nothing otherwise."""
+    from paramiko import sftp as proto
+
+    try:
+        sftp._request(proto.CMD_EXTENDED, "fsync@openssh.com", f.handle)
+    except (IOError, proto.SFTPError, AttributeError):
+        pass

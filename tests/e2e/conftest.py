@@ -1,0 +1,277 @@
+"""A real OpenSSH server on 127.0.0.1 for the end-to-end tests (session-scoped), and client HOMEs that trust it.
+
+Fixtures:
+
+- ``sshd``: an ``SSHServer`` (host, port, user, client_key, other_key, host_pub_key, home, ...). ``sshd.home`` is a
+  HOME whose ``.ssh/known_hosts`` knows the server's key for ``[127.0.0.1]:PORT`` and whose ``.ssh/config`` has
+  ``Host testbox`` (HostName 127.0.0.1, Port, User, IdentityFile) and ``Host testbox-jump`` (the same, reached
+  with ``ProxyJump testbox``). Treat it as read-only; ``sshd.make_home(dir, known=...)`` builds a private one.
+- ``ssh_home``: sets HOME to ``sshd.home`` and removes SSH_AUTH_SOCK for the test (monkeypatch); returns the HOME.
+- ``ssh_home_unknown`` / ``ssh_home_changed``: the same with a fresh HOME whose known_hosts lacks the server's key /
+  holds a different ed25519 key for ``[127.0.0.1]:PORT``.
+- ``ssh_env``: ``env_for(sshd)``, the environment for a subprocess (the CLI) with that HOME and no ssh-agent.
+
+The server never gets skipped: when sshd is missing or cannot start, every test that uses it FAILS with the reason
+(``make test`` installs Debian's openssh-server; CI runs as root).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+SSHD = "/usr/sbin/sshd"
+ALIAS = "testbox"
+JUMP_ALIAS = "testbox-jump"
+
+
+@dataclasses.dataclass(frozen=True)
+class SSHServer:
+    host: str  # "127.0.0.1"
+    port: int
+    user: str  # the user running the tests (sshd logs in as the same user)
+    client_key: str  # private key the server accepts
+    other_key: str  # a valid private key the server does not accept
+    host_pub_key: str  # "ssh-ed25519 AAAA... " line of the server's host key
+    wrong_host_pub_key: str  # a different ed25519 public key, for the "changed host key" case
+    home: str  # a HOME that trusts the server and has the testbox aliases; read-only
+    root: str  # the temporary folder with keys, config, log
+    log: str  # sshd's log (-e)
+    alias: str = ALIAS
+    jump_alias: str = JUMP_ALIAS
+
+    @property
+    def known_hosts_name(self) -> str:
+        return f"[{self.host}]:{self.port}"
+
+    @property
+    def target(self) -> str:
+        """``user@127.0.0.1:PORT``"""
+        return f"{self.user}@{self.host}:{self.port}"
+
+    def known_hosts_line(self, pub: str | None = None) -> str:
+        return f"{self.known_hosts_name} {pub or self.host_pub_key}\n"
+
+    def make_home(self, path: str | os.PathLike, known: str = "ok", config: bool = True) -> str:
+        """Create a HOME at ``path``: ``known`` is ``"ok"`` (the server's key), ``"none"`` (no known_hosts) or
+        ``"changed"`` (a different key for the same entry); ``config`` writes the testbox aliases."""
+        home = Path(path)
+        ssh_dir = home / ".ssh"
+        ssh_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(ssh_dir, 0o700)
+        if known == "ok":
+            (ssh_dir / "known_hosts").write_text(self.known_hosts_line())
+        elif known == "changed":
+            (ssh_dir / "known_hosts").write_text(self.known_hosts_line(self.wrong_host_pub_key))
+        elif known != "none":
+            raise ValueError(f"known must be ok, none or changed, not {known!r}")
+        if config:
+            (ssh_dir / "config").write_text(
+                f"Host {self.alias}\n"
+                f"    HostName {self.host}\n"
+                f"    Port {self.port}\n"
+                f"    User {self.user}\n"
+                f"    IdentityFile {self.client_key}\n"
+                f"\n"
+                f"Host {self.jump_alias}\n"
+                f"    HostName {self.host}\n"
+                f"    Port {self.port}\n"
+                f"    User {self.user}\n"
+                f"    IdentityFile {self.client_key}\n"
+                f"    ProxyJump {self.alias}\n"
+            )
+            os.chmod(ssh_dir / "config", 0o600)
+        return str(home)
+
+    def env(self, home: str | None = None) -> dict[str, str]:
+        return env_for(self, home)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(Path(self.log).read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def env_for(sshd: SSHServer, home: str | None = None) -> dict[str, str]:
+    """os.environ with HOME set to ``home`` (default ``sshd.home``) and no ssh-agent (SSH_AUTH_SOCK removed)."""
+    env = dict(os.environ)
+    env["HOME"] = home or sshd.home
+    env.pop("SSH_AUTH_SOCK", None)
+    return env
+
+
+def _keygen(path: Path, comment: str) -> str:
+    keygen = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
+    try:
+        subprocess.run(
+            [keygen, "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+            check=True,
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.fail(f"ssh-keygen failed ({exc}): install openssh-client/openssh-server (make sshd)", pytrace=False)
+    os.chmod(path, 0o600)
+    return Path(str(path) + ".pub").read_text().strip()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_banner(proc: subprocess.Popen, port: int, deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                s.settimeout(2)
+                if s.recv(64).startswith(b"SSH-2.0-"):
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory):
+    if not os.access(SSHD, os.X_OK):
+        pytest.fail(
+            f"{SSHD} not found: the e2e tests need Debian's openssh-server (run 'make sshd' or "
+            "'apt-get install openssh-server' as root)",
+            pytrace=False,
+        )
+    root = tmp_path_factory.mktemp("sshd")
+    os.chmod(root, 0o755)
+    host_pub = _keygen(root / "ssh_host_ed25519_key", "eaglepatch-test-host")
+    wrong_pub = _keygen(root / "wrong_host_ed25519_key", "eaglepatch-test-wrong-host")
+    client_pub = _keygen(root / "client_key", "eaglepatch-test-client")
+    _keygen(root / "other_key", "eaglepatch-test-other")
+    (root / "authorized_keys").write_text(client_pub + "\n")
+    os.chmod(root / "authorized_keys", 0o600)
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    if os.geteuid() == 0:
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation directory
+
+    log = root / "sshd.log"
+    proc = None
+    port = 0
+    for _attempt in range(5):
+        port = _free_port()
+        cfg = root / "sshd_config"
+        cfg.write_text(
+            f"ListenAddress 127.0.0.1\n"
+            f"Port {port}\n"
+            f"HostKey {root / 'ssh_host_ed25519_key'}\n"
+            f"PidFile {root / 'sshd.pid'}\n"
+            f"AuthorizedKeysFile {root / 'authorized_keys'}\n"
+            "PermitRootLogin yes\n"
+            "PubkeyAuthentication yes\n"
+            "PasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\n"
+            "UsePAM no\n"
+            "StrictModes no\n"
+            "Subsystem sftp internal-sftp\n"
+            "AllowTcpForwarding yes\n"
+            "X11Forwarding no\n"
+            "PrintMotd no\n"
+            "PrintLastLog no\n"
+            "UseDNS no\n"
+            "MaxStartups 100\n"
+            "MaxSessions 100\n"
+            "LogLevel VERBOSE\n"
+        )
+        with open(log, "ab") as logf:
+            proc = subprocess.Popen(
+                [SSHD, "-D", "-e", "-f", str(cfg)],
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, apart from pytest's
+            )
+        if _wait_for_banner(proc, port, time.monotonic() + 15):
+            break
+        _stop(proc)
+        text = log.read_text(errors="replace")
+        proc = None
+        if "Address already in use" not in text:
+            break
+    if proc is None:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+        pytest.fail(f"sshd did not start on 127.0.0.1 ({SSHD} -D -e -f {root / 'sshd_config'}):\n{tail}", pytrace=False)
+
+    server = SSHServer(
+        host="127.0.0.1",
+        port=port,
+        user=user,
+        client_key=str(root / "client_key"),
+        other_key=str(root / "other_key"),
+        host_pub_key=" ".join(host_pub.split()[:2]),
+        wrong_host_pub_key=" ".join(wrong_pub.split()[:2]),
+        home=str(root / "home"),
+        root=str(root),
+        log=str(log),
+    )
+    server.make_home(server.home, known="ok")
+    try:
+        yield server
+    finally:
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)  # the group we created (connection children end with their clients)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+@pytest.fixture
+def ssh_home(sshd: SSHServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    """HOME = the trusting home of ``sshd``, no ssh-agent, for this test."""
+    monkeypatch.setenv("HOME", sshd.home)
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    return sshd.home
+
+
+@pytest.fixture
+def ssh_home_unknown(sshd: SSHServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """HOME with the testbox aliases but no known_hosts, for this test."""
+    home = sshd.make_home(tmp_path / "home-unknown", known="none")
+    monkeypatch.setenv("HOME", home)
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    return home
+
+
+@pytest.fixture
+def ssh_home_changed(sshd: SSHServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """HOME whose known_hosts holds a different ed25519 key for ``[127.0.0.1]:PORT``, for this test."""
+    home = sshd.make_home(tmp_path / "home-changed", known="changed")
+    monkeypatch.setenv("HOME", home)
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    return home
+
+
+@pytest.fixture
+def ssh_env(sshd: SSHServer) -> dict[str, str]:
+    """Environment for a subprocess (the CLI): HOME = ``sshd.home``, no ssh-agent."""
+    return env_for(sshd)
