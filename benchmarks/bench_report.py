@@ -1,0 +1,185 @@
+"""Benchmark ``eaglepatch.report.aggregate()`` against the floor: a bare ``json.loads`` of every line.
+
+Generates (seeded) a realistic timing log of ``--records`` records (default 1,000,000) as two files, one per
+rank, the way the runtime writes them: decode cycles at bs 1/2/4/8 with draft/verify/draft_extend, about 2 %
+prefill cycles (target/draft_extend), gaps of a millisecond or two between cycles and a few idle pauses.
+Then times, median of ``--repeat`` runs each, the two sides interleaved (``ratio`` is the median of the
+per-round ratios, so that a change in the machine's load hits both sides alike):
+
+* ``json_parse_s``: ``for line in open(f): json.loads(line)`` over the same files;
+* ``report_s``: ``aggregate(files)`` (statistics included, no rendering);
+* ``report_by_bs_s`` (once, for information): ``aggregate(files, by="bs")``.
+
+Peak memory is the peak resident size of a child process that only runs ``aggregate`` minus that of a child
+that only imports it (``VmHWM`` from /proc/self/status where there is one, since ``ru_maxrss`` keeps the forking
+parent's size across ``execve`` on Linux; ``resource.getrusage(...).ru_maxrss`` elsewhere). Prints one JSON
+object: ``{"records", "json_parse_s", "report_s", "ratio", "peak_mb", ...}``.
+
+Targets (not a test): ``ratio <= 1.5`` and ``peak_mb < 200``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+_CHILD = r"""
+import resource, sys, json
+sys.path.insert(0, sys.argv[1])
+from eaglepatch.report import aggregate
+files = sys.argv[3:]
+if sys.argv[2] == "run":
+    r = aggregate(files)
+    assert r.records > 0
+# ru_maxrss survives execve on Linux (it starts at the forking parent's size), so prefer VmHWM, the peak of
+# this process image alone.
+kb = None
+try:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                kb = int(line.split()[1])
+except OSError:
+    pass
+if kb is None:
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"maxrss_kb": kb}))
+"""
+
+
+def generate(folder: str, records: int, seed: int = 1234) -> list[str]:
+    """Write ``records`` records split over two rank files in ``folder``; return the paths."""
+    rng = random.Random(seed)
+    host = "gpu1"
+    paths = []
+    per_rank = [records // 2, records - records // 2]
+    for rank, count in enumerate(per_rank):
+        pid = 4242 + rank
+        path = os.path.join(folder, f"{host}-{pid}-rank{rank}.jsonl")
+        paths.append(path)
+        t = 1764500000.0 + rank * 0.0003
+        buf = []
+        with open(path, "w", encoding="utf-8") as f:
+            for i in range(count):
+                if rng.random() < 0.02:
+                    bs = rng.choice((1, 2, 4))
+                    target = round(rng.gauss(25.0 + 5 * bs, 2.0), 4)
+                    dext = round(rng.gauss(1.4, 0.1), 4)
+                    cyc = round(target + dext + rng.uniform(0.1, 0.4), 4)
+                    rec = {"v": 1, "t": round(t, 6), "host": host, "pid": pid, "rank": rank,
+                           "worker": "EAGLEWorker", "mode": "prefill", "bs": bs, "cycle_ms": cyc,
+                           "timer": "sync", "phases": {"target": target, "draft_extend": dext},
+                           "accepted": bs}
+                else:
+                    bs = rng.choice((1, 1, 2, 4, 8))
+                    draft = round(rng.gauss(3.2, 0.15) + 0.05 * bs, 4)
+                    verify = round(rng.gauss(6.4, 0.4) + 0.3 * bs, 4)
+                    dext = round(rng.gauss(1.05, 0.05), 4)
+                    cyc = round(draft + verify + dext + rng.uniform(0.05, 0.3), 4)
+                    acc = sum(min(4, 1 + int(rng.expovariate(0.6))) for _ in range(bs))
+                    rec = {"v": 1, "t": round(t, 6), "host": host, "pid": pid, "rank": rank,
+                           "worker": "EAGLEWorker", "mode": "decode", "bs": bs, "cycle_ms": cyc,
+                           "timer": "sync", "phases": {"draft": draft, "verify": verify, "draft_extend": dext},
+                           "accepted": acc}
+                buf.append(json.dumps(rec))
+                gap = rng.uniform(0.0008, 0.0025)
+                if rng.random() < 0.0005:
+                    gap = rng.uniform(2.0, 8.0)  # idle: no requests
+                t += cyc / 1000.0 + gap
+                if len(buf) >= 10000:
+                    f.write("\n".join(buf) + "\n")
+                    buf.clear()
+            if buf:
+                f.write("\n".join(buf) + "\n")
+    return paths
+
+
+def bare_parse(paths: list[str]) -> int:
+    """The floor: json.loads every line; returns the number of lines."""
+    loads = json.loads
+    n = 0
+    for p in paths:
+        with open(p, encoding="utf-8") as f:
+            for line in f:
+                loads(line)
+                n += 1
+    return n
+
+
+def timed(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def child_maxrss_kb(mode: str, paths: list[str]) -> int:
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, ROOT, mode, *paths], check=True, capture_output=True, text=True
+    ).stdout
+    return int(json.loads(out.strip().splitlines()[-1])["maxrss_kb"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=1234)
+    args = ap.parse_args(argv)
+
+    from eaglepatch.report import aggregate
+
+    with tempfile.TemporaryDirectory(prefix="eaglepatch-bench-") as tmp:
+        t0 = time.perf_counter()
+        paths = generate(tmp, args.records, args.seed)
+        gen_s = time.perf_counter() - t0
+        size = sum(os.path.getsize(p) for p in paths)
+        # Warm the page cache once, so neither side pays for the first read.
+        bare_parse(paths)
+        # Interleaved, so that a change in the machine's load hits both sides alike.
+        parse_t: list[float] = []
+        report_t: list[float] = []
+        for _ in range(args.repeat):
+            parse_t.append(timed(lambda: bare_parse(paths), 1))
+            report_t.append(timed(lambda: aggregate(paths), 1))
+        parse_s = statistics.median(parse_t)
+        report_s = statistics.median(report_t)
+        ratio = statistics.median([r / p for r, p in zip(report_t, parse_t)])
+        by_bs_s = timed(lambda: aggregate(paths, by="bs"), 1)
+        result = aggregate(paths)
+        base_kb = child_maxrss_kb("import", paths)
+        run_kb = child_maxrss_kb("run", paths)
+    out = {
+        "records": result.records,
+        "skipped_lines": result.skipped_lines,
+        "groups": len(result.groups),
+        "bytes": size,
+        "json_parse_s": round(parse_s, 3),
+        "report_s": round(report_s, 3),
+        "ratio": round(ratio, 3),
+        "peak_mb": round((run_kb - base_kb) / 1024.0, 1),
+        "report_by_bs_s": round(by_bs_s, 3),
+        "child_maxrss_mb": round(run_kb / 1024.0, 1),
+        "baseline_maxrss_mb": round(base_kb / 1024.0, 1),
+        "generate_s": round(gen_s, 1),
+        "python": sys.version.split()[0],
+    }
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
