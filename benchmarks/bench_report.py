@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from eaglepatch.report import aggregate
 
-    with tempfile.TemporaryDirectory(prefix="eaglepatch-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-report-") as tmp:
         t0 = time.perf_counter()
         paths = generate(tmp, args.records, args.seed)
         gen_s = time.perf_counter() - t0
