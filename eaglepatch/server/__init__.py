@@ -1,0 +1,54 @@
+"""Finding, stopping, starting the sglang server and waiting until it is ready.
+
+- ``find_servers(host)``: the running servers (``ServerProcess``), from /proc on the host, one round trip.
+- ``ServerProcess.launch_spec()`` -> ``LaunchSpec``: how to start it again (JSON, for the backup manifest).
+- ``restart(host, current=..., launch=..., options=RestartOptions(...))`` -> ``RestartResult``.
+- ``wait_ready(host, port, ...)`` -> bool (``wait_until_ready`` for the details).
+
+Everything on the host runs as small standard-library programs (``_remote.py``) through ``Host.run``, so it works
+the same on ``LocalHost`` and over SSH, and never imports sglang.
+"""
+
+from eaglepatch.server.control import StopResult, Started, port_in_use, read_log_tail, start_server, stop_server
+from eaglepatch.server.process import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    LaunchSpec,
+    ServerArgs,
+    ServerProcess,
+    default_log_path,
+    find_servers,
+    parse_server_args,
+    probe_address,
+    select_server,
+)
+from eaglepatch.server.ready import Readiness, ReadyState, wait_ready, wait_until_ready
+from eaglepatch.server.restart import NoServerRunning, RestartOptions, RestartResult, Strategy, restart
+
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "LaunchSpec",
+    "NoServerRunning",
+    "Readiness",
+    "ReadyState",
+    "RestartOptions",
+    "RestartResult",
+    "ServerArgs",
+    "ServerProcess",
+    "Started",
+    "StopResult",
+    "Strategy",
+    "default_log_path",
+    "find_servers",
+    "parse_server_args",
+    "port_in_use",
+    "probe_address",
+    "read_log_tail",
+    "restart",
+    "select_server",
+    "start_server",
+    "stop_server",
+    "wait_ready",
+    "wait_until_ready",
+]

@@ -1,0 +1,112 @@
+"""Stopping and starting a server on a host, each one round trip (``_remote.op_stop`` / ``_remote.op_start``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from eaglepatch.hosts.base import Host
+from eaglepatch.server.process import LaunchSpec, ServerProcess, call_remote
+
+
+@dataclasses.dataclass(frozen=True)
+class StopResult:
+    """What stopping did. ``ok``: every process is gone and the port is free."""
+
+    pid: int
+    already_gone: bool
+    stopped: tuple[int, ...]  # every process signalled
+    killed: tuple[int, ...]  # those that needed SIGKILL after the grace period
+    remaining: tuple[int, ...]  # still alive at the end
+    port_free: bool
+    errors: tuple[str, ...]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.remaining and self.port_free
+
+    def describe(self) -> str:
+        """One line for a person when not ``ok``."""
+        parts = []
+        if self.errors:
+            parts.append("; ".join(self.errors))
+        if self.remaining:
+            parts.append(f"still running after SIGKILL: {', '.join(map(str, self.remaining))}")
+        if not self.port_free:
+            parts.append("the port is still in use")
+        return f"could not stop the sglang server (pid {self.pid}): " + ("; ".join(parts) or "unknown reason")
+
+
+def stop_server(
+    host: Host,
+    server: ServerProcess,
+    *,
+    grace: float = 30.0,
+    port_timeout: float = 60.0,
+    python: str = "python3",
+) -> StopResult:
+    """SIGTERM the server with its process group and descendants, SIGKILL after ``grace`` s, wait for the port.
+
+    Never raises for a process that is already gone (that is success; orphans of a group it led are stopped);
+    a permission error is reported in the result, with the server left running.
+    """
+    out = call_remote(
+        host,
+        python,
+        "stop",
+        {
+            "pid": server.pid,
+            "start": server.start,
+            "children": list(server.children),
+            "grace": grace,
+            "port": server.port,
+            "port_timeout": port_timeout,
+            # it started its own group/session (as eaglepatch starts servers): leftovers of it may be stopped
+            "leader": server.pgid == server.pid or server.sid == server.pid,
+        },
+        timeout=grace + port_timeout + 60,
+    )
+    return StopResult(
+        pid=server.pid,
+        already_gone=bool(out.get("already_gone")),
+        stopped=tuple(out.get("stopped") or ()),
+        killed=tuple(out.get("killed") or ()),
+        remaining=tuple(out.get("remaining") or ()),
+        port_free=bool(out.get("port_free", True)),
+        errors=tuple(out.get("errors") or ()),
+        seconds=float(out.get("seconds") or 0.0),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Started:
+    """A server process just started: its pid (None with ``error``), start time, and where its log output begins."""
+
+    pid: int | None
+    start: int | None
+    log_offset: int
+    error: str | None = None
+
+
+def start_server(host: Host, spec: LaunchSpec, *, python: str = "python3") -> Started:
+    """Start ``spec`` on the host, detached (own session, stdin /dev/null, output appended to ``spec.log_path``).
+
+    Returns at once, without waiting for readiness; ``error`` says why nothing started (missing directory or
+    interpreter, log not writable).
+    """
+    payload = {"argv": list(spec.argv), "cwd": spec.cwd, "env": dict(spec.env), "log_path": spec.log_path}
+    out = call_remote(host, python, "start", payload, timeout=60)
+    return Started(
+        pid=out.get("pid"), start=out.get("start"), log_offset=int(out.get("offset") or 0), error=out.get("error")
+    )
+
+
+def port_in_use(host: Host, port: int, *, python: str = "python3") -> bool:
+    """True when something on the host listens on ``port`` (any address)."""
+    return bool(call_remote(host, python, "port", {"port": port}, timeout=60)["listening"])
+
+
+def read_log_tail(host: Host, log_path: str, *, offset: int = 0, lines: int = 30, python: str = "python3") -> str:
+    """The last ``lines`` non-empty lines of the log written after ``offset``; "" when there is no log."""
+    out = call_remote(host, python, "tail", {"log_path": log_path, "offset": offset, "lines": lines}, timeout=60)
+    return "\n".join(out.get("lines") or [])

@@ -1,0 +1,429 @@
+"""Restarting the sglang server so a patch takes effect, and waiting until it serves again.
+
+Strategies, in order of preference: the user's ``--restart-cmd`` (run as given), ``--systemd-unit`` (``systemctl
+restart``), and by default relaunching what was running (stop it, start the same argv in the same directory with
+the same environment, detached, output to a log on the host). ``restart`` returns a ``RestartResult`` whether or
+not the server came up, so that ``apply`` can decide to roll back; it raises only for what no caller can act on
+by retrying (bad options, nothing running and nothing known to start).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import posixpath
+import shlex
+import time
+from typing import Any, Callable
+
+from eaglepatch.errors import RestartFailed, UsageError
+from eaglepatch.hosts.base import Host
+from eaglepatch.server.control import port_in_use, read_log_tail, start_server, stop_server
+from eaglepatch.server.process import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    LaunchSpec,
+    ServerProcess,
+    default_log_path,
+    find_servers,
+)
+from eaglepatch.server.ready import Progress, Readiness, ReadyState, wait_until_ready
+
+LOG_TAIL_LINES = 30
+
+
+class Strategy(enum.Enum):
+    """How the server was (re)started."""
+
+    RESTART_CMD = "restart-cmd"  # the user's command, run as given
+    SYSTEMD = "systemd"  # systemctl restart UNIT
+    RELAUNCH = "relaunch"  # stop what ran, start the same argv/cwd/env
+    START = "start"  # nothing ran: start a known launch spec
+
+
+class NoServerRunning(RestartFailed):
+    """Nothing to restart: no server runs and no way to start one is known."""
+
+    def __init__(self, where: str):
+        super().__init__(
+            f"no sglang server is running on {where}, and eaglepatch does not know how to start one: start it "
+            "yourself (python -m sglang.launch_server --model-path ... [--port N]), or pass --restart-cmd CMD "
+            "or --systemd-unit NAME"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartOptions:
+    """How to restart and how long to wait.
+
+    ``timeout``: seconds for the server to become ready (big models load for minutes). ``grace``: seconds between
+    SIGTERM and SIGKILL when stopping. ``port_timeout``: how long a stopped server's port may stay busy.
+    ``stop_on_failure``: a server eaglepatch started that is still not ready at the timeout is stopped, so the
+    port is free for a rollback. Raises UsageError for contradictory or out-of-range values.
+    """
+
+    restart_cmd: str | None = None
+    systemd_unit: str | None = None
+    timeout: float = 900.0
+    grace: float = 30.0
+    poll_interval: float = 2.0
+    port_timeout: float = 60.0
+    stop_on_failure: bool = True
+
+    def __post_init__(self) -> None:
+        if self.restart_cmd is not None and self.systemd_unit is not None:
+            raise UsageError("--restart-cmd and --systemd-unit exclude each other: give one")
+        if self.restart_cmd is not None and not self.restart_cmd.strip():
+            raise UsageError("--restart-cmd: the command is empty")
+        if self.systemd_unit is not None:
+            unit = self.systemd_unit
+            if not unit or unit.startswith("-") or any(c.isspace() for c in unit) or "/" in unit:
+                raise UsageError(f"--systemd-unit: {unit!r} is not a unit name")
+        if not self.timeout > 0:
+            raise UsageError(f"--timeout must be a positive number of seconds, not {self.timeout}")
+        if self.grace < 0 or self.port_timeout < 0:
+            raise UsageError("the grace period and port timeout cannot be negative")
+        if not self.poll_interval > 0:
+            raise UsageError(f"the poll interval must be positive, not {self.poll_interval}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartResult:
+    """How a restart went.
+
+    ``pid``: the new server's launcher when known (for a failed start: the one that failed). ``ready``: it
+    answered its health endpoint within the timeout. ``log_tail``: the last lines of its log when not ready.
+    ``message``: one line for a person. ``state``: how waiting ended (None when it never got that far).
+    ``stopped_pid``: the old server stopped on the way. ``stopped_failed``: the not-ready server was stopped again.
+    """
+
+    strategy: Strategy
+    pid: int | None
+    ready: bool
+    seconds: float
+    log_tail: str = ""
+    message: str = ""
+    port: int = DEFAULT_PORT
+    log_path: str | None = None
+    state: ReadyState | None = None
+    stopped_pid: int | None = None
+    stopped_failed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy.value,
+            "pid": self.pid,
+            "ready": self.ready,
+            "seconds": round(self.seconds, 3),
+            "port": self.port,
+            "message": self.message,
+            "log_path": self.log_path,
+            "log_tail": self.log_tail,
+        }
+
+
+def restart(
+    host: Host,
+    *,
+    current: ServerProcess | None = None,
+    launch: LaunchSpec | None = None,
+    options: RestartOptions = RestartOptions(),
+    progress: Progress | None = None,
+    python: str = "python3",
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> RestartResult:
+    """Restart the server on ``host`` and wait until it is ready; see the module docstring for the strategies.
+
+    ``current`` is the running server (what is stopped, and what the default strategy starts again);
+    ``launch`` is what to start instead of ``current``'s own command line (a manifest's spec after a crash, or a
+    sweep's changed flags). ``python`` is the interpreter on the host for eaglepatch's helper programs.
+    Returns a RestartResult, ready or not. Raises NoServerRunning when neither ``current`` nor ``launch`` is
+    given and no restart command or unit is; UsageError when ``current`` cannot be relaunched from here;
+    ConnectionFailed when the connection breaks.
+    """
+    run = _Run(host, options, progress, python, clock, sleep)
+    if options.restart_cmd is not None:
+        return run.by_command(options.restart_cmd, current, launch)
+    if options.systemd_unit is not None:
+        return run.by_systemd(options.systemd_unit, current, launch)
+    if current is None and launch is None:
+        raise NoServerRunning(host.name)
+    spec = launch if launch is not None else current.launch_spec()  # type: ignore[union-attr]
+    return run.relaunch(current, spec)
+
+
+class _Run:
+    """One restart: the shared pieces of the strategies."""
+
+    def __init__(
+        self,
+        host: Host,
+        options: RestartOptions,
+        progress: Progress | None,
+        python: str,
+        clock: Callable[[], float],
+        sleep: Callable[[float], None],
+    ):
+        self.host, self.options, self.python = host, options, python
+        self.say: Progress = progress or (lambda _line: None)
+        self.clock, self.sleep = clock, sleep
+        self.t0 = clock()
+
+    def elapsed(self) -> float:
+        return self.clock() - self.t0
+
+    def wait(self, port: int, addr: str, timeout: float, **kwargs: Any) -> Readiness:
+        self.say(f"waiting up to {timeout:.0f} s for sglang on :{port} to be ready")
+        return wait_until_ready(
+            self.host,
+            port,
+            addr,
+            timeout,
+            self.say,
+            python=self.python,
+            poll_interval=self.options.poll_interval,
+            clock=self.clock,
+            sleep=self.sleep,
+            **kwargs,
+        )
+
+    def tail(self, log_path: str | None, offset: int = 0) -> str:
+        if not log_path:
+            return ""
+        return read_log_tail(self.host, log_path, offset=offset, lines=LOG_TAIL_LINES, python=self.python)
+
+    # -- default: relaunch what ran (or start a known spec) --------------------------------------------------------
+
+    def relaunch(self, current: ServerProcess | None, spec: LaunchSpec) -> RestartResult:
+        strategy = Strategy.RELAUNCH if current is not None else Strategy.START
+        base = dict(strategy=strategy, port=spec.port, log_path=spec.log_path)
+        stopped_pid = None
+        if current is not None:
+            self.say(
+                f"stopping sglang (pid {current.pid}) on :{current.port}: SIGTERM, SIGKILL after "
+                f"{self.options.grace:.0f} s"
+            )
+            stop = stop_server(
+                self.host, current, grace=self.options.grace, port_timeout=self.options.port_timeout, python=self.python
+            )
+            if not stop.ok:
+                return RestartResult(
+                    pid=None if stop.already_gone else current.pid,
+                    ready=False,
+                    seconds=self.elapsed(),
+                    message=stop.describe() + "; nothing was started",
+                    **base,
+                )
+            stopped_pid = current.pid
+            if stop.killed:
+                self.say(f"stopped (SIGKILL needed for pid {', '.join(map(str, stop.killed))})")
+            else:
+                self.say(f"stopped in {stop.seconds:.1f} s")
+        if (current is None or current.port != spec.port) and port_in_use(self.host, spec.port, python=self.python):
+            return RestartResult(
+                pid=None,
+                ready=False,
+                seconds=self.elapsed(),
+                message=f"port {spec.port} is already in use on {self.host.name}: nothing was started",
+                stopped_pid=stopped_pid,
+                **base,
+            )
+        self.say(f"starting sglang on :{spec.port}: {shlex.join(spec.argv)} (in {spec.cwd}; log: {spec.log_path})")
+        started = start_server(self.host, spec, python=self.python)
+        if started.error or started.pid is None:
+            return RestartResult(
+                pid=None,
+                ready=False,
+                seconds=self.elapsed(),
+                message=started.error or "the server did not start",
+                log_tail=self.tail(spec.log_path, started.log_offset),
+                stopped_pid=stopped_pid,
+                **base,
+            )
+        readiness = self.wait(
+            spec.port,
+            spec.host,
+            self.options.timeout,
+            log_path=spec.log_path,
+            log_offset=started.log_offset,
+            pid=started.pid,
+            start=started.start,
+            api_key=spec.api_key,
+        )
+        if readiness.ready:
+            return RestartResult(
+                pid=started.pid,
+                ready=True,
+                seconds=self.elapsed(),
+                message=f"sglang is ready on :{spec.port} (pid {started.pid}) after {readiness.seconds:.0f} s",
+                state=readiness.state,
+                stopped_pid=stopped_pid,
+                **base,
+            )
+        log_tail = self.tail(spec.log_path, started.log_offset)
+        # What eaglepatch started and is not ready is stopped: after a crash, its orphaned children (TP ranks
+        # holding GPU memory); after a timeout (unless told otherwise), the whole server, so that the port is
+        # free for a rollback.
+        failed = ServerProcess(
+            pid=started.pid, argv=list(spec.argv), cwd=spec.cwd, env=None, exe=None, port=spec.port,
+            host=spec.host, pgid=started.pid, sid=started.pid, start=started.start,
+        )
+        stopped_failed = False
+        if readiness.state is ReadyState.DIED:
+            message = f"sglang (pid {started.pid}) exited during startup after {readiness.seconds:.0f} s"
+            stop = stop_server(self.host, failed, grace=self.options.grace, port_timeout=self.options.port_timeout,
+                               python=self.python)
+            if stop.stopped:
+                message += f"; stopped what it left running (pids {', '.join(map(str, stop.stopped))})"
+        else:
+            message = f"sglang on :{spec.port} (pid {started.pid}) was not ready after {readiness.seconds:.0f} s"
+            if self.options.stop_on_failure:
+                self.say(f"stopping the server that did not become ready (pid {started.pid})")
+                stop = stop_server(
+                    self.host, failed, grace=self.options.grace, port_timeout=self.options.port_timeout,
+                    python=self.python,
+                )
+                stopped_failed = stop.ok
+                message += "; stopped it" if stop.ok else "; " + stop.describe()
+        return RestartResult(
+            pid=started.pid,
+            ready=False,
+            seconds=self.elapsed(),
+            log_tail=log_tail,
+            message=message + f" (log: {spec.log_path})",
+            state=readiness.state,
+            stopped_pid=stopped_pid,
+            stopped_failed=stopped_failed,
+            **base,
+        )
+
+    # -- the user's command -------------------------------------------------------------------------------------
+
+    def by_command(self, cmd: str, current: ServerProcess | None, launch: LaunchSpec | None) -> RestartResult:
+        known = current or launch
+        port = known.port if known is not None else None
+        log_path = launch.log_path if launch is not None else default_log_path(port or DEFAULT_PORT)
+        st = self.host.stat(log_path)
+        offset = st.size if st is not None else 0
+        self.say(f"running the restart command: {cmd} (output to {log_path})")
+        # Run as given, with sh. Its output goes to the log, not to this connection: a server it starts in the
+        # background must not hold our pipes open (which would keep the command from returning).
+        script = 'mkdir -p "$1" && exec >>"$2" 2>&1 </dev/null; exec sh -c "$3"'
+        result = self.host.run(
+            ["sh", "-c", script, "eaglepatch-restart", posixpath.dirname(log_path), log_path, cmd],
+            timeout=self.options.timeout,
+        )
+        base = dict(strategy=Strategy.RESTART_CMD, log_path=log_path)
+        if result.rc != 0:
+            why = "timed out" if result.rc == 124 else f"exited {result.rc}"
+            err = result.stderr.decode("utf-8", "replace").strip()
+            return RestartResult(
+                pid=None,
+                ready=False,
+                seconds=self.elapsed(),
+                port=port or DEFAULT_PORT,
+                message=f"the restart command {why}" + (f": {err.splitlines()[-1]}" if err else ""),
+                log_tail=self.tail(log_path, offset),
+                **base,
+            )
+        return self._after_external_restart(base, port, known, current, log_path=log_path, log_offset=offset)
+
+    # -- systemd -----------------------------------------------------------------------------------------------
+
+    def by_systemd(self, unit: str, current: ServerProcess | None, launch: LaunchSpec | None) -> RestartResult:
+        known = current or launch
+        port = known.port if known is not None else None
+        self.say(f"systemctl restart {unit}")
+        result = self.host.run(["systemctl", "restart", unit], timeout=self.options.timeout)
+        base = dict(strategy=Strategy.SYSTEMD, log_path=None)
+        if result.rc != 0:
+            err = (result.stderr or result.stdout).decode("utf-8", "replace").strip()
+            return RestartResult(
+                pid=None,
+                ready=False,
+                seconds=self.elapsed(),
+                port=port or DEFAULT_PORT,
+                message=f"systemctl restart {unit} exited {result.rc}" + (f": {err.splitlines()[-1]}" if err else ""),
+                log_tail=self._journal(unit),
+                **base,
+            )
+        main_pid = self._main_pid(unit)
+        res = self._after_external_restart(base, port, known, current, pid=main_pid)
+        if not res.ready:
+            res = dataclasses.replace(res, log_tail=self._journal(unit))
+        return res
+
+    def _main_pid(self, unit: str) -> int | None:
+        out = self.host.run(["systemctl", "show", "-p", "MainPID", unit], timeout=60)
+        text = out.stdout.decode("utf-8", "replace").strip()
+        try:
+            pid = int(text.partition("=")[2])
+        except ValueError:
+            return None
+        return pid or None
+
+    def _journal(self, unit: str) -> str:
+        out = self.host.run(
+            ["journalctl", "-u", unit, "-n", str(LOG_TAIL_LINES), "--no-pager", "-o", "cat"], timeout=60
+        )
+        return out.stdout.decode("utf-8", "replace").strip() if out.ok else ""
+
+    # -- shared by the command and systemd ------------------------------------------------------------------------
+
+    def _after_external_restart(
+        self,
+        base: dict[str, Any],
+        port: int | None,
+        known: ServerProcess | LaunchSpec | None,
+        current: ServerProcess | None,
+        *,
+        pid: int | None = None,
+        log_path: str | None = None,
+        log_offset: int = 0,
+    ) -> RestartResult:
+        addr = known.host if known is not None else DEFAULT_HOST
+        api_key = known.api_key if known is not None else None
+        if port is None:
+            # nothing was known beforehand: look at what the restart started
+            found = [s for s in find_servers(self.host, self.python) if pid is None or s.pid == pid]
+            if len(found) == 1:
+                port, addr, api_key, pid = found[0].port, found[0].host, found[0].api_key, found[0].pid
+            else:
+                port = DEFAULT_PORT
+        remaining = max(1.0, self.options.timeout - self.elapsed())
+        readiness = self.wait(
+            port,
+            addr,
+            remaining,
+            pid=pid,
+            log_path=log_path,
+            log_offset=log_offset,
+            api_key=api_key,
+            old_pid=current.pid if current is not None else None,
+            old_start=current.start if current is not None else None,
+            discover=pid is None,
+        )
+        pid = pid or readiness.pid
+        if pid is None and readiness.ready:
+            pid = next((s.pid for s in find_servers(self.host, self.python) if s.port == port), None)
+        if readiness.ready:
+            message = f"sglang is ready on :{port}" + (f" (pid {pid})" if pid else "")
+        elif readiness.state is ReadyState.OLD_RUNNING:
+            old = current.pid if current is not None else "?"
+            message = f"the old server (pid {old}) is still running: the restart did not stop it"
+        elif readiness.state is ReadyState.DIED:
+            message = f"sglang (pid {pid}) exited during startup"
+        else:
+            message = f"sglang on :{port} was not ready after {readiness.seconds:.0f} s"
+        return RestartResult(
+            pid=pid,
+            ready=readiness.ready,
+            seconds=self.elapsed(),
+            port=port,
+            message=message,
+            log_tail="" if readiness.ready else self.tail(log_path, log_offset),
+            state=readiness.state,
+            stopped_pid=current.pid if current is not None and readiness.state is not ReadyState.OLD_RUNNING else None,
+            **base,
+        )
