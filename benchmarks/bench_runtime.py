@@ -114,7 +114,7 @@ def measure(timer, cycles, repeats, bs, every):
         if timer == "sync":
             sync = torch.cuda.synchronize
     rt = load_runtime()
-    log_dir = tempfile.mkdtemp(prefix="eaglepatch-bench-")
+    log_dir = tempfile.mkdtemp(prefix="ep-runtime-bench-")  # not /tmp/eaglepatch*: other tools clean those
     try:
         rt.configure(mode=timer, log_dir=log_dir, summary_every=2000, flush_records=256, flush_seconds=2.0,
                      every=1)
