@@ -202,6 +202,7 @@ def apply(
         r = actions.load_recipe(recipe)
         ropts = RuntimeOptions(mode=mode, every=every, log_dir=log_dir)
         restart = None if no_restart else actions.restart_options(restart_cmd, systemd_unit, timeout)
+        actions.check_targets(targets, c)
         outcomes = for_each_target(targets, lambda t: actions.apply(t, c, r, ropts, restart, dry_run, say))
         finish(outcomes, json_out, actions.render_change)
     _guard(go)
@@ -224,6 +225,7 @@ def revert(
         c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
         r = actions.load_recipe(None)
         restart = None if no_restart else actions.restart_options(restart_cmd, systemd_unit, timeout)
+        actions.check_targets(targets, c)
         outcomes = for_each_target(targets, lambda t: actions.revert(t, c, r, force, restart, say))
         finish(outcomes, json_out, actions.render_change)
     _guard(go)
@@ -241,6 +243,7 @@ def status(
     def go() -> None:
         c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
         r = actions.load_recipe(None)
+        actions.check_targets(targets, c)
         finish(for_each_target(targets, lambda t: actions.status(t, c, r)), json_out, actions.render_status)
     _guard(go)
 
@@ -259,6 +262,7 @@ def restart(
     def go() -> None:
         c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
         ropts = actions.restart_options(restart_cmd, systemd_unit, timeout)
+        actions.check_targets(targets, c)
         outcomes = for_each_target(targets, lambda t: actions.restart_target(t, c, ropts, say))
         finish(outcomes, json_out, actions.render_restart)
     _guard(go)

@@ -230,10 +230,20 @@ def op_lock(payload):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
-            held = _lock_info(path) or {}
+            held = _lock_info(path)
+            if held is None:
+                # Unreadable: most likely its taker created it this instant and has not written it yet, so
+                # it is only stale when the file itself is old.
+                try:
+                    since = os.path.getmtime(path)
+                except OSError:
+                    continue  # gone meanwhile: try again
+                held = {}
+            else:
+                since = float(held.get("time", 0) or 0)
             if held.get("token") == me["token"]:
                 return {"ok": True}
-            age = time.time() - float(held.get("time", 0) or 0)
+            age = time.time() - since
             stale = age > float(payload.get("ttl", 7200))
             if held.get("client_host") == me.get("client_host") and held.get("client_pid") in payload.get("dead_pids", []):
                 stale = True
@@ -314,8 +324,31 @@ def _fault(payload, point):
         os._exit(99)
 
 
+_STALE_TMP = re.compile(r"^\..+" + re.escape(TMP_TAG) + r"[0-9a-f]+r?$")
+
+
+def _drop_stale_temps(dirs):
+    """Temp files that an earlier run left when it was cut off between writing and renaming them. Called with
+    the lock held, so no other run's temp files are in flight."""
+    removed = []
+    for d in sorted(set(dirs)):
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for n in names:
+            if _STALE_TMP.match(n):
+                try:
+                    os.remove(os.path.join(d, n))
+                    removed.append(os.path.join(d, n))
+                except OSError:
+                    pass
+    return removed
+
+
 def op_execute(payload):
-    """Carry out a plan: check, write temps, compile, back up, swap in. All or nothing.
+    """Carry out a plan: check, write temps, compile, back up, swap in. All or nothing: when a step fails,
+    every file this run replaced, created or removed (worker files, runtime, backups, manifest) is put back.
 
     payload: token, writes [{path, expect_sha256 (null: must not exist), data | null (= remove), backup?,
     compile: bool}], manifest {path, data | null}.
@@ -325,19 +358,38 @@ def op_execute(payload):
     if held.get("token") != token:
         return {"ok": False, "kind": "conflict", "error": "lost the lock %s" % payload["lock_path"]}
     writes = payload["writes"]
-    # 1. Nothing changed since it was read.
+    man = payload.get("manifest") or {}
+    dirs = [os.path.dirname(payload["lock_path"])] + [os.path.dirname(w["path"]) for w in writes]
+    dirs += [os.path.dirname(w["backup"]) for w in writes if w.get("backup")]
+    if man.get("path"):
+        dirs.append(os.path.dirname(man["path"]))
+    stale = _drop_stale_temps(dirs)
+    # 1. Nothing changed since it was read; keep what each path holds now, to put it back on failure.
+    prev = {}  # path -> (bytes | None, stat | None)
+
+    def remember(path):
+        if path not in prev:
+            try:
+                prev[path] = (_read(path), os.stat(path))
+            except FileNotFoundError:
+                prev[path] = (None, None)
+
     for w in writes:
         try:
-            cur = _sha(_read(w["path"]))
+            cur = _read(w["path"])
         except FileNotFoundError:
             cur = None
         except OSError as exc:
             return {"ok": False, "kind": "io", "path": w["path"], "error": exc.strerror}
+        prev[w["path"]] = (cur, os.stat(w["path"]) if cur is not None else None)
+        cur = _sha(cur) if cur is not None else None
         if cur != w["expect_sha256"]:
             return {"ok": False, "kind": "conflict", "path": w["path"],
                     "error": "changed since it was read (expected %s, found %s)" % (
                         (w["expect_sha256"] or "no file")[:12], (cur or "no file")[:12])}
     temps = []
+    touched = []  # paths changed so far, in order
+    made_dirs = []
 
     def cleanup():
         for t in temps:
@@ -345,6 +397,48 @@ def op_execute(payload):
                 os.remove(t)
             except OSError:
                 pass
+
+    def undo():
+        """Put back every touched path as it was; return the paths that could not be."""
+        failed = []
+        for path in reversed(touched):
+            data, st = prev[path]
+            try:
+                if data is None:
+                    if os.path.lexists(path):
+                        os.remove(path)
+                else:
+                    rtmp = _tmp_name(path, token + "r")
+                    temps.append(rtmp)
+                    _write_new(rtmp, data, st)
+                    _replace(rtmp, path)
+            except OSError:
+                failed.append(path)
+        for d in reversed(made_dirs):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        cleanup()
+        return failed
+
+    def fail(exc, path=None):
+        unrestored = undo()
+        out = {"ok": False, "kind": "io", "path": path,
+               "error": "%s%s" % ("" if path else (getattr(exc, "filename", None) or "") + ": ",
+                                  exc.strerror or exc)}
+        if unrestored:
+            out["unrestored"] = unrestored
+        return out
+
+    def makedirs(d):
+        missing = []
+        while d and not os.path.isdir(d):
+            missing.append(d)
+            d = os.path.dirname(d)
+        for m in reversed(missing):
+            os.mkdir(m, 0o700)
+            made_dirs.append(m)
 
     try:
         # 2. Temp files beside their destinations, validated with this (the server's) interpreter.
@@ -355,7 +449,7 @@ def op_execute(payload):
                 continue
             data = _unb64(w["data"])
             tmp = _tmp_name(w["path"], token)
-            like = os.stat(w["path"]) if w["expect_sha256"] is not None else None
+            like = prev[w["path"]][1]
             temps.append(tmp)
             _write_new(tmp, data, like, mode=w.get("mode", 0o644))
             if w.get("compile"):
@@ -371,58 +465,57 @@ def op_execute(payload):
         for w in writes:
             b = w.get("backup")
             if b and w["expect_sha256"] is not None:
-                os.makedirs(os.path.dirname(b), mode=0o700, exist_ok=True)
+                makedirs(os.path.dirname(b))
                 try:
                     same = _sha(_read(b)) == w["expect_sha256"]
                 except OSError:
                     same = False
                 if not same:
+                    remember(b)
                     btmp = _tmp_name(b, token)
                     temps.append(btmp)
-                    _write_new(btmp, _read(w["path"]), os.stat(w["path"]))
+                    _write_new(btmp, prev[w["path"]][0], prev[w["path"]][1])
                     _replace(btmp, b)
-        man = payload.get("manifest")
-        if man and man.get("data") is not None:
-            os.makedirs(os.path.dirname(man["path"]), mode=0o700, exist_ok=True)
+                    touched.append(b)
+        if man.get("data") is not None:
+            makedirs(os.path.dirname(man["path"]))
+            remember(man["path"])
             mtmp = _tmp_name(man["path"], token)
             temps.append(mtmp)
             _write_new(mtmp, json.dumps(man["data"], indent=1, sort_keys=True).encode(), None, 0o600)
             _replace(mtmp, man["path"])
+            touched.append(man["path"])
         _fault(payload, "before-rename")
     except OSError as exc:
-        cleanup()
-        return {"ok": False, "kind": "io", "error": "%s: %s" % (getattr(exc, "filename", None) or "", exc.strerror)}
-    # 4. Swap in. A failure here puts back what was already swapped.
-    done = []
-    try:
-        for w, tmp in staged:
+        return fail(exc)
+    # 4. Swap in (and remove what the plan removes, the manifest last). A failure puts everything back.
+    for w, tmp in staged:
+        try:
             if tmp is None:
-                if os.path.exists(w["path"]):
+                if os.path.lexists(w["path"]):
                     os.remove(w["path"])
-                done.append(w)
             else:
                 _replace(tmp, w["path"])
-                done.append(w)
-    except OSError as exc:
-        for w in done:
-            b = w.get("backup")
-            if b and os.path.exists(b):
-                rtmp = _tmp_name(w["path"], token + "r")
-                _write_new(rtmp, _read(b), os.stat(b))
-                _replace(rtmp, w["path"])
-        cleanup()
-        return {"ok": False, "kind": "io", "error": "%s: %s" % (getattr(exc, "filename", None) or "", exc.strerror)}
-    removed = []
-    for w in writes:
-        if w["path"].endswith(".py"):
-            removed += _drop_bytecode(w["path"])
-    if man and man.get("data") is None and os.path.exists(man["path"]):
-        os.remove(man["path"])
+        except OSError as exc:  # a failed rename or remove leaves its path as it was
+            return fail(exc, w["path"])
+        touched.append(w["path"])
+    if man.get("path") and man.get("data") is None and os.path.exists(man["path"]):
+        remember(man["path"])
+        try:
+            os.remove(man["path"])
+        except OSError as exc:
+            return fail(exc, man["path"])
+        touched.append(man["path"])
         try:
             os.rmdir(os.path.dirname(man["path"]))  # only when empty: a kept drifted copy stays
         except OSError:
             pass
-    return {"ok": True, "bytecode_removed": removed}
+    cleanup()
+    removed = []
+    for w in writes:
+        if w["path"].endswith(".py"):
+            removed += _drop_bytecode(w["path"])
+    return {"ok": True, "bytecode_removed": removed, "stale_temps_removed": stale}
 
 
 def op_logs(payload):

@@ -60,16 +60,27 @@ def restart_options(restart_cmd: str | None, systemd_unit: str | None, timeout: 
     return RestartOptions(restart_cmd=restart_cmd, systemd_unit=systemd_unit, timeout=timeout)
 
 
+def check_targets(texts: Sequence[str], c: Connect) -> None:
+    """Usage errors of any TARGET (bad form, an SSH option with a local path, a local path that does not exist)
+    before any target is touched: with several TARGETs, one bad one must not leave the others half done."""
+    for text in texts:
+        _check_target(parse_target(text, c.ssh()), text, c)
+
+
+def _check_target(spec: TargetSpec, text: str, c: Connect) -> None:
+    if spec.is_local and c.facts.sglang_path is None and not os.path.exists(spec.path or ""):
+        raise UsageError(f"{text}: no such file or directory")
+
+
 class _Target:
     """An open connection to one target, closed on exit."""
 
     def __init__(self, text: str, c: Connect):
         self.spec: TargetSpec = parse_target(text, c.ssh())
         facts_opts = c.facts
+        _check_target(self.spec, text, c)
         if self.spec.is_local and facts_opts.sglang_path is None:
             facts_opts = dataclasses.replace(facts_opts, sglang_path=self.spec.path)
-            if not os.path.exists(self.spec.path or ""):
-                raise UsageError(f"{text}: no such file or directory")
         self.facts_opts = facts_opts
         self.host: Host = LocalHost(self.spec.name) if self.spec.is_local else open_host(self.spec)
 

@@ -508,6 +508,8 @@ class Session:
         if kind == "compile":
             raise ValidationFailed(f"{msg}: the patched file does not compile with {res.get('python')}; "
                                    "nothing changed")
+        if res.get("unrestored"):
+            raise EaglepatchError(f"{msg}: could NOT put back {', '.join(res['unrestored'])}: check them now")
         raise EaglepatchError(msg + ": nothing changed")
 
     def _payload(self, w: Write) -> dict[str, Any]:
