@@ -135,26 +135,42 @@ def op_facts(payload):
     """Everything eaglepatch needs to decide: server, interpreter, package, worker files, manifest, lock."""
     out = {"hostname": socket.gethostname(), "self_python": sys.executable, "servers": []}
     try:
-        out["servers"] = op_scan({})["servers"]  # noqa: F821 (from eaglepatch/server/_remote.py)
+        servers = op_scan({})["servers"]  # noqa: F821 (from eaglepatch/server/_remote.py)
     except Exception as exc:  # a /proc we cannot read is not fatal for patching
+        servers = []
         out["scan_error"] = str(exc)
-    server = out["servers"][0] if out["servers"] else None
-    python = payload.get("python") or (server and server.get("exe")) or sys.executable
-    out["python"] = python
+    # Which sglang each running server imports: its interpreter's sys.path, with its environment and directory.
+    seen = {}
+    for srv in servers:
+        env = srv.get("env") or None
+        key = (srv.get("exe"), (env or {}).get("PYTHONPATH"), (env or {}).get("VIRTUAL_ENV"), srv.get("cwd"))
+        if key not in seen:
+            paths = _sys_path_of(srv.get("exe"), env, srv.get("cwd")) if srv.get("exe") else None
+            seen[key] = _find_package(paths, srv.get("cwd")) if paths else None
+        srv["package_dir"] = seen[key]
     pkg = None
     if payload.get("sglang_path"):
         pkg = _package_from_hint(payload["sglang_path"])
         if pkg is None:
             out["error"] = "no sglang package at %s" % payload["sglang_path"]
             return out
-    else:
-        env = server.get("env") if server and not payload.get("python") else None
-        cwd = server.get("cwd") if server else None
-        paths = _sys_path_of(python, env if env else None, cwd)
+    elif payload.get("python"):
+        paths = _sys_path_of(payload["python"], None, None)
         if paths is None:
-            out["error"] = "cannot run %s on the host" % python
+            out["error"] = "cannot run %s on the host" % payload["python"]
             return out
-        pkg = _find_package(paths, cwd)
+        pkg = _find_package(paths, None)
+    else:
+        pkg = next((srv["package_dir"] for srv in servers if srv.get("package_dir")), None)
+        if pkg is None:
+            paths = _sys_path_of(sys.executable, None, None)
+            pkg = _find_package(paths or [], None)
+    # Only a server that runs this very package is ours to report and restart.
+    mine = [srv for srv in servers if pkg is not None and srv.get("package_dir") == pkg]
+    out["servers"] = mine
+    out["other_servers"] = [{"pid": srv["pid"], "package_dir": srv.get("package_dir")} for srv in servers
+                            if srv not in mine]
+    out["python"] = payload.get("python") or (mine[0].get("exe") if mine else None) or sys.executable
     out["package_dir"] = pkg
     if pkg is None:
         return out
