@@ -451,7 +451,8 @@ def end(phase):
 
 
 def accepted(obj, attrs, bonus_per_req=0):
-    """Set this cycle's accepted tokens from the first attribute of `attrs` that `obj` has (not None).
+    """Set this cycle's accepted tokens from the first attribute of `attrs` that `obj` has (not None), or from
+    `obj` itself when `attrs` is empty (a recipe fact with `attrs = []`: NGRAM's count or accept_lens).
 
     A list/tuple/1-d tensor holds per-request counts: accepted = sum + bonus_per_req * len. An int or a 0-d
     tensor is a total: accepted = value + bonus_per_req * bs (unknown when bs is unknown and bonus != 0).
@@ -464,11 +465,14 @@ def accepted(obj, attrs, bonus_per_req=0):
     try:
         if isinstance(attrs, str):
             attrs = (attrs,)
-        v = None
-        for a in attrs:
-            v = getattr(obj, a, None)
-            if v is not None:
-                break
+        if not attrs:
+            v = obj                 # no attribute named: the value itself
+        else:
+            v = None
+            for a in attrs:
+                v = getattr(obj, a, None)
+                if v is not None:
+                    break
         if v is None:
             return
         c.acc_dev = None

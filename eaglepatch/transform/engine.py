@@ -29,6 +29,8 @@ ALIAS = "_eaglepatch"
 IMPORT_LINE = f"from . import {RUNTIME_MODULE} as {ALIAS}  {MARKER}"
 # A line that eaglepatch added: code, two spaces, the marker, end of line. Used to recognise, never to find shapes.
 _MARKED_LINE = re.compile(r"^[ \t]*\S.*  " + re.escape(MARKER) + r"[ \t]*(\r\n|\n|\r)?$")
+# The position libcst writes into a ParserSyntaxError's message.
+_ERROR_AT = re.compile(r"error at (\d+):(\d+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,43 +170,51 @@ def _matches(call: cst.Call, pc: PhaseCall | None, callee: str) -> bool:
     return all(k in kws for k in pc.with_kwargs) and not any(k in kws for k in pc.without_kwargs)
 
 
-def _headers(stmt: cst.BaseCompoundStatement) -> list[cst.CSTNode]:
-    """The expressions of a compound statement's header lines (where no line can be inserted)."""
-    if isinstance(stmt, cst.If):
-        return [stmt.test]
-    if isinstance(stmt, cst.While):
-        return [stmt.test]
-    if isinstance(stmt, cst.For):
-        return [stmt.target, stmt.iter]
-    if isinstance(stmt, cst.With):
-        return list(stmt.items)
-    if isinstance(stmt, cst.Match):
-        return [stmt.subject]
-    return []
+def _parts(stmt: cst.BaseCompoundStatement) -> Iterator[tuple[bool, cst.CSTNode]]:
+    """A compound statement's pieces in source order: ``(True, expr)`` for an expression of a header line (where no
+    line can be inserted), ``(False, suite)`` for a suite.
 
-
-def _blocks(stmt: cst.BaseCompoundStatement) -> Iterator[cst.BaseSuite]:
-    """The suites of a compound statement: body, elif/else, except handlers, finally, match cases."""
+    ``if``: its test, its body, then each ``elif``'s test and body, then the ``else``; loops and ``with``: the
+    header, the body, the ``else``; ``try``: the body, each handler's type and body, ``else``, ``finally``;
+    ``match``: the subject, then each case's guard and body. Nested functions and classes yield nothing.
+    """
     if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
         return
-    if isinstance(stmt, cst.Match):
-        for case in stmt.cases:
-            yield case.body
+    if isinstance(stmt, cst.If):
+        node: cst.If | cst.Else | None = stmt
+        while isinstance(node, cst.If):  # the if, then its elif chain (an elif is an If in orelse)
+            yield True, node.test
+            yield False, node.body
+            node = node.orelse
+        if node is not None:
+            yield False, node.body
         return
-    yield stmt.body
-    orelse = getattr(stmt, "orelse", None)
-    while orelse is not None:
-        if isinstance(orelse, cst.If):  # elif
-            yield orelse.body
-            orelse = orelse.orelse
-        else:
-            yield orelse.body
-            orelse = None
+    if isinstance(stmt, cst.Match):
+        yield True, stmt.subject
+        for case in stmt.cases:
+            if case.guard is not None:
+                yield True, case.guard
+            yield False, case.body
+        return
+    if isinstance(stmt, cst.While):
+        yield True, stmt.test
+    elif isinstance(stmt, cst.For):
+        yield True, stmt.target
+        yield True, stmt.iter
+    elif isinstance(stmt, cst.With):
+        for item in stmt.items:
+            yield True, item
+    yield False, stmt.body
     for h in getattr(stmt, "handlers", ()):
-        yield h.body
+        if h.type is not None:
+            yield True, h.type
+        yield False, h.body
+    orelse = getattr(stmt, "orelse", None)
+    if orelse is not None:
+        yield False, orelse.body
     final = getattr(stmt, "finalbody", None)
     if final is not None:
-        yield final.body
+        yield False, final.body
 
 
 @dataclasses.dataclass
@@ -225,10 +235,11 @@ def _walk(suite: cst.BaseSuite) -> Iterator[_Stmt]:
         elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
             continue
         else:
-            for h in _headers(stmt):
-                yield _Stmt(h, in_suite=True, header=True)
-            for block in _blocks(stmt):
-                yield from _walk(block)
+            for is_header, part in _parts(stmt):
+                if is_header:
+                    yield _Stmt(part, in_suite=True, header=True)
+                else:
+                    yield from _walk(part)
 
 
 def _bound_names(stmt: cst.CSTNode) -> list[str]:
@@ -285,14 +296,25 @@ class _Finder:
         try:
             module = cst.parse_module(source)
         except cst.ParserSyntaxError as exc:
-            raise _Refusal(f"does not parse: {exc.message}", line=exc.raw_line) from None
+            # libcst writes the position into its message ("error at 12:4: ..."); it becomes the refusal's
+            # line, which instrument() maps to the file given, so no line of the text parsed stays in the text.
+            line, message = exc.raw_line, exc.message
+            at = _ERROR_AT.search(message)
+            if at:
+                line, message = int(at[1]), message[: at.start()] + f"error at column {at[2]}" + message[at.end() :]
+            raise _Refusal(f"does not parse: {message}", line=line) from None
         except RecursionError:
             raise _Refusal("does not parse: nested too deeply") from None
         self.module = module
         # Line numbers come from the standard ast (fast) for classes, methods and imports, and from libcst's
-        # PositionProvider run on each scanned method alone (resolving positions for the whole module costs
-        # more than parsing it), shifted by the method's line in the file.
-        self.tree = ast.parse(source)
+        # PositionProvider run on each scanned method alone, in a bare copy of its class (resolving positions for
+        # the whole module costs more than parsing it), shifted by the method's line in the file: see _locate.
+        try:
+            self.tree = ast.parse(source)
+        except SyntaxError as exc:  # libcst's grammar is not this Python's: PEP 695 before 3.12, say
+            raise _Refusal(f"does not parse with this Python ({exc.msg})", line=exc.lineno) from None
+        except (ValueError, RecursionError, MemoryError) as exc:  # a NUL byte before 3.12 is a ValueError
+            raise _Refusal(f"does not parse with this Python ({exc})") from None
         self.ast_classes = {n.name: n for n in self.tree.body if isinstance(n, ast.ClassDef)}
         self.pos: dict[cst.CSTNode, CodeRange] = {}
         self.warnings: list[str] = []
@@ -306,13 +328,20 @@ class _Finder:
         assert found is not None
         return found
 
-    def _locate(self, cls: str, fn: cst.FunctionDef) -> None:
-        """Resolve positions of every node of ``fn`` in file coordinates."""
-        node = self._ast_method(cls, fn.name.value)
-        first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
-        wrapper = MetadataWrapper(cst.Module(body=[fn]), unsafe_skip_copy=True)
-        positions = wrapper.resolve(PositionProvider)
-        shift = first - positions[fn].start.line
+    def _locate(self, cls: cst.ClassDef, fn: cst.FunctionDef) -> None:
+        """Resolve positions of every node of ``fn`` (a method of ``cls``) in file coordinates.
+
+        The method is rendered alone, but inside a bare copy of its class in a module with the file's default
+        indent and newline: every line of it then comes out as the file has it (tabs, two spaces, a class body
+        indented unlike the rest), so columns are the file's and lines differ by one shift. The shift is taken
+        at the ``def`` line, where both ast's ``lineno`` and libcst's FunctionDef range start (below decorators).
+        """
+        node = self._ast_method(cls.name.value, fn.name.value)
+        assert isinstance(cls.body, cst.IndentedBlock)  # only such a class has methods (_methods)
+        holder = cst.ClassDef(name=cls.name, body=cls.body.with_changes(body=[fn]))
+        alone = self.module.with_changes(header=(), body=[holder], footer=())
+        positions = MetadataWrapper(alone, unsafe_skip_copy=True).resolve(PositionProvider)
+        shift = node.lineno - positions[fn].start.line
         for n, r in positions.items():
             self.pos[n] = CodeRange((r.start.line + shift, r.start.column), (r.end.line + shift, r.end.column))
 
@@ -373,7 +402,7 @@ class _Finder:
         entry = methods[entries[0]]
         scanned = [entry] + [methods[h] for h in fam.helpers if h in methods]
         for fn in scanned:
-            self._locate(name, fn)
+            self._locate(cls, fn)
         rng = self._range(entry)
         if entry.asynchronous is not None:
             raise _Refusal(f"{entry.name.value} is async: not a shape eaglepatch knows", name, rng.start.line)
@@ -558,12 +587,26 @@ def strip(source: str) -> str:
     count and the count of marked lines differ (a marker merged into someone's own code, a marker in a string),
     or the file no longer parses, only the lines that have exactly the shape eaglepatch writes are removed.
     """
+    return _strip(source)[0]
+
+
+def _strip(source: str) -> tuple[str, list[int]]:
+    """``strip(source)``, and for each line of it (0-based) the 0-based line of ``source`` it comes from."""
+    lines = source.splitlines(keepends=True)
+    drop = _dropped(source, lines)
+    kept = [i for i in range(len(lines)) if i not in drop]
+    return "".join(lines[i] for i in kept), kept
+
+
+def _dropped(source: str, lines: list[str]) -> set[int]:
+    """The 0-based lines of ``source`` (split as ``lines``) that ``strip`` removes; see ``strip``."""
     if MARKER not in source:
-        return source
+        return set()
+    by_shape = {i for i, line in enumerate(lines) if _MARKED_LINE.match(line)}
     try:
         module = cst.parse_module(source)
     except (cst.ParserSyntaxError, RecursionError):
-        return strip_lines(source)
+        return by_shape
     marked = 0
 
     class V(cst.CSTVisitor):
@@ -582,9 +625,8 @@ def strip(source: str) -> str:
             return False
 
     module.visit(V())
-    lines = source.splitlines(keepends=True)
-    if marked == sum(1 for line in lines if _MARKED_LINE.match(line)):
-        return strip_lines(source)
+    if marked == len(by_shape):
+        return by_shape
     # Rare: something that looks like our line but is not ours (inside a string, say). Remove by position.
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     pos = wrapper.resolve(PositionProvider)
@@ -605,7 +647,7 @@ def strip(source: str) -> str:
             return False
 
     wrapper.module.visit(P())
-    return "".join(line for i, line in enumerate(lines) if i not in drop)
+    return drop
 
 
 def is_instrumented(source: str) -> bool:
@@ -627,14 +669,28 @@ def instrument(source: str, path: str, recipe: Recipe) -> TransformResult:
     return _instrument(source, path, recipe, render=True)
 
 
+def _source_line(line: int | None, kept: list[int] | None, total: int) -> int | None:
+    """A 1-based line of the stripped text as the 1-based line of the file given, which has ``total`` lines
+    (``kept`` from ``_strip``). A line past the stripped text's end (a parse error at the end) stays past the end.
+    """
+    if line is None or kept is None or line < 1:
+        return line
+    if line <= len(kept):
+        return kept[line - 1] + 1
+    return total + (line - len(kept))
+
+
 def _instrument(source: str, path: str, recipe: Recipe, render: bool) -> TransformResult:
     was_patched = is_instrumented(source)
-    original = strip(source) if was_patched and render else source
+    kept: list[int] | None = None  # stripped line -> line of ``source`` (0-based), when stripped
+    original = source
+    if was_patched and render:
+        original, kept = _strip(source)
     try:
         finder = _Finder(original, path, recipe)
         workers = finder.run()
     except _Refusal as r:
-        return Refused(path, r.reason, r.cls, r.line)
+        return Refused(path, r.reason, r.cls, _source_line(r.line, kept, len(source.splitlines())))
     supported = [w for w in workers if w.status == "supported"]
     if not supported:
         if workers:

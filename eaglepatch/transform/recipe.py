@@ -97,6 +97,9 @@ class Recipe:
         return frozenset(n for fam in self.families for n in fam.entry)
 
 
+_SEE = "see patches/README.md"
+
+
 def _strs(value: Any, where: str) -> tuple[str, ...]:
     if value is None:
         return ()
@@ -104,28 +107,62 @@ def _strs(value: Any, where: str) -> tuple[str, ...]:
         return (value,)
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return tuple(value)
-    raise UsageError(f"recipe {where}: expected a string or a list of strings, got {value!r}")
+    raise UsageError(f"recipe {where}: expected a string or a list of strings, got {value!r}: {_SEE}")
+
+
+def _tables(data: dict[str, Any], key: str, where: str, header: str) -> list[dict[str, Any]]:
+    """``data[key]`` as a list of tables (TOML ``[[header]]``); absent is empty; anything else a UsageError."""
+    value = data.get(key, [])
+    if isinstance(value, list) and all(isinstance(v, dict) for v in value):
+        return value
+    if isinstance(value, dict):
+        raise UsageError(f"{where}: [{header}] is a single table; write [[{header}]] (an array of tables): {_SEE}")
+    raise UsageError(f"{where}: '{key}' must be an array of tables ([[{header}]]), not {value!r}: {_SEE}")
+
+
+def _str(data: dict[str, Any], key: str, where: str, default: str | None = None) -> str | None:
+    """``data[key]`` as a string (``default`` when absent); a value of another type is a UsageError."""
+    value = data.get(key, default)
+    if value is None or isinstance(value, str):
+        return value
+    raise UsageError(f"{where}: '{key}' must be a string, not {value!r}: {_SEE}")
+
+
+def _bool(data: dict[str, Any], key: str, where: str, default: bool) -> bool:
+    value = data.get(key, default)
+    if isinstance(value, bool):
+        return value
+    raise UsageError(f"{where}: '{key}' must be true or false, not {value!r}: {_SEE}")
+
+
+def _int(data: dict[str, Any], key: str, where: str, default: int) -> int:
+    value = data.get(key, default)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise UsageError(f"{where}: '{key}' must be a whole number, not {value!r}: {_SEE}")
 
 
 def parse_recipe(data: dict[str, Any], source: str) -> Recipe:
     """Build a ``Recipe`` from parsed TOML; raises ``UsageError`` naming the bad field."""
     families = []
-    for i, fam in enumerate(data.get("family", [])):
+    for i, fam in enumerate(_tables(data, "family", source, "family")):
         where = f"{source}: family #{i + 1}"
-        try:
-            name = fam["name"]
-            classes = _strs(fam["classes"], f"{where} classes")
-            entry = _strs(fam["entry"], f"{where} entry")
-        except KeyError as exc:
-            raise UsageError(f"{where}: missing field {exc.args[0]!r}: see patches/README.md") from None
+        for key in ("name", "classes", "entry"):
+            if key not in fam:
+                raise UsageError(f"{where}: missing field {key!r}: {_SEE}")
+        name = fam["name"]
+        if not isinstance(name, str):
+            raise UsageError(f"{where}: 'name' must be a string, not {name!r}: {_SEE}")
+        classes = _strs(fam["classes"], f"{where} classes")
+        entry = _strs(fam["entry"], f"{where} entry")
         phases = []
-        for j, ph in enumerate(fam.get("phase", [])):
+        for j, ph in enumerate(_tables(fam, "phase", where, "family.phase")):
             pw = f"{where} phase #{j + 1}"
             if not isinstance(ph.get("name"), str) or not isinstance(ph.get("call"), str):
-                raise UsageError(f"{pw}: needs string fields 'name' and 'call'")
+                raise UsageError(f"{pw}: needs string fields 'name' and 'call': {_SEE}")
             mode = ph.get("mode", "decode")
             if mode not in MODES:
-                raise UsageError(f"{pw}: mode must be one of {', '.join(MODES)}, not {mode!r}")
+                raise UsageError(f"{pw}: mode must be one of {', '.join(MODES)}, not {mode!r}: {_SEE}")
             phases.append(
                 PhaseCall(
                     name=ph["name"],
@@ -133,25 +170,26 @@ def parse_recipe(data: dict[str, Any], source: str) -> Recipe:
                     call=ph["call"],
                     with_kwargs=_strs(ph.get("with_kwargs"), f"{pw} with_kwargs"),
                     without_kwargs=_strs(ph.get("without_kwargs"), f"{pw} without_kwargs"),
-                    required=bool(ph.get("required", True)),
+                    required=_bool(ph, "required", pw, True),
                 )
             )
         facts = []
-        for j, fa in enumerate(fam.get("fact", [])):
+        for j, fa in enumerate(_tables(fam, "fact", where, "family.fact")):
             fw = f"{where} fact #{j + 1}"
             if fa.get("name") != "accepted":
-                raise UsageError(f"{fw}: the only fact eaglepatch records is 'accepted'")
-            if (fa.get("after") is None) == (fa.get("after_call") is None):
-                raise UsageError(f"{fw}: give exactly one of 'after' (a phase) or 'after_call' (a callee)")
+                raise UsageError(f"{fw}: the only fact eaglepatch records is 'accepted': {_SEE}")
+            after, after_call = _str(fa, "after", fw), _str(fa, "after_call", fw)
+            if (after is None) == (after_call is None):
+                raise UsageError(f"{fw}: give exactly one of 'after' (a phase) or 'after_call' (a callee): {_SEE}")
             facts.append(
                 Fact(
                     name="accepted",
                     from_=_strs(fa.get("from"), f"{fw} from") or ("$",),
                     attrs=_strs(fa.get("attrs"), f"{fw} attrs"),
-                    bonus_per_req=int(fa.get("bonus_per_req", 0)),
-                    after=fa.get("after"),
-                    after_call=fa.get("after_call"),
-                    required=bool(fa.get("required", False)),
+                    bonus_per_req=_int(fa, "bonus_per_req", fw, 0),
+                    after=after,
+                    after_call=after_call,
+                    required=_bool(fa, "required", fw, False),
                 )
             )
         families.append(
@@ -165,11 +203,14 @@ def parse_recipe(data: dict[str, Any], source: str) -> Recipe:
             )
         )
     unsupported = tuple(
-        Unsupported(classes=_strs(u.get("classes"), f"{source}: unsupported"), reason=str(u.get("reason", "")))
-        for u in data.get("unsupported", [])
+        Unsupported(
+            classes=_strs(u.get("classes"), f"{source}: unsupported #{k + 1} classes"),
+            reason=_str(u, "reason", f"{source}: unsupported #{k + 1}", "") or "",
+        )
+        for k, u in enumerate(_tables(data, "unsupported", source, "unsupported"))
     )
     if not families:
-        raise UsageError(f"{source}: the recipe names no [[family]]: see patches/README.md")
+        raise UsageError(f"{source}: the recipe names no [[family]]: {_SEE}")
     return Recipe(families=tuple(families), unsupported=unsupported, source=source)
 
 

@@ -245,12 +245,6 @@ def test_patched_entry_method_times_prefill_and_decode(tmp_path, sglang_release,
 @pytest.mark.parametrize(
     "case", [c for c in CASES if c.family == "ngram"], ids=[c.id for c in CASES if c.family == "ngram"]
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the ngram recipe's facts have attrs = [] ('the value itself', recipe.Fact), so the patch emits "
-    "_eaglepatch.accepted(num_accepted_tokens, (), 1); the runtime's accepted() reads the first of attrs and, "
-    "with none, records nothing: NGRAM records always carry accepted = null",
-)
 def test_ngram_accepted_tokens_reach_the_record(tmp_path, sglang_release, recipe, case):
     """NGRAM's decode record carries the accepted tokens: 5 drafts + 1 bonus per request (up to 0.5.13), or
     eagle_sample's accept_lens [3, 4], bonus included (0.5.14+): 7 either way."""

@@ -137,12 +137,6 @@ def test_recipe_without_families():
     assert "no [[family]]" in msg
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: parse_recipe assumes the TOML has the right types: a [family] table instead of [[family]] raises "
-    "TypeError, phase = [\"...\"] raises AttributeError, bonus_per_req = \"one\" raises ValueError (exit 1, "
-    "internal error) instead of a UsageError naming the field",
-)
 @pytest.mark.parametrize(
     "text",
     [

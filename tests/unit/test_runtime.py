@@ -385,6 +385,25 @@ def test_accepted_accepts_a_single_attribute_name(rt, logs):
     assert one_record(rt, logs)["accepted"] == 4
 
 
+@pytest.mark.parametrize("value, bonus, expected", [
+    (5, 1, 9),                        # NGRAM up to 0.5.13: num_accepted_tokens (drafts only) + 1 bonus x bs 4
+    ([3, 4, 0, 0], 0, 7),             # NGRAM 0.5.14+: eagle_sample's accept_lens, bonus included
+    (None, 1, None),                  # nothing to read: null, not an error
+])
+@pytest.mark.parametrize("attrs", [(), []], ids=["tuple", "list"])
+def test_accepted_with_no_attrs_reads_the_value_itself(rt, logs, value, bonus, expected, attrs):
+    """A recipe fact with ``attrs = []`` makes the patch call ``accepted(value, (), bonus)``: the value itself
+    is the count (patches/README.md), never looked up as an attribute."""
+    class W(object):
+        @rt.entry
+        def forward_batch_generation(self, batch):
+            rt.accepted(value, attrs, bonus)
+
+    W().forward_batch_generation(Batch(4))
+    assert one_record(rt, logs)["accepted"] == expected
+    assert rt._stats()["errors"] == 0
+
+
 def test_accepted_last_call_in_a_cycle_wins(rt, logs):
     """Nested entry methods may both report the same verify output: it must not count twice."""
     class W(object):

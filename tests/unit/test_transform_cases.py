@@ -471,12 +471,6 @@ def test_crlf_line_endings(recipe):
 
 
 @pytest.mark.parametrize("indent", ["\t", "  "], ids=["tabs", "two-spaces"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _Finder._locate resolves positions on the method re-rendered alone in cst.Module(body=[fn]) with "
-    "libcst's default 4-space indent, so columns do not match a file indented otherwise; _check_line_start then "
-    "refuses every phase: 'a phase statement does not start its line'",
-)
 def test_tab_and_two_space_indentation(recipe, indent):
     """A file indented with tabs (or two spaces): the added lines copy the indentation of the statement they wrap,
     so the output is the 4-space output with that indentation."""
@@ -562,13 +556,6 @@ def test_analyze_reports_without_changing(recipe):
     assert _lines_of(res, "EAGLEWorker") == _lines_of(_ok(V1_BEFORE, recipe), "EAGLEWorker")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _Finder._locate shifts libcst positions by the first decorator's line, but libcst's FunctionDef "
-    "range starts at the 'def' line, so every position in a decorated entry method (or helper) is off by the "
-    "number of decorator lines: here '@_eaglepatch.entry' lands above the class and the result does not compile "
-    "(Refused: internal error)",
-)
 def test_decorated_entry_method(recipe):
     """An entry method that already has a decorator: ours goes above it (outermost, so the whole decorated call is
     the cycle), and the phase lines stay where they belong."""
@@ -651,11 +638,6 @@ def test_refuses_a_phase_call_in_an_if_header(recipe):
     assert "header" in r.reason
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _walk/_headers only treat an If's own test as a header; an elif's test is never scanned, so a "
-    "phase call there is silently ignored (here: instrumented as if the elif call did not exist)",
-)
 def test_refuses_a_phase_call_in_an_elif_header(recipe):
     """``elif self.draft(batch):`` is a header like ``if``: refused, not ignored."""
     src = V1_BEFORE.replace(
@@ -695,12 +677,6 @@ def test_refuses_a_file_that_does_not_parse(recipe):
     assert "does not parse" in r.reason and r.line is not None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _Finder parses with libcst, then with the standard ast without catching SyntaxError: a file "
-    "libcst accepts but CPython rejects (a NUL byte; 'type X = ...' on Python < 3.12) makes instrument() raise "
-    "SyntaxError instead of returning Refused",
-)
 @pytest.mark.parametrize(
     "tail",
     ["x = '\x00'\n"] + (["type Alias = int\n"] if sys.version_info < (3, 12) else []),
@@ -728,11 +704,6 @@ def test_refuses_an_async_entry_method(recipe):
     assert (r.cls, r.line) == ("EAGLEWorker", 8)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: instrument() strips an already instrumented input before analysing it, and a refusal's line "
-    "is a line of the stripped text, not of the file given (here off by the import and decorator lines)",
-)
 def test_refusal_line_is_a_line_of_the_file_given(recipe):
     """A patched file someone edited so that verify is gone: the refusal's line points at the entry method in
     the file as it is (the patched one), so a person can go there."""
