@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from eaglepatch.errors import UsageError
@@ -237,10 +238,15 @@ def builtin_recipe() -> Recipe:
     """The recipe shipped in ``eaglepatch.patches`` (every ``*.toml`` there, merged in name order)."""
     families: list[Family] = []
     unsupported: list[Unsupported] = []
-    files = sorted(
-        (p for p in resources.files("eaglepatch.patches").iterdir() if p.name.endswith(".toml")),
-        key=lambda p: p.name,
-    )
+    try:
+        folder: Any = resources.files("eaglepatch.patches")
+    except ModuleNotFoundError:
+        # Imported from a source checkout that is not installed (``python -m eaglepatch`` run from the checkout's
+        # root puts its eaglepatch/ first on sys.path): the recipes are the top-level patches/ folder beside it.
+        folder = Path(__file__).resolve().parents[2] / "patches"
+        if not folder.is_dir():
+            raise UsageError("the built-in recipes are missing: reinstall eaglepatch") from None
+    files = sorted((p for p in folder.iterdir() if p.name.endswith(".toml")), key=lambda p: p.name)
     for p in files:
         r = load_recipe_text(p.read_text(encoding="utf-8"), f"patches/{p.name}")
         families.extend(r.families)

@@ -208,3 +208,22 @@ def test_user_recipe_phase_missing_is_refused():
     res = instrument(WORKER.replace("self.foo(", "self.bar("), "w.py", r)
     assert type(res).__name__ == "Refused"
     assert "'my_phase'" in res.message() and "(EAGLEWorker)" in res.message()
+
+
+def test_builtin_recipe_from_an_uninstalled_source_checkout():
+    """Regression (found on the H200): ``python -m eaglepatch`` run from a checkout's root imports the source tree,
+    where the recipes are not the ``eaglepatch.patches`` package but the top-level ``patches/`` folder."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "from eaglepatch.transform.recipe import builtin_recipe;"
+        "r = builtin_recipe(); print(sorted(f.name for f in r.families))"
+    )
+    # -S: no site-packages, so no installed or editable eaglepatch, only the source tree
+    out = subprocess.run([sys.executable, "-S", "-c", code, str(repo)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "eagle-v1" in out.stdout and "eagle-v2" in out.stdout and "ngram" in out.stdout
