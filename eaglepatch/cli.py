@@ -299,6 +299,114 @@ def report(
     _guard(go)
 
 
+RequestsOpt = typer.Option(32, "--requests", help="Measured requests.")
+ConcurrencyOpt = typer.Option(4, "--concurrency", help="Requests in flight at a time.")
+InputLenOpt = typer.Option(128, "--input-len", help="Prompt tokens per request (seeded random token ids).")
+MaxNewOpt = typer.Option(128, "--max-new-tokens", help="Output tokens per request (ignore_eos).")
+WarmupOpt = typer.Option(4, "--warmup", help="Unmeasured requests first.")
+SeedOpt = typer.Option(0, "--seed", help="Seed of the prompts.")
+LogWaitOpt = typer.Option(4.5, "--log-wait", help="Seconds to wait after the load for the timing records "
+                          "(the runtime writes every 2 s); only when the target is patched.")
+
+
+def _bench_options(requests: int, concurrency: int, input_len: int, max_new_tokens: int, warmup: int, seed: int,
+                   log_wait: float) -> Any:
+    from eaglepatch.load import LoadSpec
+    from eaglepatch.ops.tuning import BenchOptions
+
+    load = LoadSpec(requests=requests, concurrency=concurrency, input_len=input_len, max_new_tokens=max_new_tokens,
+                    warmup=warmup, seed=seed)
+    return BenchOptions(load=load, log_wait=log_wait)
+
+
+@app.command()
+def bench(
+    target: str = typer.Argument(..., help="SSH destination or local path."),
+    requests: int = RequestsOpt, concurrency: int = ConcurrencyOpt, input_len: int = InputLenOpt,
+    max_new_tokens: int = MaxNewOpt, warmup: int = WarmupOpt, seed: int = SeedOpt, log_wait: float = LogWaitOpt,
+    json_out: bool = typer.Option(False, "--json"),
+    identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
+    python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
+    connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+) -> None:
+    """A fixed, seeded load on the running server (through the SSH connection): client tok/s, TTFT, latency,
+    accept length, and the timing report of the same window."""
+    def go() -> None:
+        from eaglepatch.ops import tuning
+
+        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
+        opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait)
+        actions.check_targets([target], c)
+        finish(for_each_target([target], lambda t: tuning.bench(t, c, opts, say)), json_out, tuning.render_bench)
+    _guard(go)
+
+
+@app.command()
+def sweep(
+    target: str = typer.Argument(..., help="SSH destination or local path."),
+    grid: List[str] = typer.Option([], "--grid", help="FLAG=v1,v2: a launch flag and its values (repeatable)."),
+    env: List[str] = typer.Option([], "--env", help="NAME=a,b: an environment variable of the server and its "
+                                  "values (repeatable)."),
+    baseline: bool = typer.Option(False, "--baseline", help="Add the server without any --speculative-* flag."),
+    repeat: int = typer.Option(1, "--repeat", help="Launches per point, in shuffled order."),
+    keep_best: bool = typer.Option(False, "--keep-best", help="Leave the best point's server running."),
+    allow_flag: List[str] = typer.Option([], "--allow-flag", help="Accept this launch flag in --grid too."),
+    fresh: bool = typer.Option(False, "--fresh", help="Forget the saved runs of this sweep and start over."),
+    json_out: bool = typer.Option(False, "--json"),
+    csv_out: bool = typer.Option(False, "--csv"),
+    chart: Optional[str] = typer.Option(None, "--chart", help="Write a chart to FILE (SVG for *.svg, else PNG)."),
+    timeout: float = typer.Option(900.0, "--timeout", help="Seconds for each launch to be ready."),
+    requests: int = RequestsOpt, concurrency: int = ConcurrencyOpt, input_len: int = InputLenOpt,
+    max_new_tokens: int = MaxNewOpt, warmup: int = WarmupOpt, seed: int = SeedOpt, log_wait: float = LogWaitOpt,
+    identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
+    python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
+    connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+) -> None:
+    """Restart the server once per point of a grid of launch flags, bench each, one table with the speedup over
+    the baseline; resumable; puts the server back at the end."""
+    def go() -> None:
+        from eaglepatch import sweep as sw
+        from eaglepatch.ops import tuning
+
+        if json_out and csv_out:
+            raise UsageError("--json and --csv exclude each other: give one")
+        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
+        opts = tuning.SweepOptions(
+            grid=tuple(grid), env=tuple(env), allow=tuple(allow_flag), baseline=baseline, repeat=repeat,
+            keep_best=keep_best, fresh=fresh, timeout=timeout,
+            bench=_bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait))
+        opts.points()  # bad input: exit 2 before the target is touched
+        if chart is not None and not os.path.isdir(os.path.dirname(os.path.abspath(chart))):
+            raise UsageError(f"--chart {chart}: no such folder")
+        actions.check_targets([target], c)
+        [outcome] = for_each_target([target], lambda t: tuning.sweep(t, c, opts, say))
+        if outcome.error is not None:
+            finish([outcome], json_out, None)
+        doc = outcome.value
+        if chart is not None:
+            from eaglepatch.chart import write_chart
+
+            write_chart(doc, chart)
+            say(f"chart written to {chart}")
+        if csv_out:
+            text = sw.render_csv(doc)
+        elif json_out:
+            text = json.dumps(doc, indent=1) + "\n"
+        else:
+            text = sw.render_table(doc) + "\n"
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        restore = doc.get("restore") or {}
+        if not restore.get("ready", True):
+            # the results stand; the server is not back as it was: say so, exit 7
+            say(f"eaglepatch: {target}: {restore.get('message')}")
+            if restore.get("log_tail"):
+                say(restore["log_tail"])
+            raise typer.Exit(int(ExitCode.RESTART))
+        raise typer.Exit(0)
+    _guard(go)
+
+
 def version_callback(value: bool) -> None:
     if value:
         print(f"eaglepatch {__version__}")

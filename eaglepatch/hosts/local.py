@@ -69,5 +69,12 @@ class LocalHost:
     def listdir(self, path: str) -> list[str]:
         return sorted(os.listdir(path))
 
+    def open_tunnel(self, remote_host: str, remote_port: int) -> int:
+        """The port to connect to for ``remote_host:remote_port``: on this machine, the port itself (no tunnel)."""
+        return int(remote_port)
+
+    def close_tunnel(self, port: int) -> None:
+        pass
+
     def close(self) -> None:
         pass

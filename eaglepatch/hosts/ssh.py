@@ -162,6 +162,7 @@ class SSHHost:
         self._transport: paramiko.Transport | None = None
         self._sftp: paramiko.SFTPClient | None = None
         self._timeout = DEFAULT_CONNECT_TIMEOUT
+        self._tunnels: list[_Tunnel] = []
 
     def __repr__(self) -> str:
         return f"SSHHost({self.name!r})"
@@ -355,6 +356,9 @@ class SSHHost:
             self._close_locked()
 
     def _close_locked(self) -> None:
+        tunnels, self._tunnels = self._tunnels, []
+        for tunnel in tunnels:
+            tunnel.close()
         sftp, self._sftp = self._sftp, None
         conn, self._conn = self._conn, None
         hops, self._hops = self._hops, []
@@ -514,6 +518,47 @@ class SSHHost:
             raise self._lost()
         return status, out, err, False
 
+    # ---------------------------------------------------------------------------------------------- forwarding
+
+    def open_tunnel(self, remote_host: str, remote_port: int) -> int:
+        """Forward a local port to ``remote_host:remote_port`` as seen from the host (``ssh -L``); return the
+        local port (on 127.0.0.1). Each connection to it becomes one ``direct-tcpip`` channel of this SSH
+        connection. The tunnel lives until ``close_tunnel(port)`` or ``close()``. Raises ``ConnectionFailed``
+        when the connection is gone; a refused forward (``AllowTcpForwarding no``, nothing listening) shows
+        as a connection that the local side sees closed at once, and ``probe_tunnel`` tells why."""
+        transport = self._live_transport()
+        tunnel = _Tunnel(transport, remote_host, int(remote_port), self.name, self._timeout)
+        with self._lock:
+            self._tunnels.append(tunnel)
+        return tunnel.port
+
+    def close_tunnel(self, port: int) -> None:
+        """Stop forwarding the local ``port`` opened by ``open_tunnel``; idempotent."""
+        with self._lock:
+            keep = []
+            for tunnel in self._tunnels:
+                if tunnel.port == port:
+                    tunnel.close()
+                else:
+                    keep.append(tunnel)
+            self._tunnels = keep
+
+    def probe_tunnel(self, remote_host: str, remote_port: int) -> str | None:
+        """Try one ``direct-tcpip`` channel to ``remote_host:remote_port``; None when it opens, else why not."""
+        transport = self._live_transport()
+        try:
+            chan = transport.open_channel(
+                "direct-tcpip", (remote_host, int(remote_port)), ("127.0.0.1", 0), timeout=self._timeout
+            )
+        except ChannelException as exc:
+            return f"the SSH server refused to forward to {remote_host}:{remote_port}: {exc.text or exc}"
+        except (SSHException, EOFError, OSError) as exc:
+            if not transport.is_active():
+                raise self._lost(exc) from exc
+            return f"cannot forward to {remote_host}:{remote_port}: {exc}"
+        chan.close()
+        return None
+
     # ---------------------------------------------------------------------------------------------- files
 
     def _sftp_call(self, op: str, path: str, fn: Callable[[paramiko.SFTPClient], T]) -> T:
@@ -606,6 +651,121 @@ class SSHHost:
 
     def listdir(self, path: str) -> list[str]:
         return self._sftp_call("listdir", path, lambda sftp: sorted(sftp.listdir(path)))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# port forwarding
+
+
+class _Tunnel:
+    """A local listening socket on 127.0.0.1 whose connections are forwarded over one SSH transport to
+    ``remote_host:remote_port`` (as the host sees it): one accept thread, one pump thread per connection."""
+
+    def __init__(self, transport: paramiko.Transport, remote_host: str, remote_port: int, name: str, timeout: float):
+        self.transport = transport
+        self.remote = (remote_host, remote_port)
+        self.name = name
+        self.timeout = timeout
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port: int = self.sock.getsockname()[1]
+        self.closed = threading.Event()
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, name=f"eaglepatch-tunnel-{name}-{self.port}", daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, addr = self.sock.accept()
+            except OSError:
+                return
+            if self.closed.is_set():
+                client.close()
+                return
+            threading.Thread(target=self._serve, args=(client, addr), daemon=True,
+                             name=f"eaglepatch-tunnel-conn-{self.port}").start()
+
+    def _serve(self, client: socket.socket, addr: Any) -> None:
+        try:
+            chan = self.transport.open_channel("direct-tcpip", self.remote, addr, timeout=self.timeout)
+        except Exception:  # refused by the server, nothing listening there, or the connection is gone
+            client.close()
+            return
+        with self._lock:
+            self._conns.add(client)
+        try:
+            _pump(client, chan, self.closed)
+        finally:
+            with self._lock:
+                self._conns.discard(client)
+            for thing in (chan, client):
+                try:
+                    thing.close()
+                except Exception:
+                    pass
+
+    def close(self) -> None:
+        self.closed.set()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def _pump(client: socket.socket, chan: paramiko.Channel, closed: threading.Event) -> None:
+    """Copy bytes both ways between a local socket and an SSH channel until either side closes; a half-close
+    (EOF from one side) is passed on to the other, which may still answer."""
+    client_open, chan_open = True, True
+    while (client_open or chan_open) and not closed.is_set():
+        watch = ([client] if client_open else []) + ([chan] if chan_open else [])
+        try:
+            ready, _, _ = select.select(watch, [], [], 1.0)
+        except (OSError, ValueError):
+            return
+        if client in ready:
+            try:
+                data = client.recv(_CHUNK)
+            except OSError:
+                return
+            if data:
+                try:
+                    chan.sendall(data)
+                except Exception:
+                    return
+            else:
+                client_open = False
+                try:
+                    chan.shutdown_write()
+                except Exception:
+                    return
+        if chan in ready:
+            try:
+                data = chan.recv(_CHUNK)
+            except Exception:
+                return
+            if data:
+                try:
+                    client.sendall(data)
+                except OSError:
+                    return
+            else:
+                chan_open = False
+                try:
+                    client.shutdown(socket.SHUT_WR)
+                except OSError:
+                    return
+        if not chan_open and (not client_open or chan.closed):
+            return
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -340,27 +340,33 @@ def fetch_logs(text: str, c: Connect, log_dir: str | None, say: Say) -> str:
             except Unsupported:
                 pass
         log_dir = log_dir or "/tmp/eaglepatch"
-        safe = "".join(ch if ch.isalnum() or ch in "-_.@" else "_" for ch in t.spec.name)
-        dest = _cache_root() / safe
-        dest.mkdir(parents=True, exist_ok=True, mode=0o700)
-        have = {p.name: p.stat().st_size for p in dest.glob("*.jsonl")}
-        res = call(t.host, python, "logs", log_dir=log_dir, have=have)
-        if res.get("error"):
-            raise UsageError(f"{t.spec.name}: {res['error']}")
-        fetched = 0
-        import base64
+        return fetch_logs_from(t.host, t.spec.name, python, log_dir, say)
 
-        for f in res["files"]:
-            p = dest / f["name"]
-            data = base64.b64decode(f["data"])
-            if f["offset"] == 0:
-                p.write_bytes(data)
-            else:
-                with open(p, "ab") as fh:
-                    fh.write(data)
-            fetched += len(data)
-        say(f"{t.spec.name}: {len(res['files'])} log file(s) from {log_dir}, {fetched} new bytes -> {dest}")
-        return str(dest)
+
+def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say) -> str:
+    """``fetch_logs`` on an open host: copy the new bytes of ``log_dir``'s timing logs into the local cache
+    folder of the target ``name``; return that folder."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_.@" else "_" for ch in name)
+    dest = _cache_root() / safe
+    dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+    have = {p.name: p.stat().st_size for p in dest.glob("*.jsonl")}
+    res = call(host, python, "logs", log_dir=log_dir, have=have)
+    if res.get("error"):
+        raise UsageError(f"{name}: {res['error']}")
+    fetched = 0
+    import base64
+
+    for f in res["files"]:
+        p = dest / f["name"]
+        data = base64.b64decode(f["data"])
+        if f["offset"] == 0:
+            p.write_bytes(data)
+        else:
+            with open(p, "ab") as fh:
+                fh.write(data)
+        fetched += len(data)
+    say(f"{name}: {len(res['files'])} log file(s) from {log_dir}, {fetched} new bytes -> {dest}")
+    return str(dest)
 
 
 def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, trace: str | None, compare: bool,

@@ -392,7 +392,13 @@ _BAD_ERRORS = (
 
 
 def _scan(
-    files: Sequence[str], by: str | None, skip: int, idle_gap_s: float, tracer: Any
+    files: Sequence[str],
+    by: str | None,
+    skip: int,
+    idle_gap_s: float,
+    tracer: Any,
+    t_min: float | None = None,
+    t_max: float | None = None,
 ) -> tuple[dict[Any, _Acc], int, int]:
     """The hot loop. Returns (groups by key, valid records, bad lines).
 
@@ -424,6 +430,11 @@ def _scan(
     btw_app: Any = None
     s_acc = s_acc_ab = s_bs_ab = 0
     s_cyc_acc = s_btw_acc = 0.0
+    # The time window: records whose ``t`` lies outside it are passed over as if absent (only their JSON and
+    # their ``t`` are read), so ``skip``, ``between`` and ``records`` see the window alone.
+    windowed = t_min is not None or t_max is not None
+    lo = -math.inf if t_min is None else float(t_min)
+    hi = math.inf if t_max is None else float(t_max)
 
     for path in files:
         try:
@@ -445,6 +456,10 @@ def _scan(
                     if d["v"] != 1:
                         raise _BadLine("unknown version")
                     t = d["t"]
+                    if windowed and not lo <= t <= hi:  # TypeError on a non-number: a bad line
+                        if not _is_num(t):
+                            raise _BadLine("bad t")
+                        continue
                     cyc = d["cycle_ms"]
                     phases = d["phases"]
                     mode = d["mode"]
@@ -706,6 +721,8 @@ def aggregate(
     trace_path: str | None = None,
     idle_gap_s: float = 1.0,
     sources: Sequence[str] | None = None,
+    t_min: float | None = None,
+    t_max: float | None = None,
 ) -> ReportResult:
     """Read the timing logs ``files`` (local paths, read in the given order) and return their statistics.
 
@@ -715,6 +732,9 @@ def aggregate(
     every valid record, the skipped ones too (marked ``"skipped": true`` in their args).
     ``idle_gap_s``: gaps between cycles longer than this count as idle and are left out of ``between_ms``.
     ``sources``: what the result's ``sources`` lists (default: ``files``), e.g. the SOURCE arguments as given.
+    ``t_min``/``t_max``: a time window (wall clock, seconds, inclusive): only records whose ``t`` (the cycle's
+    start) lies in it count; the others are passed over as if absent (not in ``records``, not counted by
+    ``skip``, no ``between`` gap to or from them). ``None``: no bound on that side.
 
     Statistics (per group): cycle and phase stats (a phase's over the cycles in which it ran), each phase's
     ``share`` = its total time / the group's total cycle time, ``accept_len`` = sum(accepted) / sum(bs) over
@@ -732,6 +752,8 @@ def aggregate(
         raise UsageError(f"--skip must be a whole number >= 0, not {skip!r}")
     if not idle_gap_s > 0:
         raise UsageError(f"the idle gap must be a positive number of seconds, not {idle_gap_s!r}")
+    if t_min is not None and t_max is not None and t_min > t_max:
+        raise UsageError(f"the time window is empty: t_min {t_min!r} is after t_max {t_max!r}")
     files = list(files)
     tracer = None
     if trace_path is not None:
@@ -739,7 +761,7 @@ def aggregate(
 
         tracer = TraceWriter(trace_path)
     try:
-        accs, records, bad = _scan(files, by, skip, idle_gap_s, tracer)
+        accs, records, bad = _scan(files, by, skip, idle_gap_s, tracer, t_min, t_max)
     finally:
         if tracer is not None:
             tracer.close()

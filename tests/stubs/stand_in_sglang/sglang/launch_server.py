@@ -3,6 +3,10 @@
 It binds its port at once and answers 503 while "loading" (``--startup-delay``), then 200; it has ``--tp N``
 children like TP ranks; it imports the worker modules of its tree, so a broken patched worker crashes it at
 startup with a traceback and exit status 1; SIGTERM stops it with its children.
+
+``/generate`` takes simulated time that depends on the launch flags (``Speed``), so that a sweep over them has a
+best point known in advance; with speculation on it drives the tree's ``EAGLEWorker`` (patched or not) through
+its entry method once per simulated cycle, so a patched worker writes real timing records.
 """
 
 from __future__ import annotations
@@ -10,7 +14,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import math
 import os
 import pathlib
 import signal
@@ -44,12 +47,130 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp", type=int, default=1)
     p.add_argument("--api-key")
     p.add_argument("--speculative-algorithm")
+    p.add_argument("--speculative-num-steps", type=int)
     # the stand-in's own
     p.add_argument("--startup-delay", type=float, default=0.0)
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--ready-endpoint", action="store_true")
-    p.add_argument("--accept-length", type=float, default=3.0)
+    p.add_argument("--accept-length", type=float, default=None)
+    # the simulated speed (milliseconds), see Speed
+    p.add_argument("--sim-base-ms", type=float, default=5.0)
+    p.add_argument("--sim-verify-ms", type=float, default=6.0)
+    p.add_argument("--sim-draft-ms", type=float, default=2.0)
+    p.add_argument("--sim-extend-ms", type=float, default=1.0)
+    p.add_argument("--sim-prefill-ms", type=float, default=2.0)
     return p.parse_known_args(argv)
+
+
+MAX_STEPS = 16  # more speculative steps than this: the stand-in refuses to start (exit 1), as a bad flag would
+
+
+class Speed:
+    """How long the stand-in takes per request, from its launch flags (all times x ``STANDIN_SLOWDOWN`` from the
+    environment, default 1).
+
+    - No ``--speculative-algorithm``: one token per ``--sim-base-ms`` (5 ms: 200 tok/s per request).
+    - With it, ``--speculative-num-steps K`` (default 3): a decode cycle is draft ``K x --sim-draft-ms`` (2),
+      verify ``--sim-verify-ms`` (6) and draft extend ``--sim-extend-ms`` (1) and yields ``min(K, 2.2) + 1``
+      tokens (``--accept-length`` overrides): K=1 222 tok/s, K=2 273 (the best), K=3 246, K=5 188.
+    - The first token comes from prefill (``--sim-prefill-ms`` + 5 us per input token).
+    """
+
+    def __init__(self, args: argparse.Namespace, env: dict):
+        self.slow = float(env.get("STANDIN_SLOWDOWN") or 1.0)
+        self.spec = bool(args.speculative_algorithm)
+        self.steps = args.speculative_num_steps if args.speculative_num_steps is not None else 3
+        if args.accept_length is not None:
+            self.accept = float(args.accept_length)
+        else:
+            self.accept = min(self.steps, 2.2) + 1 if self.spec else None
+        ms = 0.001 * self.slow
+        self.base_s = args.sim_base_ms * ms
+        self.verify_s = args.sim_verify_ms * ms
+        self.draft_s = args.sim_draft_ms * self.steps * ms
+        self.extend_s = args.sim_extend_ms * ms
+        self.prefill_ms = args.sim_prefill_ms
+
+    def prefill_s(self, input_len: int) -> float:
+        return (self.prefill_ms + 0.005 * input_len) * 0.001 * self.slow
+
+    @property
+    def cycle_s(self) -> float:
+        return self.verify_s + self.draft_s + self.extend_s if self.spec else self.base_s
+
+    def cycles(self, n: int):
+        """Tokens produced by each decode cycle after the first (prefill) token, ``n`` tokens in all."""
+        left = n - 1
+        if not self.spec:
+            return [1] * max(0, left)
+        out, i = [], 0
+        while left > 0:
+            k = max(1, int((i + 1) * self.accept) - int(i * self.accept))
+            out.append(min(k, left))
+            left -= out[-1]
+            i += 1
+        return out
+
+
+class _Mode:
+    def __init__(self, extend: bool):
+        self.extend = extend
+
+    def is_extend(self) -> bool:
+        return self.extend
+
+    def is_decode(self) -> bool:
+        return not self.extend
+
+
+class _Batch:
+    def __init__(self, extend: bool, produced: int):
+        self.forward_mode = _Mode(extend)
+        self.reqs = [None]
+        self.produced = produced
+
+
+class _VerifyOut:
+    def __init__(self, drafts: int):
+        self.accept_length_per_req_cpu = [drafts]
+
+
+def make_engine(speed: Speed):
+    """The tree's ``EAGLEWorker`` with simulated phases (each sleeps its share of the cycle), or None when the
+    tree has none or speculation is off. Whatever the worker's entry method does, the cycle takes its full time
+    (the rest is slept after the call)."""
+    if not speed.spec:
+        return None
+    mod = sys.modules.get("sglang.srt.speculative.eagle_worker")
+    base = getattr(mod, "EAGLEWorker", None)
+    if not isinstance(base, type):
+        return None
+
+    class SimWorker(base):  # type: ignore[misc,valid-type]
+        def __init__(self):  # the real one loads models
+            pass
+
+        def forward_target_extend(self, batch):
+            time.sleep(batch.prefill_s)
+            return None, None, None
+
+        def forward_draft_extend(self, batch, *rest):
+            return None
+
+        def draft(self, batch):
+            time.sleep(speed.draft_s)
+            return None
+
+        def verify(self, batch, spec_info=None):
+            time.sleep(speed.verify_s)
+            return None, _VerifyOut(batch.produced - 1), None
+
+        def forward_draft_extend_after_decode(self, batch):
+            time.sleep(speed.extend_s)
+
+    worker = SimWorker()
+    entry = getattr(worker, "forward_batch_generation", None)
+    return entry if callable(entry) else None
 
 
 def import_workers() -> list[str]:
@@ -69,6 +190,8 @@ class State:
     def __init__(self, args: argparse.Namespace, unknown: list[str]):
         self.args = args
         self.unknown = unknown
+        self.speed = Speed(args, os.environ)
+        self.engine = None  # the worker's entry method, once imported (make_engine)
         self.t0 = time.monotonic()
         self.requests = 0
         self.lock = threading.Lock()
@@ -126,7 +249,7 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                         "speculative_algorithm": args.speculative_algorithm,
                         "pid": os.getpid(),
                         "argv": sys.argv,
-                        "internal_states": [{"avg_spec_accept_length": args.accept_length}],
+                        "internal_states": [{"avg_spec_accept_length": state.speed.accept or 0.0}],
                     },
                 )
             if path == "/v1/models":
@@ -152,30 +275,82 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             texts = req.get("text", req.get("input_ids", ""))
             batch = isinstance(texts, list) and (not texts or not isinstance(texts[0], int))
             items = texts if batch else [texts]
-            n = int((req.get("sampling_params") or {}).get("max_new_tokens", 16))
-            out = []
-            for item in items:
-                with state.lock:
-                    state.requests += 1
-                    rid = state.requests
-                t = time.monotonic()
-                prompt_tokens = len(item) if isinstance(item, list) else max(1, len(str(item).split()))
-                out.append(
-                    {
-                        "text": " tok" * n,
-                        "meta_info": {
-                            "id": f"stand-in-{rid}",
-                            "prompt_tokens": prompt_tokens,
-                            "completion_tokens": n,
-                            "spec_accept_length": args.accept_length,
-                            "spec_verify_ct": math.ceil(n / args.accept_length) if args.accept_length else 0,
-                            "e2e_latency": time.monotonic() - t,
-                        },
-                    }
-                )
+            n = max(1, int((req.get("sampling_params") or {}).get("max_new_tokens", 16)))
+            if req.get("stream") and not batch:
+                return self._stream(items[0], n)
+            out = [self._generate(item, n) for item in items]
             return self._send(200, out if batch else out[0])
 
+        def _generate(self, item: object, n: int, emit=None) -> dict:
+            """Simulate one request (prefill, then decode cycles), calling ``emit(doc)`` after each step."""
+            speed = state.speed
+            with state.lock:
+                state.requests += 1
+                rid = state.requests
+            t = time.monotonic()
+            prompt_tokens = len(item) if isinstance(item, list) else max(1, len(str(item).split()))
+
+            def doc(done: int, cycles: int) -> dict:
+                meta = {"id": f"stand-in-{rid}", "prompt_tokens": prompt_tokens, "completion_tokens": done,
+                        "e2e_latency": time.monotonic() - t}
+                if speed.accept is not None:
+                    meta["spec_accept_length"] = speed.accept
+                    meta["spec_verify_ct"] = cycles
+                return {"text": " tok" * done, "meta_info": meta}
+
+            run_cycle(state, True, 1, speed.prefill_s(prompt_tokens))
+            done = 1
+            if emit is not None:
+                emit(doc(done, 0))
+            cycles = speed.cycles(n)
+            for i, k in enumerate(cycles):
+                run_cycle(state, False, k, speed.cycle_s)
+                done += k
+                if emit is not None:
+                    emit(doc(done, i + 1))
+            return doc(done, len(cycles))
+
+        def _stream(self, item: object, n: int) -> None:
+            """sglang's streamed /generate: server-sent events, ``data: {...}`` per step, then ``data: [DONE]``."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+
+            def emit(d: dict) -> None:
+                self.wfile.write(b"data: " + json.dumps(d).encode() + b"\n\n")
+                self.wfile.flush()
+
+            try:
+                self._generate(item, n, emit)
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
     return Handler
+
+
+def run_cycle(state: "State", extend: bool, produced: int, seconds: float) -> None:
+    """One simulated forward step that takes ``seconds``: through the worker's entry method when there is one
+    (its phases sleep their parts), the rest slept after it."""
+    t0 = time.monotonic()
+    engine = state.engine
+    if engine is not None:
+        b = _Batch(extend, produced)
+        b.prefill_s = seconds
+        try:
+            engine(b)
+        except Exception as exc:  # a worker of another shape: the cycle is still simulated
+            if not getattr(state, "engine_error", None):
+                state.engine_error = exc
+                log(f"the worker's entry method failed ({type(exc).__name__}: {exc}); simulating without it")
+            state.engine = None
+    left = seconds - (time.monotonic() - t0)
+    if left > 0:
+        time.sleep(left)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,8 +391,12 @@ def main(argv: list[str] | None = None) -> int:
         httpd.server_close()
         return code
 
+    if state.speed.spec and not 1 <= state.speed.steps <= MAX_STEPS:
+        log(f"ValueError: --speculative-num-steps {state.speed.steps} is out of range (1..{MAX_STEPS})")
+        return shutdown(1)
     try:
         import_workers()
+        state.engine = make_engine(state.speed)
         state.imported = True
     except BaseException:
         traceback.print_exc()

@@ -1,0 +1,296 @@
+"""A fixed, seeded synthetic load against a running sglang server's ``/generate`` (what ``eaglepatch bench`` sends).
+
+Standard library only (urllib, a thread pool). Each request is ``input_len`` token ids drawn from a seeded
+generator (the same seed gives the same prompts, so two runs see the same work) and asks for exactly
+``max_new_tokens`` tokens (``ignore_eos``, greedy), streamed (``"stream": true``) so that the time to the first
+token is seen. A server that does not stream (a plain JSON answer) still counts; its TTFT is then null.
+
+Measured per request: latency (send to last byte), TTFT (send to the first streamed chunk that carries output),
+``completion_tokens`` and ``spec_accept_length`` / ``spec_verify_ct`` from ``meta_info``. Overall: output tokens
+per second = all completion tokens / the wall time from the first request sent to the last answer read.
+``warmup`` requests go first (same shape, other prompts) and count for nothing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import math
+import random
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Callable, Sequence
+
+from eaglepatch.errors import Unsupported, UsageError
+
+# token ids drawn for prompts: low ids exist in every vocabulary, and 0-9 (often special tokens) are avoided
+_TOKEN_LO, _TOKEN_HI = 10, 1000
+_MAX_ERRORS_KEPT = 5
+
+
+class LoadFailed(Unsupported):
+    """Every request of the load failed: the server does not serve ``/generate`` as sglang does."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadSpec:
+    """The load: ``requests`` measured requests, ``concurrency`` at a time, each ``input_len`` prompt tokens and
+    ``max_new_tokens`` output tokens, after ``warmup`` unmeasured ones. Raises UsageError for values out of range."""
+
+    requests: int = 32
+    concurrency: int = 4
+    input_len: int = 128
+    max_new_tokens: int = 128
+    warmup: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, low in (("requests", 1), ("concurrency", 1), ("input_len", 1), ("max_new_tokens", 1),
+                          ("warmup", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise UsageError(f"--{name.replace('_', '-')} must be a whole number >= {low}, not {value!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def prompts(self, n: int, offset: int = 0) -> list[list[int]]:
+        """``n`` prompts of ``input_len`` token ids; prompt ``i`` depends only on the seed and ``offset + i``."""
+        out = []
+        for i in range(offset, offset + n):
+            rng = random.Random(f"eaglepatch-load:{self.seed}:{i}")
+            out.append([rng.randrange(_TOKEN_LO, _TOKEN_HI) for _ in range(self.input_len)])
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestResult:
+    """One request: ``ok`` or ``error``; times in seconds (``ttft`` None without streaming)."""
+
+    ok: bool
+    start: float
+    latency: float
+    ttft: float | None = None
+    completion_tokens: int = 0
+    accept_len: float | None = None
+    verify_ct: int | None = None
+    error: str | None = None
+    streamed: bool = False
+
+
+def _dist(values: Sequence[float]) -> dict[str, float] | None:
+    """``{"mean","p50","p90","p99","max"}`` in milliseconds of seconds ``values``; None when empty."""
+    if not values:
+        return None
+    s = sorted(values)
+
+    def pct(q: float) -> float:
+        k = (len(s) - 1) * q / 100.0
+        f = math.floor(k)
+        c = min(f + 1, len(s) - 1)
+        return s[f] + (s[c] - s[f]) * (k - f)
+
+    return {"mean": round(sum(s) / len(s) * 1000, 3), "p50": round(pct(50) * 1000, 3),
+            "p90": round(pct(90) * 1000, 3), "p99": round(pct(99) * 1000, 3), "max": round(s[-1] * 1000, 3)}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadResult:
+    """What a load measured, client side. ``start``/``end``: wall-clock (``time.time``) bounds of the measured
+    requests (warm-up excluded): the window whose timing-log records belong to this load. ``elapsed``: the same
+    span by the monotonic clock (what tokens per second divides by)."""
+
+    spec: LoadSpec
+    start: float
+    end: float
+    results: tuple[RequestResult, ...]
+    streamed: bool
+    elapsed: float | None = None
+
+    @property
+    def ok(self) -> tuple[RequestResult, ...]:
+        return tuple(r for r in self.results if r.ok)
+
+    @property
+    def failed(self) -> int:
+        return len(self.results) - len(self.ok)
+
+    @property
+    def seconds(self) -> float:
+        return max(0.0, self.elapsed if self.elapsed is not None else self.end - self.start)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(r.completion_tokens for r in self.ok)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.output_tokens / self.seconds if self.ok and self.seconds > 0 else None
+
+    @property
+    def accept_len(self) -> float | None:
+        """The server's accept length over the load: all tokens / all verify steps when the server gives
+        ``spec_verify_ct``, else the token-weighted mean of ``spec_accept_length``; None when it gives neither."""
+        with_ct = [r for r in self.ok if r.verify_ct]
+        if with_ct and len(with_ct) == len(self.ok):
+            return sum(r.completion_tokens for r in with_ct) / sum(r.verify_ct or 0 for r in with_ct)
+        with_len = [r for r in self.ok if r.accept_len is not None and r.completion_tokens > 0]
+        if not with_len:
+            return None
+        return sum(r.accept_len * r.completion_tokens for r in with_len) / sum(r.completion_tokens for r in with_len)  # type: ignore[operator]
+
+    def errors(self) -> list[str]:
+        seen: list[str] = []
+        for r in self.results:
+            if r.error and r.error not in seen:
+                seen.append(r.error)
+        return seen[:_MAX_ERRORS_KEPT]
+
+    def to_json(self) -> dict[str, Any]:
+        ok = self.ok
+        ttfts = [r.ttft for r in ok if r.ttft is not None]
+        acc = self.accept_len
+        tps = self.tokens_per_s
+        return {
+            "requests": len(self.results),
+            "failed": self.failed,
+            "output_tokens": self.output_tokens,
+            "seconds": round(self.seconds, 4),
+            "tokens_per_s": None if tps is None else round(tps, 3),
+            "ttft_ms": _dist(ttfts) if self.streamed else None,
+            "latency_ms": _dist([r.latency for r in ok]),
+            "accept_len": None if acc is None else round(acc, 4),
+            "streamed": self.streamed,
+            "errors": self.errors(),
+        }
+
+
+class _Client:
+    """POSTs to one server; no proxies (the target is a loopback address or a tunnel)."""
+
+    def __init__(self, base_url: str, api_key: str | None, timeout: float):
+        self.url = base_url.rstrip("/") + "/generate"
+        self.api_key = api_key
+        self.timeout = timeout
+        self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def generate(self, ids: list[int], max_new_tokens: int, stream: bool, clock: Callable[[], float]) -> RequestResult:
+        body = {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True},
+            "stream": stream,
+        }
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=headers, method="POST")
+        t0 = clock()
+        try:
+            with self.opener.open(req, timeout=self.timeout) as resp:
+                ctype = resp.headers.get("Content-Type", "")
+                if stream and "event-stream" in ctype:
+                    return self._read_stream(resp, t0, clock)
+                data = resp.read()
+                latency = clock() - t0
+                doc = json.loads(data)
+                if isinstance(doc, list):
+                    doc = doc[0] if doc else {}
+                return _finish(doc, t0, latency, None, streamed=False)
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:200].decode("utf-8", "replace").strip()
+            return RequestResult(False, t0, clock() - t0, error=f"HTTP {exc.code}: {detail or exc.reason}")
+        except (OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", None) or exc
+            return RequestResult(False, t0, clock() - t0, error=f"{type(exc).__name__}: {reason}")
+
+    def _read_stream(self, resp: Any, t0: float, clock: Callable[[], float]) -> RequestResult:
+        """sglang's streamed ``/generate``: ``data: {json}`` lines (cumulative text and meta_info), then
+        ``data: [DONE]``. TTFT: the first chunk whose ``completion_tokens`` is above 0 (or that has text)."""
+        ttft = None
+        last: dict[str, Any] = {}
+        while True:
+            line = resp.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                break
+            doc = json.loads(payload)
+            if isinstance(doc, list):
+                doc = doc[0] if doc else {}
+            if not isinstance(doc, dict):
+                continue
+            if doc.get("error"):
+                return RequestResult(False, t0, clock() - t0, error=f"server error: {str(doc['error'])[:200]}")
+            meta = doc.get("meta_info") or {}
+            if ttft is None and ((meta.get("completion_tokens") or 0) > 0 or doc.get("text")):
+                ttft = clock() - t0
+            last = doc
+        latency = clock() - t0
+        if not last:
+            return RequestResult(False, t0, latency, error="the stream ended without a result")
+        return _finish(last, t0, latency, ttft, streamed=True)
+
+
+def _finish(doc: Any, t0: float, latency: float, ttft: float | None, streamed: bool) -> RequestResult:
+    meta = (doc.get("meta_info") or {}) if isinstance(doc, dict) else {}
+    tokens = meta.get("completion_tokens")
+    if not isinstance(tokens, int):
+        return RequestResult(False, t0, latency, error="no meta_info.completion_tokens in the answer", streamed=streamed)
+    acc = meta.get("spec_accept_length")
+    ct = meta.get("spec_verify_ct")
+    return RequestResult(
+        True, t0, latency, ttft=ttft, completion_tokens=tokens,
+        accept_len=float(acc) if isinstance(acc, (int, float)) and not isinstance(acc, bool) and acc > 0 else None,
+        verify_ct=int(ct) if isinstance(ct, int) and not isinstance(ct, bool) and ct > 0 else None,
+        streamed=streamed,
+    )
+
+
+def run_load(
+    base_url: str,
+    spec: LoadSpec,
+    *,
+    api_key: str | None = None,
+    stream: bool = True,
+    timeout: float = 600.0,
+    progress: Callable[[str], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    wall: Callable[[], float] = time.time,
+) -> LoadResult:
+    """Send ``spec``'s load to the sglang server at ``base_url`` (``http://127.0.0.1:PORT``) and measure it.
+
+    Never raises for a failed request (it is counted, with its error); raises ``LoadFailed`` (exit 4) when every
+    warm-up or every measured request failed (the message carries the first error).
+    """
+    client = _Client(base_url, api_key, timeout)
+    say = progress or (lambda _l: None)
+    streamed = threading.Event()
+
+    def batch(prompts: list[list[int]]) -> list[RequestResult]:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=spec.concurrency) as pool:
+            results = list(pool.map(lambda ids: client.generate(ids, spec.max_new_tokens, stream, clock), prompts))
+        if any(r.streamed for r in results):
+            streamed.set()
+        return results
+
+    if spec.warmup:
+        say(f"warm-up: {spec.warmup} request(s)")
+        warm = batch(spec.prompts(spec.warmup, offset=1_000_000))
+        if not any(r.ok for r in warm):
+            raise LoadFailed(f"{base_url}/generate: every warm-up request failed: {warm[0].error}")
+    say(f"load: {spec.requests} request(s), {spec.concurrency} at a time, {spec.input_len} tokens in, "
+        f"{spec.max_new_tokens} out")
+    start, t0 = wall(), clock()
+    results = batch(spec.prompts(spec.requests))
+    end, elapsed = wall(), clock() - t0
+    if not any(r.ok for r in results):
+        raise LoadFailed(f"{base_url}/generate: every request failed: {results[0].error}")
+    return LoadResult(spec=spec, start=start, end=end, results=tuple(results), streamed=streamed.is_set(),
+                      elapsed=elapsed)

@@ -1,0 +1,435 @@
+"""``bench`` and ``sweep`` on one target: load the running server through the SSH connection, and restart it once
+per point of a grid of launch flags.
+
+bench: a seeded load (``eaglepatch.load``) through a forwarded port (``Host.open_tunnel``; a local target is
+loaded directly), then the timing records of the server's processes whose ``t`` lies in the load's window
+(measured on the host's clock), aggregated as ``report`` does. The patch's runtime writes its records in batches
+(every 2 s at the latest), so bench waits ``log_wait`` seconds after the load before it fetches them.
+
+sweep: see ``eaglepatch.sweep`` for the grid and the state file. Each run is: rewrite the original launch command
+for the point, ``restart(current=<what runs>, launch=<the point>)``, wait until ready, bench, save the run's
+figures to the state file. A point whose server does not come up is saved as failed with the log's tail and the
+sweep goes on. At the end (also after Ctrl-C or an error) the server is started again with the original command
+(with ``keep_best``: the best point's); the patch state is never touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import re
+import time
+from typing import Any, Callable, Sequence
+
+from eaglepatch.errors import ConnectionFailed, EaglepatchError, Unsupported, UsageError
+from eaglepatch.hosts.base import Host
+from eaglepatch.load import LoadFailed, LoadSpec, run_load
+from eaglepatch.ops.actions import Connect, _facts, _launch_of, _Target, fetch_logs_from
+from eaglepatch.ops.core import Session
+from eaglepatch.transform.recipe import builtin_recipe
+
+Say = Callable[[str], None]
+_LOG_NAME = re.compile(r"-(\d+)-rank(\d+)\.jsonl$")
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchOptions:
+    """The load, and how long to wait after it for the server's timing records (``--log-wait``)."""
+
+    load: LoadSpec = LoadSpec()
+    log_wait: float = 4.5
+    request_timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.log_wait < 0:
+            raise UsageError("--log-wait cannot be negative")
+
+
+def _no_server(name: str) -> Unsupported:
+    return Unsupported(f"{name}: no sglang server is running (for this sglang install): start it "
+                       "(python -m sglang.launch_server ...), then run this again")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# bench
+
+
+def _patched_log_dir(facts: Any) -> str | None:
+    """The timing log folder when the target is patched (its manifest says where), else None."""
+    if not facts.manifest or facts.runtime_sha256 is None:
+        return None
+    return ((facts.manifest.get("runtime") or {}).get("log_dir")) or "/tmp/eaglepatch"
+
+
+def clock_offset(host: Host, python: str) -> float:
+    """The host's wall clock minus ours (seconds), from one round trip (error: half of it); 0 on this machine."""
+    if host.is_local:
+        return 0.0
+    before = time.time()
+    res = host.run([python, "-c", "import time; print(repr(time.time()))"], timeout=60)
+    after = time.time()
+    try:
+        remote = float(res.stdout.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return 0.0
+    return remote - (before + after) / 2
+
+
+def _url(host: Host, addr: str, port: int) -> str:
+    where = addr if host.is_local else "127.0.0.1"
+    if ":" in where:
+        where = f"[{where}]"
+    return f"http://{where}:{port}"
+
+
+def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | None, opts: BenchOptions,
+             say: Say) -> dict[str, Any]:
+    """Load ``server`` (a ServerProcess) on ``host`` and collect the timing records of the load's window."""
+    offset = clock_offset(host, python)
+    try:
+        port = host.open_tunnel(server.probe_host, server.port)  # type: ignore[attr-defined]
+    except OSError as exc:
+        raise ConnectionFailed(f"{name}: cannot forward a local port to :{server.port}: {exc}") from None
+    try:
+        lr = run_load(_url(host, server.probe_host, port), opts.load, api_key=server.api_key, progress=say,
+                      timeout=opts.request_timeout)
+    finally:
+        host.close_tunnel(port)  # type: ignore[attr-defined]
+    window = (lr.start + offset, lr.end + offset)
+    notes: list[str] = []
+    timings = None
+    if log_dir is None:
+        notes.append("the target is not patched: no per-phase timings (eaglepatch apply TARGET first)")
+    else:
+        timings = collect_timings(host, name, python, log_dir, {server.pid, *server.children}, window,
+                                  opts.log_wait, say, notes)
+    if not lr.streamed:
+        notes.append("the server did not stream: time to first token is unknown (null)")
+    if lr.failed:
+        notes.append(f"{lr.failed} of {len(lr.results)} requests failed: {'; '.join(lr.errors())}")
+    return {
+        "target": name,
+        "server": {"pid": server.pid, "argv": list(server.argv)},
+        "load": opts.load.to_json(),
+        "window": {"start": round(window[0], 4), "end": round(window[1], 4), "seconds": round(lr.seconds, 4),
+                   "clock_offset_s": round(offset, 4)},
+        "client": lr.to_json(),
+        "timings": timings,
+        "notes": notes,
+    }
+
+
+def collect_timings(host: Host, name: str, python: str, log_dir: str, pids: set[int],
+                    window: tuple[float, float], wait: float, say: Say, notes: list[str]) -> dict[str, Any] | None:
+    """The ``report --json`` object of the records of ``pids`` whose ``t`` lies in ``window``; None (and a note)
+    when there are none."""
+    from eaglepatch import report as rep
+
+    if wait > 0:
+        say(f"waiting {wait:g} s for the server to write its timing records")
+        time.sleep(wait)
+    try:
+        folder = fetch_logs_from(host, name, python, log_dir, lambda _m: None)
+    except UsageError as exc:
+        notes.append(f"no timing logs: {exc}")
+        return None
+    files = []
+    for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
+        m = _LOG_NAME.search(os.path.basename(path))
+        if m and int(m.group(1)) in pids:
+            files.append(path)
+    if not files:
+        notes.append(f"no timing log of the server's processes in {log_dir}: is the running server the patched "
+                     "one (restarted after apply)?")
+        return None
+    res = rep.aggregate(files, t_min=window[0], t_max=window[1], sources=[f"{name}:{log_dir}"])
+    if res.records == 0:
+        notes.append("no timing records inside the load's window (the server timed no cycle then)")
+        return None
+    return res.to_json()
+
+
+def bench(text: str, c: Connect, opts: BenchOptions, say: Say) -> dict[str, Any]:
+    with _Target(text, c) as t:
+        facts = _facts(t, builtin_recipe())
+        server = _launch_of(facts)
+        if server is None:
+            raise _no_server(t.spec.name)
+        return bench_on(t.host, t.spec.name, facts.python, server, _patched_log_dir(facts), opts, say)
+
+
+def _ms(d: dict[str, Any] | None, key: str = "p50") -> str:
+    return "-" if not d or d.get(key) is None else f"{d[key]:.1f}"
+
+
+def render_bench(doc: dict[str, Any]) -> str:
+    from eaglepatch import report as rep
+
+    cl = doc["client"]
+    load = doc["load"]
+    out = [
+        f"{doc['target']}: {cl['requests']} requests ({load['concurrency']} at a time, {load['input_len']} tokens in, "
+        f"{load['max_new_tokens']} out) in {cl['seconds']:.2f} s; {cl['failed']} failed",
+        f"  output tokens/s: {cl['tokens_per_s'] if cl['tokens_per_s'] is not None else '-'}",
+        f"  TTFT ms:    p50 {_ms(cl['ttft_ms'])}  p90 {_ms(cl['ttft_ms'], 'p90')}  max {_ms(cl['ttft_ms'], 'max')}",
+        f"  latency ms: p50 {_ms(cl['latency_ms'])}  p90 {_ms(cl['latency_ms'], 'p90')}  "
+        f"max {_ms(cl['latency_ms'], 'max')}",
+        f"  accept length (server): {cl['accept_len'] if cl['accept_len'] is not None else '-'}",
+    ]
+    t = doc.get("timings")
+    if t:
+        out.append(f"\ntiming log of the same window ({t['records']} cycles):")
+        out.append(rep.render_table(_result_from_json(t)))
+    for n in doc.get("notes") or []:
+        out.append(f"note: {n}")
+    return "\n".join(out)
+
+
+def _result_from_json(doc: dict[str, Any]) -> Any:
+    """A ReportResult-like object for ``render_table`` from ``report --json``'s dict."""
+    from eaglepatch.report.aggregation import BetweenStats, GroupStats, PhaseStats, ReportResult, Stats
+
+    def stats(d: dict[str, Any] | None, n: int) -> Stats | None:
+        if not d:
+            return None
+        return Stats(n=d.get("n", n), mean=d["mean"], p50=d["p50"], p90=d["p90"], p99=d["p99"], max=d["max"],
+                     total=d["mean"] * d.get("n", n))
+
+    groups = []
+    for g in doc["groups"]:
+        cyc = stats(g["cycle_ms"], g["n"])
+        phases = []
+        for name, p in g["phases"].items():
+            host = p.get("host")
+            phases.append(PhaseStats(name=name, stats=stats(p, p.get("n", g["n"])), share=p["share"],  # type: ignore[arg-type]
+                                     host=stats(host, host.get("n", g["n"])) if host else None,
+                                     host_share=host.get("share") if host else None))
+        b = g.get("between_ms")
+        between = BetweenStats(n=b.get("n", 0), mean=b["mean"], p50=b["p50"], p90=b["p90"], total=0.0) if b else None
+        groups.append(GroupStats(mode=g["mode"], key=tuple(g["key"].items()), n=g["n"], cycle=cyc,  # type: ignore[arg-type]
+                                 phases=tuple(phases), accept_len=g["accept_len"], tokens_per_s=g["tokens_per_s"],
+                                 between=between, wall_tokens_per_s=g["wall_tokens_per_s"], tokens=0.0,
+                                 host_cycle=stats(g.get("host_cycle_ms"), g["n"])))
+    return ReportResult(sources=tuple(doc["sources"]), records=doc["records"], skipped_lines=doc["skipped_lines"],
+                        groups=tuple(groups))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# sweep
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepOptions:
+    grid: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    allow: tuple[str, ...] = ()
+    baseline: bool = False
+    repeat: int = 1
+    keep_best: bool = False
+    fresh: bool = False
+    timeout: float = 900.0
+    bench: BenchOptions = BenchOptions()
+
+    def points(self) -> tuple[Any, Any, list[Any]]:
+        """(flag axes, env axes, points); raises UsageError for bad input, before any target is touched."""
+        from eaglepatch import sweep as sw
+
+        if self.repeat < 1:
+            raise UsageError(f"--repeat must be 1 or more, not {self.repeat}")
+        if not self.timeout > 0:
+            raise UsageError("--timeout must be a positive number of seconds")
+        flag_axes = sw.parse_grid(self.grid, self.allow)
+        env_axes = sw.parse_env_grid(self.env)
+        return flag_axes, env_axes, sw.make_points(flag_axes, env_axes, self.baseline)
+
+
+class _Throttled:
+    """Progress lines of a restart: the readiness poll's "waiting for sglang" lines at most every ``every`` s."""
+
+    def __init__(self, say: Say, every: float = 15.0):
+        self.say, self.every, self.last = say, every, 0.0
+
+    def __call__(self, line: str) -> None:
+        if line.startswith("waiting for sglang on"):
+            now = time.monotonic()
+            if now - self.last < self.every:
+                return
+            self.last = now
+        self.say("  " + line)
+
+
+def _find(host: Host, python: str, port: int) -> Any:
+    from eaglepatch.server.process import find_servers, select_server
+
+    return select_server(find_servers(host, python), port=port)
+
+
+def sweep(text: str, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]:
+    from eaglepatch import sweep as sw
+    from eaglepatch.server import _remote
+    from eaglepatch.server.process import LaunchSpec
+
+    flag_axes, env_axes, points = opts.points()
+    with _Target(text, c) as t:
+        name = t.spec.name
+        facts = _facts(t, builtin_recipe())
+        python = facts.python
+        host = t.host
+        ident = sw.sweep_id(name, points, opts.repeat, opts.bench.load.to_json())
+        state = sw.StateFile(sw.state_path(name, ident))
+        if opts.fresh and state.header is not None:
+            say(f"--fresh: starting over (forgetting {len(state.runs)} saved run(s) in {state.path})")
+            state.remove()
+        server = _launch_of(facts)
+        if state.header is not None:
+            original = LaunchSpec.from_json(state.header["original"])
+            args_index = int(state.header["args_index"])
+        else:
+            if server is None:
+                raise _no_server(name)
+            original = server.launch_spec()  # UsageError when it cannot be relaunched from here
+            args_index = _remote.launcher_args_index(list(original.argv))
+            if args_index < 0:
+                raise Unsupported(f"{name}: the server's command line is not one eaglepatch can rewrite: "
+                                  f"{' '.join(original.argv)}")
+        sw.check_speculation(original.argv[args_index:], flag_axes)
+        launches = []
+        notes: list[str] = []
+        for p in points:
+            argv, derived = sw.point_argv(original.argv, args_index, p)
+            notes.extend(derived)
+            launches.append(dataclasses.replace(original, argv=argv, env=sw.point_env(original.env, p)))
+        if not sw.runs_speculation(original.argv[args_index:]) and opts.baseline:
+            notes.append("the server runs no speculation: the baseline is its own command line")
+
+        state.lock()
+        session = Session(host, python, facts)
+        try:
+            session.lock(ttl=7 * 86400)
+        except BaseException:
+            state.unlock()
+            raise
+        try:
+            if state.header is None:
+                state.write_header({"version": 1, "target": name, "created": sw.now_iso(),
+                                    "original": original.to_json(), "args_index": args_index,
+                                    "points": [p.key for p in points], "repeat": opts.repeat,
+                                    "load": opts.bench.load.to_json()})
+            return _run_sweep(host, name, python, facts, state, points, launches, original, opts, notes, say,
+                              env_names=[a.name for a in env_axes], ident=ident)
+        finally:
+            session.unlock()
+            state.unlock()
+
+
+def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, points: list[Any],
+               launches: list[Any], original: Any, opts: SweepOptions, notes: list[str], say: Say, *,
+               env_names: Sequence[str], ident: str) -> dict[str, Any]:
+    from eaglepatch import sweep as sw
+    from eaglepatch.server.restart import RestartOptions
+
+    ropts = RestartOptions(timeout=opts.timeout, poll_interval=0.5)
+    log_dir = _patched_log_dir(facts)
+    plan = sw.plan_runs(points, opts.repeat, ident)
+    done = state.done()
+    pending = [(i, r) for i, r in plan if (points[i].key, r) not in done]
+    if done:
+        say(f"resuming: {len(plan) - len(pending)} of {len(plan)} run(s) already done ({state.path})")
+    else:
+        say(f"sweep: {len(points)} point(s) x {opts.repeat} run(s), in shuffled order; results saved as they "
+            f"complete in {state.path}")
+    if log_dir is None:
+        say("note: the target is not patched: tok/s and accept length only, no per-phase timings")
+    restore_doc: dict[str, Any] | None = None
+    interrupted: BaseException | None = None
+    try:
+        for n, (i, rep) in enumerate(pending, 1):
+            p, launch = points[i], launches[i]
+            if p.key in state.failed_points():
+                continue  # it did not come up before: no more launches of it
+            say(f"run {len(plan) - len(pending) + n}/{len(plan)}: point #{i} ({p.label}), "
+                f"repetition {rep + 1}/{opts.repeat}")
+            state.add_run(_one_run(host, name, python, launch, ropts, log_dir, opts, i, rep, p, say))
+    except BaseException as exc:  # Ctrl-C, a lost connection, a bug: put the server back, then report it
+        interrupted = exc
+    summary = sw.summarize(name, points, state.runs, opts.baseline, opts.repeat)
+    target_launch, why = original, "the original command line"
+    if opts.keep_best and interrupted is None:
+        if summary["best"] is not None:
+            target_launch, why = launches[summary["best"]], f"the best point's (#{summary['best']})"
+        else:
+            notes.append("--keep-best: no point ran: the original command line is back")
+    try:
+        restore_doc = _restore(host, python, target_launch, env_names, ropts, why, say)
+    except BaseException as exc:  # noqa: BLE001
+        if interrupted is None:
+            raise
+        restore_doc = {"ready": False, "message": f"could not put the server back: {exc}"}
+    if interrupted is not None:
+        hint = (f"{restore_doc.get('message', '')}; {len(state.runs)} run(s) are saved: run the same command again "
+                "to resume")
+        if isinstance(interrupted, KeyboardInterrupt):
+            say(f"{name}: interrupted; {hint}")
+            raise interrupted
+        if isinstance(interrupted, EaglepatchError):
+            err = EaglepatchError(f"{interrupted}; {hint}")
+            err.exit_code = interrupted.exit_code
+            raise err from None
+        say(f"{name}: {hint}")
+        raise interrupted
+    summary["notes"] = notes + summary["notes"]
+    summary["state_file"] = state.path
+    summary["restore"] = restore_doc
+    return summary
+
+
+def _one_run(host: Host, name: str, python: str, launch: Any, ropts: Any, log_dir: str | None,
+             opts: SweepOptions, index: int, rep: int, point: Any, say: Say) -> dict[str, Any]:
+    from eaglepatch import sweep as sw
+    from eaglepatch.server.restart import restart
+
+    base = {"point": point.key, "index": index, "rep": rep, "argv": list(launch.argv),
+            "env": dict(point.env), "t": round(time.time(), 3)}
+    current = _find(host, python, launch.port)
+    res = restart(host, current=current, launch=launch, options=ropts, progress=_Throttled(say), python=python)
+    if not res.ready:
+        say(f"  failed: {res.message}")
+        return dict(base, status="failed", error=res.message, log_tail=res.log_tail, pid=res.pid)
+    server = _find(host, python, launch.port)
+    if server is None or server.pid != res.pid:
+        return dict(base, status="failed", error=f"the server on :{launch.port} was ready, then gone", pid=res.pid)
+    try:
+        doc = bench_on(host, name, python, server, log_dir, opts.bench, lambda m: say("  " + m))
+    except LoadFailed as exc:
+        say(f"  failed: {exc}")
+        return dict(base, status="failed", error=str(exc), pid=server.pid, log_tail="")
+    fig = sw.run_figures(doc)
+    acc = fig["accept_len"]
+    say(f"  {fig['tokens_per_s']:.1f} tok/s" + (f", accept length {acc:.2f}" if acc is not None else "")
+        + (f", cycle p50 {fig['phases_p50']['cycle']:.2f} ms" if "cycle" in fig["phases_p50"] else ""))
+    return dict(base, status="ok", pid=server.pid, ready_s=round(res.seconds, 2), **fig, client=doc["client"],
+                notes=doc["notes"])
+
+
+def _restore(host: Host, python: str, launch: Any, env_names: Sequence[str], ropts: Any, why: str,
+             say: Say) -> dict[str, Any]:
+    """Leave ``launch`` running: restart into it unless what runs is already it."""
+    from eaglepatch.server.restart import restart
+
+    current = _find(host, python, launch.port)
+    same = current is not None and list(current.argv) == list(launch.argv) and all(
+        (current.env or {}).get(n) == launch.env.get(n) for n in env_names)
+    if same:
+        say(f"the server already runs {why}")
+        return {"restarted": False, "ready": True, "argv": list(launch.argv),
+                "message": f"the server runs {why}"}
+    say(f"putting the server back: {why}")
+    res = restart(host, current=current, launch=launch, options=ropts, progress=_Throttled(say), python=python)
+    doc = {"restarted": True, "ready": res.ready, "argv": list(launch.argv), "pid": res.pid}
+    if res.ready:
+        doc["message"] = f"the server runs {why} again (pid {res.pid})"
+    else:
+        doc["message"] = f"the server did NOT come back with {why}: {res.message}; start it yourself"
+        doc["log_tail"] = res.log_tail
+    return doc
