@@ -261,11 +261,13 @@ def run_load(
     stream: bool = True,
     timeout: float = 600.0,
     progress: Callable[[str], None] | None = None,
+    pause: float = 0.0,
     clock: Callable[[], float] = time.perf_counter,
     wall: Callable[[], float] = time.time,
 ) -> LoadResult:
     """Send ``spec``'s load to the sglang server at ``base_url`` (``http://127.0.0.1:PORT``) and measure it.
 
+    ``pause``: seconds to wait between the warm-up and the measured requests.
     Never raises for a failed request (it is counted, with its error); raises ``LoadFailed`` (exit 4) when every
     warm-up or every measured request failed (the message carries the first error).
     """
@@ -285,6 +287,8 @@ def run_load(
         warm = batch(spec.prompts(spec.warmup, offset=1_000_000))
         if not any(r.ok for r in warm):
             raise LoadFailed(f"{base_url}/generate: every warm-up request failed: {warm[0].error}")
+        if pause > 0:
+            time.sleep(pause)
     say(f"load: {spec.requests} request(s), {spec.concurrency} at a time, {spec.input_len} tokens in, "
         f"{spec.max_new_tokens} out")
     start, t0 = wall(), clock()

@@ -62,18 +62,29 @@ def _patched_log_dir(facts: Any) -> str | None:
     return ((facts.manifest.get("runtime") or {}).get("log_dir")) or "/tmp/eaglepatch"
 
 
-def clock_offset(host: Host, python: str) -> float:
-    """The host's wall clock minus ours (seconds), from one round trip (error: half of it); 0 on this machine."""
+def clock_offset(host: Host, python: str, samples: int = 3) -> tuple[float, float]:
+    """(the host's wall clock minus ours, its uncertainty), in seconds; (0, 0) on this machine.
+
+    The host's clock is read in the middle of our round trip (``date``, else the interpreter); of a few tries the
+    one with the shortest round trip counts, and half of that round trip is the uncertainty."""
     if host.is_local:
-        return 0.0
-    before = time.time()
-    res = host.run([python, "-c", "import time; print(repr(time.time()))"], timeout=60)
-    after = time.time()
-    try:
-        remote = float(res.stdout.decode().strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return 0.0
-    return remote - (before + after) / 2
+        return 0.0, 0.0
+    best: tuple[float, float] | None = None
+    for argv in (["date", "+%s.%N"], [python, "-c", "import time; print(repr(time.time()))"]):
+        for _ in range(samples):
+            before = time.time()
+            res = host.run(argv, timeout=60)
+            after = time.time()
+            try:
+                remote = float(res.stdout.decode().strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                break  # no GNU date there: try the interpreter
+            rtt = after - before
+            if best is None or rtt / 2 < best[1]:
+                best = (remote - (before + after) / 2, rtt / 2)
+        if best is not None:
+            return best
+    return 0.0, 0.0
 
 
 def _url(host: Host, addr: str, port: int) -> str:
@@ -86,17 +97,18 @@ def _url(host: Host, addr: str, port: int) -> str:
 def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | None, opts: BenchOptions,
              say: Say) -> dict[str, Any]:
     """Load ``server`` (a ServerProcess) on ``host`` and collect the timing records of the load's window."""
-    offset = clock_offset(host, python)
+    offset, unc = clock_offset(host, python)
     try:
         port = host.open_tunnel(server.probe_host, server.port)  # type: ignore[attr-defined]
     except OSError as exc:
         raise ConnectionFailed(f"{name}: cannot forward a local port to :{server.port}: {exc}") from None
     try:
+        # the pause after the warm-up keeps its cycles out of the window, widened by the clock's uncertainty
         lr = run_load(_url(host, server.probe_host, port), opts.load, api_key=server.api_key, progress=say,
-                      timeout=opts.request_timeout)
+                      timeout=opts.request_timeout, pause=2 * unc + 0.05 if opts.load.warmup else 0.0)
     finally:
         host.close_tunnel(port)  # type: ignore[attr-defined]
-    window = (lr.start + offset, lr.end + offset)
+    window = (lr.start + offset - unc, lr.end + offset + unc)
     notes: list[str] = []
     timings = None
     if log_dir is None:
@@ -113,7 +125,7 @@ def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | Non
         "server": {"pid": server.pid, "argv": list(server.argv)},
         "load": opts.load.to_json(),
         "window": {"start": round(window[0], 4), "end": round(window[1], 4), "seconds": round(lr.seconds, 4),
-                   "clock_offset_s": round(offset, 4)},
+                   "clock_offset_s": round(offset, 4), "clock_uncertainty_s": round(unc, 4)},
         "client": lr.to_json(),
         "timings": timings,
         "notes": notes,

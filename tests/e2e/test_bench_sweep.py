@@ -1,0 +1,429 @@
+"""``eaglepatch bench`` and ``eaglepatch sweep`` end to end through the installed CLI, locally and over the real
+sshd of conftest.py, against the stand-in sglang server (tests/stubs/stand_in_sglang).
+
+The stand-in's speed depends on its launch flags (``Speed`` in its launch_server.py): without speculation 5 ms per
+token; with ``--speculative-algorithm`` and ``--speculative-num-steps K`` a cycle of 2K + 6 + 1 ms yields
+``min(K, 2.2) + 1`` tokens. Per request: K=1 222 tok/s, K=2 273 (the best), K=3 246, K=5 188, baseline 200; so
+the best point is known in advance. With the V1-shaped worker below, a patched stand-in writes real timing
+records (draft, verify, draft extend) through eaglepatch's runtime. ``STANDIN_SLOWDOWN`` in its environment
+multiplies every time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+_spec = importlib.util.spec_from_file_location(
+    "standin_harness", Path(__file__).resolve().parents[1] / "stubs" / "stand_in_sglang" / "standin_harness.py"
+)
+H = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(H)  # type: ignore[union-attr]
+
+PY = sys.executable
+WORKER = '''\
+class EAGLEWorker:
+    def forward_batch_generation(self, batch):
+        if batch.forward_mode.is_extend():
+            logits_output, next_token_ids, bid = self.forward_target_extend(batch)
+            self.forward_draft_extend(batch, logits_output, next_token_ids)
+            return logits_output
+        spec_info = self.draft(batch)
+        logits_output, verify_output, model_worker_batch = self.verify(batch, spec_info)
+        self.forward_draft_extend_after_decode(batch)
+        return logits_output
+'''
+SPEC_ARGS = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--startup-delay", "0.2",
+             "--tp", "1")
+# a small load: 6 requests, 2 at a time, 16 tokens in, 32 out (1 from prefill, 31 in decode cycles)
+LOAD = ["--requests", "6", "--concurrency", "2", "--input-len", "16", "--max-new-tokens", "32", "--warmup", "2"]
+CONTRACT_POINT_KEYS = {"flags", "env", "status", "runs", "tokens_per_s", "accept_len", "phases_p50", "speedup"}
+
+
+def per_request_tps(k: int | None, n: int = 32, input_len: int = 16) -> float:
+    """The stand-in's designed speed for one request (Speed in launch_server.py), without overheads."""
+    prefill = 2.0 + 0.005 * input_len
+    if k is None:
+        return n / ((prefill + 5.0 * (n - 1)) / 1000)
+    acc = min(k, 2.2) + 1
+    cycles, left, i = 0, n - 1, 0
+    while left > 0:
+        left -= max(1, int((i + 1) * acc) - int(i * acc))
+        i += 1
+        cycles += 1
+    return n / ((prefill + cycles * (2 * k + 7.0)) / 1000)
+
+
+def decode_cycles(k: int, n: int = 32) -> int:
+    acc, left, i = min(k, 2.2) + 1, n - 1, 0
+    while left > 0:
+        left -= max(1, int((i + 1) * acc) - int(i * acc))
+        i += 1
+    return i
+
+
+class Via:
+    """How the CLI reaches the stand-in's sglang: a local path, or ``user@127.0.0.1:PORT`` over sshd."""
+
+    def __init__(self, env: dict[str, str], ssh: list[str] | None = None):
+        self.env, self.ssh = env, ssh
+
+    def target(self, tree: Path) -> list[str]:
+        if self.ssh is None:
+            return [str(tree / "sglang")]
+        return [*self.ssh, "--sglang-path", str(tree / "sglang"), "--python", PY]
+
+    @property
+    def name_is_ssh(self) -> bool:
+        return self.ssh is not None
+
+    def run(self, cmd: str, tree: Path, *args: str, timeout: float = 200) -> subprocess.CompletedProcess:
+        return subprocess.run([PY, "-m", "eaglepatch", cmd, *self.target(tree), *args], capture_output=True,
+                              text=True, timeout=timeout, env=self.env)
+
+    def popen(self, cmd: str, tree: Path, *args: str) -> subprocess.Popen:
+        return subprocess.Popen([PY, "-m", "eaglepatch", cmd, *self.target(tree), *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=self.env)
+
+
+def _env(tmp_path: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(base or os.environ)
+    env["XDG_CACHE_HOME"] = str(tmp_path / "client cache")  # the sweep state and fetched logs of this test only
+    env.pop("EAGLEPATCH_DEBUG", None)
+    return env
+
+
+@pytest.fixture
+def local(tmp_path) -> Via:
+    return Via(_env(tmp_path))
+
+
+@pytest.fixture
+def ssh(sshd, tmp_path) -> Via:
+    return Via(_env(tmp_path, sshd.env()), ssh=[sshd.target, "-i", sshd.client_key])
+
+
+@pytest.fixture
+def standins():
+    s = H.StandIns(PY)
+    yield s
+    s.cleanup()
+
+
+class Server:
+    def __init__(self, standins, tmp_path: Path, *args: str, **env: str):
+        self.tree = H.make_tree(tmp_path / "site dir", WORKER)
+        self.port = standins.port()
+        self.proc = standins.launch(self.tree, tmp_path / "work dir", self.port, *args, **env)
+        H.wait_http(self.port, timeout=30)
+        self.argv = H.StandIns(PY).argv(self.port, *args)
+
+    def running(self) -> tuple[int, list[str], dict[str, str]]:
+        """(pid, argv, environment) of the one launcher on the port."""
+        deadline = time.monotonic() + 10
+        while True:
+            pids = H.launcher_pids(self.port)
+            if len(pids) == 1:
+                pid = pids[0]
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+                raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                env = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+                return pid, [a.decode() for a in argv], env
+            assert time.monotonic() < deadline, f"launchers on :{self.port}: {pids}"
+            time.sleep(0.05)
+
+
+def spec_server(standins, tmp_path, *extra: str) -> Server:
+    return Server(standins, tmp_path, *SPEC_ARGS, *extra)
+
+
+def apply(via: Via, srv: Server, tmp_path: Path) -> None:
+    r = via.run("apply", srv.tree, "--log-dir", str(tmp_path / "timing logs"), "--timeout", "60")
+    assert r.returncode == 0, r.stderr
+    H.wait_http(srv.port)
+
+
+def jdoc(r: subprocess.CompletedProcess) -> dict:
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# bench
+
+
+def check_bench(doc: dict, srv: Server, patched: bool) -> None:
+    assert set(doc) >= {"target", "server", "load", "window", "client", "timings", "notes"}
+    pid, argv, _env = srv.running()
+    assert doc["server"] == {"pid": pid, "argv": argv}
+    assert doc["load"] == {"requests": 6, "concurrency": 2, "input_len": 16, "max_new_tokens": 32, "warmup": 2,
+                           "seed": 0}
+    cl = doc["client"]
+    assert (cl["requests"], cl["failed"], cl["output_tokens"], cl["streamed"], cl["errors"]) == (6, 0, 192, True, [])
+    designed = 2 * per_request_tps(3)  # two requests at a time
+    assert designed / 3 < cl["tokens_per_s"] < designed * 1.2, (cl["tokens_per_s"], designed)
+    assert cl["accept_len"] == pytest.approx(32 / decode_cycles(3), abs=0.01)
+    assert 2.0 <= cl["ttft_ms"]["p50"] < cl["latency_ms"]["p50"]
+    assert cl["latency_ms"]["p50"] >= 32 / per_request_tps(3) * 1000 * 0.95
+    w = doc["window"]
+    assert w["start"] < w["end"] and w["seconds"] > 0
+    if not patched:
+        assert doc["timings"] is None
+        assert any("not patched" in n for n in doc["notes"])
+        return
+    t = doc["timings"]
+    decode = next(g for g in t["groups"] if g["mode"] == "decode")
+    prefill = next(g for g in t["groups"] if g["mode"] == "prefill")
+    # exactly the measured requests' cycles: the warm-up's are outside the window
+    assert (decode["n"], prefill["n"], t["records"]) == (6 * decode_cycles(3), 6, 6 * decode_cycles(3) + 6)
+    assert set(decode["phases"]) == {"draft", "verify", "draft_extend"}
+    assert decode["phases"]["draft"]["p50"] == pytest.approx(6.0, rel=0.3)  # 3 steps x 2 ms
+    assert decode["phases"]["verify"]["p50"] == pytest.approx(6.0, rel=0.3)
+    assert decode["accept_len"] == pytest.approx(31 / decode_cycles(3), abs=0.01)
+
+
+def test_bench_local_unpatched_then_patched(standins, tmp_path, local):
+    srv = spec_server(standins, tmp_path)
+    check_bench(jdoc(local.run("bench", srv.tree, *LOAD, "--json")), srv, patched=False)
+    apply(local, srv, tmp_path)
+    r = local.run("bench", srv.tree, *LOAD, "--json")
+    check_bench(jdoc(r), srv, patched=True)
+    assert "waiting 4.5 s for the server to write its timing records" in r.stderr
+    text = local.run("bench", srv.tree, *LOAD, "--log-wait", "3")
+    assert text.returncode == 0, text.stderr
+    for words in ("output tokens/s:", "TTFT ms:", "accept length (server): 3.2", "timing log of the same window",
+                  "draft_extend"):
+        assert words in text.stdout
+
+
+def test_bench_over_ssh_through_a_forwarded_port(standins, tmp_path, ssh):
+    srv = spec_server(standins, tmp_path)
+    apply(ssh, srv, tmp_path)
+    doc = jdoc(ssh.run("bench", srv.tree, *LOAD, "--json"))
+    check_bench(doc, srv, patched=True)
+    assert doc["target"].endswith(f"@127.0.0.1:{ssh.ssh[0].rsplit(':', 1)[1]}")
+    assert abs(doc["window"]["clock_offset_s"]) < 1.0  # the same machine's clock, through one round trip
+
+
+def test_ssh_host_tunnel_forwards_http(sshd, ssh_home, standins, tmp_path):
+    """SSHHost.open_tunnel: a local port whose connections reach host:port as the SSH server sees it."""
+    from eaglepatch.hosts.target import SSHOptions, open_host, parse_target
+
+    srv = Server(standins, tmp_path, "--startup-delay", "0")
+    host = open_host(parse_target(sshd.target, SSHOptions(identity=sshd.client_key)))
+    try:
+        local_port = host.open_tunnel("127.0.0.1", srv.port)
+        assert local_port != srv.port
+        for _ in range(3):  # one channel per connection
+            assert H.http_get(local_port, "/health_generate")[0] == 200
+        assert host.probe_tunnel("127.0.0.1", srv.port) is None
+        host.close_tunnel(local_port)
+        assert H.http_get(local_port, "/health_generate", timeout=1)[0] is None
+    finally:
+        host.close()
+
+
+def test_bench_without_a_server_exits_4(tmp_path, local):
+    tree = H.make_tree(tmp_path / "site", WORKER)
+    r = local.run("bench", tree, *LOAD)
+    assert r.returncode == 4, r.stderr
+    assert "no sglang server is running" in r.stderr
+
+
+def test_bench_bad_load_options_exit_2(tmp_path, local):
+    tree = H.make_tree(tmp_path / "site", WORKER)
+    r = local.run("bench", tree, "--requests", "0")
+    assert r.returncode == 2 and "--requests must be" in r.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# sweep
+
+
+SWEEP = [*LOAD, "--timeout", "30"]
+
+
+def check_contract_shape(doc: dict, n_points: int) -> None:
+    assert set(doc) >= {"target", "baseline", "points", "best"}
+    assert len(doc["points"]) == n_points
+    for p in doc["points"]:
+        assert CONTRACT_POINT_KEYS <= set(p), p
+        if p["status"] == "ok":
+            assert set(p["tokens_per_s"]) == {"median", "min", "max"}
+            assert p["tokens_per_s"]["min"] <= p["tokens_per_s"]["median"] <= p["tokens_per_s"]["max"]
+        else:
+            assert p["status"] == "failed" and p["error"]
+
+
+def test_sweep_finds_the_known_best_with_repeats_and_restores_the_server(standins, tmp_path, local):
+    srv = spec_server(standins, tmp_path)
+    before_pid, before_argv, _ = srv.running()
+    chart = tmp_path / "sweep chart.png"
+    args = ["--grid", "speculative-num-steps=1,2,5", "--baseline", "--repeat", "2", *SWEEP]
+    r = local.run("sweep", srv.tree, *args, "--json", "--chart", str(chart))
+    doc = jdoc(r)
+    check_contract_shape(doc, 4)
+    base, k1, k2, k5 = doc["points"]
+    assert (doc["baseline"], doc["best"]) == (0, 2)
+    assert base["flags"] == {} and base["env"] == {} and base["accept_len"] is None and base["speedup"] == 1.0
+    assert [p["flags"] for p in (k1, k2, k5)] == [{"speculative-num-steps": v} for v in ("1", "2", "5")]
+    assert all(p["status"] == "ok" and p["runs"] == 2 for p in doc["points"])
+    assert k2["accept_len"] == pytest.approx(32 / decode_cycles(2), abs=0.01)
+    assert k1["accept_len"] == pytest.approx(32 / decode_cycles(1), abs=0.01)
+    assert k2["speedup"] > 1.1 and k2["speedup"] > k1["speedup"]
+    for p, k in ((base, None), (k1, 1), (k2, 2), (k5, 5)):
+        designed = 2 * per_request_tps(k)
+        assert designed / 3 < p["tokens_per_s"]["median"] < designed * 1.2, (p, designed)
+    assert all(p["phases_p50"] == {} for p in doc["points"])  # not patched
+    assert any("not patched" in n for n in doc["notes"])
+    assert doc["restore"]["ready"] is True
+    # each run was its own launch, in shuffled order; the original command line is back at the end
+    assert r.stderr.count("starting sglang on") == 9
+    pid, argv, _ = srv.running()
+    assert argv == before_argv and pid != before_pid
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    state = [json.loads(line) for line in Path(doc["state_file"]).read_text().splitlines()]
+    assert [s["kind"] for s in state] == ["sweep"] + ["run"] * 8
+    assert state[0]["original"]["argv"] == before_argv
+
+    # the same command again: every run is done, nothing restarts; CSV this time
+    r = local.run("sweep", srv.tree, *args, "--csv")
+    assert r.returncode == 0, r.stderr
+    assert "resuming: 8 of 8 run(s) already done" in r.stderr and "starting sglang" not in r.stderr
+    assert srv.running()[0] == pid
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("index,label,status,runs,accept_len") and len(lines) == 5
+    assert lines[3].split(",")[:4] == ["2", "speculative-num-steps=2", "ok", "2"]
+
+
+def test_sweep_over_ssh_patched_gives_phases_and_keep_best(standins, tmp_path, ssh):
+    srv = spec_server(standins, tmp_path)
+    apply(ssh, srv, tmp_path)
+    r = ssh.run("sweep", srv.tree, "--grid", "speculative-num-steps=1,2", "--baseline", "--keep-best",
+                "--json", *SWEEP)
+    doc = jdoc(r)
+    check_contract_shape(doc, 3)
+    base, k1, k2 = doc["points"]
+    assert doc["best"] == 2 and doc["baseline"] == 0
+    assert base["phases_p50"] == {}  # no speculation: the worker never runs
+    for p, k in ((k1, 1), (k2, 2)):
+        assert set(p["phases_p50"]) == {"draft", "verify", "draft_extend", "cycle"}
+        assert p["phases_p50"]["draft"] == pytest.approx(2.0 * k, rel=0.3)
+        assert p["phases_p50"]["cycle"] == pytest.approx(2.0 * k + 7.0, rel=0.3)
+    # --keep-best: the best point's server runs now
+    _pid, argv, _ = srv.running()
+    assert argv == srv.argv[:srv.argv.index("--speculative-num-steps") + 1] + ["2"] + \
+        srv.argv[srv.argv.index("--speculative-num-steps") + 2:]
+    assert "the best point's (#2)" in doc["restore"]["message"]
+    table = ssh.run("sweep", srv.tree, "--grid", "speculative-num-steps=1,2", "--baseline", "--keep-best", *SWEEP)
+    assert table.returncode == 0, table.stderr
+    assert "*2" in table.stdout and "speculative-num-steps=2" in table.stdout
+
+
+def test_a_point_that_does_not_come_up_is_failed_and_the_sweep_goes_on(standins, tmp_path, local):
+    srv = spec_server(standins, tmp_path)
+    _, before_argv, _ = srv.running()
+    r = local.run("sweep", srv.tree, "--grid", "speculative-num-steps=2,99", "--repeat", "2", "--json", *SWEEP)
+    doc = jdoc(r)
+    check_contract_shape(doc, 2)
+    ok, bad = doc["points"]
+    assert ok["status"] == "ok" and ok["runs"] == 2 and doc["best"] == 0
+    assert bad["status"] == "failed" and bad["tokens_per_s"] is None and bad["speedup"] is None
+    assert "exited during startup" in bad["error"]
+    assert "out of range" in bad["log_tail"]
+    launches = [line for line in r.stderr.splitlines() if "starting sglang on" in line]
+    assert sum("--speculative-num-steps 99" in line for line in launches) == 1  # not again for its repetition 2
+    assert srv.running()[1] == before_argv
+
+
+def test_env_grid_reaches_the_server(standins, tmp_path, local):
+    srv = spec_server(standins, tmp_path)
+    r = local.run("sweep", srv.tree, "--grid", "speculative-num-steps=2", "--env", "STANDIN_SLOWDOWN=1,3",
+                  "--json", *SWEEP)
+    doc = jdoc(r)
+    fast, slow = doc["points"]
+    assert (fast["env"], slow["env"]) == ({"STANDIN_SLOWDOWN": "1"}, {"STANDIN_SLOWDOWN": "3"})
+    ratio = fast["tokens_per_s"]["median"] / slow["tokens_per_s"]["median"]
+    assert 2.0 < ratio < 3.6, ratio
+    assert doc["best"] == 0
+    _pid, argv, env = srv.running()
+    assert argv == srv.argv and "STANDIN_SLOWDOWN" not in env  # the original environment is back
+
+
+def test_an_interrupted_sweep_resumes_where_it_stopped(standins, tmp_path, local):
+    srv = spec_server(standins, tmp_path)
+    _, before_argv, _ = srv.running()
+    args = ["--grid", "speculative-num-steps=1,2,5", "--repeat", "2", *SWEEP]
+    cache = Path(local.env["XDG_CACHE_HOME"]) / "eaglepatch" / "sweeps"
+    proc = local.popen("sweep", srv.tree, *args, "--json")
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            files = list(cache.glob("*.jsonl"))
+            runs = files and sum(1 for line in files[0].read_text().splitlines() if '"kind":"run"' in line)
+            if runs and runs >= 2:
+                break
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the sweep saved no runs"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)  # a crash: no clean-up at all
+    finally:
+        proc.wait(10)
+        out, err = proc.communicate()
+    state = files[0]
+    saved = [json.loads(x) for x in state.read_text().splitlines() if '"kind":"run"' in x]
+    assert 2 <= len(saved) < 6, err
+
+    r = local.run("sweep", srv.tree, *args, "--json")
+    doc = jdoc(r)
+    assert f"resuming: {len(saved)} of 6 run(s) already done" in r.stderr
+    assert r.stderr.count("starting sglang on") == 6 - len(saved) + 1  # the runs left, then the original
+    assert [p["runs"] for p in doc["points"]] == [2, 2, 2] and doc["best"] == 1
+    runs = [json.loads(x) for x in state.read_text().splitlines() if '"kind":"run"' in x]
+    assert len(runs) == 6 and len({(x["point"], x["rep"]) for x in runs}) == 6
+    assert runs[:len(saved)] == saved
+    assert srv.running()[1] == before_argv
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--grid", "no-such-flag=1,2"], "--allow-flag no-such-flag"),
+    (["--grid", "port=1,2"], "cannot be swept"),
+    (["--grid", "speculative-num-steps="], "a value is empty"),
+    (["--grid", "speculative-num-steps=1", "--repeat", "0"], "--repeat must be"),
+    (["--env", "1BAD=a"], "not an environment variable name"),
+    ([], "nothing to sweep"),
+    (["--grid", "speculative-num-steps=1", "--json", "--csv"], "exclude each other"),
+])
+def test_bad_sweep_input_exits_2_and_restarts_nothing(standins, tmp_path, local, args, words):
+    srv = Server(standins, tmp_path, *SPEC_ARGS)
+    pid = srv.running()[0]
+    r = local.run("sweep", srv.tree, *args, *SWEEP)
+    assert r.returncode == 2, r.stderr
+    assert words in r.stderr
+    assert srv.running()[0] == pid
+
+
+def test_a_server_without_speculation_refuses_speculative_grids(standins, tmp_path, local):
+    srv = Server(standins, tmp_path, "--startup-delay", "0.2")
+    pid = srv.running()[0]
+    r = local.run("sweep", srv.tree, "--grid", "speculative-num-steps=1,2", *SWEEP)
+    assert r.returncode == 2, r.stderr
+    assert "runs no speculation" in r.stderr and "starting sglang" not in r.stderr
+    assert srv.running()[0] == pid
+
+
+def test_sweep_without_a_server_exits_4(tmp_path, local):
+    tree = H.make_tree(tmp_path / "site", WORKER)
+    r = local.run("sweep", tree, "--grid", "speculative-num-steps=1,2", *SWEEP)
+    assert r.returncode == 4, r.stderr
+    assert "no sglang server is running" in r.stderr

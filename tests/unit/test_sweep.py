@@ -1,0 +1,359 @@
+"""The pure parts of ``eaglepatch sweep`` (eaglepatch/sweep.py) and its chart (eaglepatch/chart.py): the grid and
+its validation, the points and the shuffled plan, rewriting the launch command, the state file, the summary (the
+CONTRACT.md ``sweep --json`` shape), the table, CSV, and the PNG/SVG chart."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+
+import pytest
+
+from eaglepatch import sweep as sw
+from eaglepatch.chart import render_chart, write_chart
+from eaglepatch.errors import UsageError
+
+HEAD = ["/venv/bin/python3", "-m", "sglang.launch_server"]
+ARGS = ["--model-path", "m", "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "d",
+        "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+        "--port", "30000", "--cuda-graph-bs", "1", "2", "4", "--disable-radix-cache"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the grid
+
+
+def test_grid_parses_flags_with_or_without_dashes_in_order():
+    axes = sw.parse_grid(["speculative-num-steps=1,2,3,5", "--speculative-eagle-topk=1,4", "cuda-graph-max-bs=8"])
+    assert [(a.name, a.values, a.kind) for a in axes] == [
+        ("speculative-num-steps", ("1", "2", "3", "5"), "flag"),
+        ("speculative-eagle-topk", ("1", "4"), "flag"),
+        ("cuda-graph-max-bs", ("8",), "flag"),
+    ]
+
+
+@pytest.mark.parametrize("item, words", [
+    ("not-a-flag=1,2", "not a flag eaglepatch knows"),
+    ("Speculative-num-steps=1", "not a flag name"),
+    ("1abc=1", "not a flag name"),
+    ("speculative_num_steps=1", "not a flag name"),
+    ("port=30001,30002", "cannot be swept"),
+    ("host=0.0.0.0", "cannot be swept"),
+    ("speculative-num-steps", "expected NAME=v1,v2"),
+    ("speculative-num-steps=", "a value is empty"),
+    ("speculative-num-steps=1,,2", "a value is empty"),
+    ("speculative-num-steps=1,1", "given twice"),
+    ("disable-cuda-graph=maybe", "on/off"),
+    ("=1,2", "expected NAME=v1,v2"),
+])
+def test_bad_grid_input_is_a_usage_error(item, words):
+    with pytest.raises(UsageError, match=words):
+        sw.parse_grid([item])
+
+
+def test_the_same_flag_twice_or_under_two_spellings_is_refused():
+    with pytest.raises(UsageError, match="given twice"):
+        sw.parse_grid(["speculative-num-steps=1", "speculative-num-steps=2"])
+    with pytest.raises(UsageError, match="two spellings"):
+        sw.parse_grid(["tp-size=1,2", "tp=4"])
+
+
+def test_allow_flag_extends_the_known_list():
+    with pytest.raises(UsageError, match="--allow-flag my-flag"):
+        sw.parse_grid(["my-flag=1,2"])
+    assert sw.parse_grid(["my-flag=1,2"], allow=["my-flag"])[0].values == ("1", "2")
+    assert sw.parse_grid(["my-flag=1"], allow=["--my-flag"])[0].name == "my-flag"
+    with pytest.raises(UsageError, match="not a flag name"):
+        sw.parse_grid([], allow=["Bad Flag"])
+
+
+def test_boolean_flags_take_on_off():
+    [axis] = sw.parse_grid(["disable-cuda-graph=true,off"])
+    assert axis.values == ("on", "off")
+
+
+def test_env_grid():
+    [a, b] = sw.parse_env_grid(["NCCL_ALGO=Ring,Tree", "X_1=a b"])
+    assert (a.name, a.values, a.kind) == ("NCCL_ALGO", ("Ring", "Tree"), "env")
+    assert b.values == ("a b",)
+    for bad in ("1X=a", "A-B=1", "A=", "A=1,1"):
+        with pytest.raises(UsageError):
+            sw.parse_env_grid([bad])
+    with pytest.raises(UsageError, match="given twice"):
+        sw.parse_env_grid(["A=1", "A=2"])
+
+
+def test_points_are_the_product_with_the_baseline_first():
+    flags = sw.parse_grid(["speculative-num-steps=1,2", "speculative-eagle-topk=1,4"])
+    env = sw.parse_env_grid(["NCCL_ALGO=Ring"])
+    pts = sw.make_points(flags, env, baseline=True)
+    assert pts[0].baseline and pts[0].to_json() == {"flags": {}, "env": {}}
+    assert [p.to_json() for p in pts[1:]] == [
+        {"flags": {"speculative-num-steps": s, "speculative-eagle-topk": k}, "env": {"NCCL_ALGO": "Ring"}}
+        for s in ("1", "2") for k in ("1", "4")
+    ]
+    assert len({p.key for p in pts}) == len(pts)
+    assert pts[1].label == "speculative-num-steps=1 speculative-eagle-topk=1 NCCL_ALGO=Ring"
+    assert [p.to_json() for p in sw.make_points((), (), True)] == [{"flags": {}, "env": {}}] * 2  # baseline, as launched
+    with pytest.raises(UsageError, match="nothing to sweep"):
+        sw.make_points((), (), False)
+
+
+def test_plan_runs_each_point_r_times_shuffled_and_reproducible():
+    pts = sw.make_points(sw.parse_grid(["speculative-num-steps=1,2,3,5"]), (), True)
+    plan = sw.plan_runs(pts, 3, "seed-a")
+    assert sorted(plan) == [(i, r) for i in range(5) for r in range(3)]
+    assert plan == sw.plan_runs(pts, 3, "seed-a")
+    assert plan != sorted(plan) and plan != sw.plan_runs(pts, 3, "seed-b")
+    with pytest.raises(UsageError):
+        sw.plan_runs(pts, 0, "x")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# command lines
+
+
+def test_set_flag_replaces_in_place_every_spelling_and_values():
+    args = ["--tp", "2", "--x", "1", "--tp-size=4", "--cuda-graph-bs", "1", "2", "4", "--y"]
+    assert sw.set_flag(args, "tp-size", "8") == ["--tp-size", "8", "--x", "1", "--cuda-graph-bs", "1", "2", "4", "--y"]
+    assert sw.set_flag(args, "cuda-graph-bs", "16") == ["--tp", "2", "--x", "1", "--tp-size=4", "--cuda-graph-bs",
+                                                        "16", "--y"]
+    assert sw.set_flag(args, "mem-fraction-static", "0.8")[-2:] == ["--mem-fraction-static", "0.8"]
+    assert sw.set_flag(args, "x", None) == ["--tp", "2", "--tp-size=4", "--cuda-graph-bs", "1", "2", "4", "--y"]
+
+
+def test_boolean_flags_are_added_and_removed():
+    args = ["--disable-cuda-graph", "--port", "1"]
+    assert sw.set_flag(args, "disable-cuda-graph", "off") == ["--port", "1"]
+    assert sw.set_flag(["--port", "1"], "disable-cuda-graph", "on") == ["--port", "1", "--disable-cuda-graph"]
+    assert sw.flag_value(args, "disable-cuda-graph") == "on"
+
+
+def test_flag_value():
+    assert sw.flag_value(ARGS, "speculative-num-steps") == "3"
+    assert sw.flag_value(ARGS, "cuda-graph-bs") == "1 2 4"
+    assert sw.flag_value(["--tp=2"], "tp-size") == "2"
+    assert sw.flag_value(ARGS, "nope") is None
+
+
+def test_baseline_removes_every_speculative_flag_only():
+    argv, notes = sw.point_argv(HEAD + ARGS, 3, sw.Point(baseline=True))
+    assert argv == HEAD + ["--model-path", "m", "--port", "30000", "--cuda-graph-bs", "1", "2", "4",
+                           "--disable-radix-cache"]
+    assert notes == []
+    assert not sw.runs_speculation(argv[3:]) and sw.runs_speculation(ARGS)
+
+
+def test_point_argv_sets_flags_and_derives_draft_tokens_for_topk_1():
+    p = sw.Point(flags=(("speculative-num-steps", "5"),))
+    argv, notes = sw.point_argv(HEAD + ARGS, 3, p)
+    assert argv[:3] == HEAD
+    assert sw.flag_value(argv[3:], "speculative-num-steps") == "5"
+    assert sw.flag_value(argv[3:], "speculative-num-draft-tokens") == "6"
+    assert notes and "steps + 1" in notes[0]
+    assert argv.index("--speculative-num-steps") == (HEAD + ARGS).index("--speculative-num-steps")  # in place
+    # given explicitly: kept as given
+    p = sw.Point(flags=(("speculative-num-steps", "5"), ("speculative-num-draft-tokens", "9")))
+    assert sw.flag_value(sw.point_argv(HEAD + ARGS, 3, p)[0][3:], "speculative-num-draft-tokens") == "9"
+    # top-k above 1: the command line's own value stays
+    p = sw.Point(flags=(("speculative-num-steps", "5"), ("speculative-eagle-topk", "4")))
+    assert sw.flag_value(sw.point_argv(HEAD + ARGS, 3, p)[0][3:], "speculative-num-draft-tokens") == "4"
+
+
+def test_point_env_overrides_the_original():
+    p = sw.Point(env=(("NCCL_ALGO", "Tree"),))
+    assert sw.point_env({"NCCL_ALGO": "Ring", "PATH": "/bin"}, p) == {"NCCL_ALGO": "Tree", "PATH": "/bin"}
+
+
+def test_a_server_without_speculation_refuses_speculative_axes():
+    plain = ["--model-path", "m"]
+    with pytest.raises(UsageError, match="runs no speculation"):
+        sw.check_speculation(plain, sw.parse_grid(["speculative-num-steps=1,2"]))
+    sw.check_speculation(plain, sw.parse_grid(["cuda-graph-max-bs=8,16"]))
+    sw.check_speculation(plain, sw.parse_grid(["speculative-algorithm=EAGLE3", "speculative-num-steps=1,2"]))
+    sw.check_speculation(ARGS, sw.parse_grid(["speculative-num-steps=1,2"]))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the state file
+
+
+def test_state_file_round_trip_and_a_line_cut_short(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    pts = sw.make_points(sw.parse_grid(["speculative-num-steps=1,2"]), (), False)
+    ident = sw.sweep_id("root@gpu1", pts, 2, {"requests": 8})
+    assert ident == sw.sweep_id("root@gpu1", pts, 2, {"requests": 8})
+    assert ident != sw.sweep_id("root@gpu1", pts, 3, {"requests": 8})
+    assert ident != sw.sweep_id("root@gpu2", pts, 2, {"requests": 8})
+    path = sw.state_path("root@gpu1", ident)
+    assert path.startswith(str(tmp_path / "cache" / "eaglepatch" / "sweeps"))
+    st = sw.StateFile(path)
+    assert st.header is None and st.runs == []
+    st.write_header({"original": {"argv": ["x"]}})
+    st.add_run({"point": pts[0].key, "rep": 0, "status": "ok"})
+    with open(path, "a") as f:
+        f.write('{"kind": "run", "point": "cut sh')  # a crash in the middle of a write
+    st2 = sw.StateFile(path)
+    assert st2.header["original"] == {"argv": ["x"]}
+    assert st2.done() == {(pts[0].key, 0)}
+    st2.add_run({"point": pts[1].key, "rep": 1, "status": "failed"})
+    st3 = sw.StateFile(path)
+    assert st3.done() == {(pts[0].key, 0), (pts[1].key, 1)}
+    assert st3.failed_points() == {pts[1].key}
+
+
+def test_state_file_lock_is_exclusive(tmp_path):
+    a = sw.StateFile(str(tmp_path / "s.jsonl"))
+    b = sw.StateFile(str(tmp_path / "s.jsonl"))
+    a.lock()
+    try:
+        with pytest.raises(UsageError, match="another eaglepatch sweep"):
+            b.lock()
+    finally:
+        a.unlock()
+    b.lock()
+    b.unlock()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the summary
+
+
+def _run(p, rep, tps, acc=None, phases=None, status="ok", **kw):
+    return dict({"point": p.key, "rep": rep, "status": status, "tokens_per_s": tps, "accept_len": acc,
+                 "phases_p50": phases or {}}, **kw)
+
+
+def _points():
+    return sw.make_points(sw.parse_grid(["speculative-num-steps=1,2,3"]), (), True)
+
+
+def test_summary_has_the_contract_shape_medians_speedup_and_best():
+    pts = _points()
+    ph = {"draft": 3.0, "verify": 8.0, "draft_extend": 1.0, "cycle": 12.0}
+    runs = [
+        _run(pts[0], 0, 90.0), _run(pts[0], 1, 88.0), _run(pts[0], 2, 91.0),
+        _run(pts[1], 0, 80.0, 2.0, ph), _run(pts[1], 1, 82.0, 2.0, ph), _run(pts[1], 2, 81.0, 2.0, ph),
+        _run(pts[2], 0, 94.0, 2.9, ph), _run(pts[2], 1, 92.5, 3.1, dict(ph, draft=3.2)), _run(pts[2], 2, 95.1, 2.8, ph),
+        _run(pts[3], 0, 89.0, 3.2, ph), _run(pts[3], 1, 93.0, 3.2, ph), _run(pts[3], 2, 85.0, 3.2, ph),
+    ]
+    doc = sw.summarize("root@gpu1", pts, runs, baseline=True, repeat=3)
+    assert set(doc) >= {"target", "baseline", "points", "best"}
+    assert (doc["target"], doc["baseline"], doc["best"]) == ("root@gpu1", 0, 2)
+    contract_keys = {"flags", "env", "status", "runs", "tokens_per_s", "accept_len", "phases_p50", "speedup"}
+    for p in doc["points"]:
+        assert contract_keys <= set(p)
+    base, one, two, three = doc["points"]
+    assert base == dict(base, flags={}, env={}, status="ok", runs=3, accept_len=None, phases_p50={}, speedup=1.0,
+                        tokens_per_s={"median": 90.0, "min": 88.0, "max": 91.0})
+    assert two["flags"] == {"speculative-num-steps": "2"} and two["env"] == {}
+    assert two["tokens_per_s"] == {"median": 94.0, "min": 92.5, "max": 95.1}
+    assert two["accept_len"] == 2.9
+    assert two["phases_p50"] == {"draft": 3.0, "verify": 8.0, "draft_extend": 1.0, "cycle": 12.0}
+    assert two["speedup"] == round(94.0 / 90.0, 3)
+    assert one["speedup"] == round(81.0 / 90.0, 3)
+    # noise: the range of steps=3 (85-93) overlaps the best's (92.5-95.1); steps=1 (80-82) does not
+    assert (two["within_noise"], three["within_noise"], one["within_noise"]) == (True, True, False)
+    assert any("within noise of the best" in n and "speculative-num-steps=3" in n for n in doc["notes"])
+    json.dumps(doc)
+
+
+def test_summary_failed_pending_and_no_baseline():
+    pts = sw.make_points(sw.parse_grid(["speculative-num-steps=2,99,3"]), (), False)
+    runs = [_run(pts[0], 0, 50.0, 3.0),
+            _run(pts[1], 0, None, status="failed", error="sglang exited during startup", log_tail="boom")]
+    doc = sw.summarize("t", pts, runs, baseline=False, repeat=1)
+    assert doc["baseline"] is None and doc["best"] == 0
+    ok, bad, pending = doc["points"]
+    assert ok["speedup"] is None  # no baseline: no speedups
+    assert bad == dict(bad, status="failed", runs=0, tokens_per_s=None, accept_len=None, phases_p50={},
+                       error="sglang exited during startup", log_tail="boom", speedup=None)
+    assert pending["status"] == "pending"
+    assert any("not patched" in n for n in doc["notes"])
+    table = sw.render_table(doc)
+    assert "failed: speculative-num-steps=99: sglang exited during startup" in table
+    assert "*0" in table
+
+
+def test_summary_with_a_failed_baseline_has_no_speedups_and_no_best_when_nothing_ran():
+    pts = _points()
+    runs = [_run(pts[0], 0, None, status="failed", error="x"), _run(pts[1], 0, 10.0)]
+    doc = sw.summarize("t", pts, runs, baseline=True, repeat=1)
+    assert all(p["speedup"] is None for p in doc["points"])
+    assert any("baseline did not run" in n for n in doc["notes"])
+    assert sw.summarize("t", pts, [], baseline=True, repeat=1)["best"] is None
+
+
+def test_table_and_csv():
+    pts = _points()
+    ph = {"draft": 3.1, "verify": 7.9, "draft_extend": 1.0, "cycle": 12.2}
+    runs = [_run(pts[0], 0, 90.2), _run(pts[1], 0, 94.0, 2.9, ph), _run(pts[2], 0, 70.0, 3.3, ph),
+            _run(pts[3], 0, None, status="failed", error="no")]
+    doc = sw.summarize("root@gpu1", pts, runs, baseline=True, repeat=1)
+    table = sw.render_table(doc)
+    for words in ("baseline (no speculation)", "speculative-num-steps=1", "94.0", "1.042x", "7.90", "12.20",
+                  "one launch per point"):
+        assert words in table
+    lines = sw.render_csv(doc).splitlines()
+    assert lines[0].split(",") == sw.CSV_COLUMNS
+    assert len(lines) == 5
+    row = dict(zip(sw.CSV_COLUMNS, lines[2].split(",", len(sw.CSV_COLUMNS) - 1)))
+    assert (row["label"], row["tokens_per_s_median"], row["best"], row["speedup"]) == (
+        "speculative-num-steps=1", "94.0", "1", "1.042")
+
+
+def test_run_figures_from_a_bench_document():
+    bench = {"client": {"tokens_per_s": 100.0, "accept_len": None},
+             "timings": {"records": 10, "groups": [
+                 {"mode": "prefill", "phases": {"target": {"p50": 5.0}}, "cycle_ms": {"p50": 5.0}},
+                 {"mode": "decode", "phases": {"draft": {"p50": 1.0}, "verify": {"p50": 2.0},
+                                               "draft_extend": {"p50": 0.5}},
+                  "cycle_ms": {"p50": 3.6}, "accept_len": 2.5}]}}
+    assert sw.run_figures(bench) == {"tokens_per_s": 100.0, "accept_len": 2.5, "records": 10,
+                                     "phases_p50": {"draft": 1.0, "verify": 2.0, "draft_extend": 0.5, "cycle": 3.6}}
+    assert sw.run_figures({"client": {"tokens_per_s": 5.0, "accept_len": 3.0}, "timings": None}) == {
+        "tokens_per_s": 5.0, "accept_len": 3.0, "phases_p50": {}, "records": None}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the chart
+
+
+def _png_chunks(data: bytes):
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    i = 8
+    while i < len(data):
+        (n,) = struct.unpack(">I", data[i:i + 4])
+        kind, body = data[i + 4:i + 8], data[i + 8:i + 8 + n]
+        (crc,) = struct.unpack(">I", data[i + 8 + n:i + 12 + n])
+        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF
+        yield kind, body
+        i += 12 + n
+
+
+def test_png_chart_is_a_valid_png_with_the_bars_drawn(tmp_path):
+    pts = _points()
+    ph = {"draft": 3.1, "verify": 7.9, "draft_extend": 1.0, "cycle": 12.2}
+    runs = [_run(pts[0], 0, 90.2), _run(pts[1], 0, 94.0, 2.9, ph), _run(pts[2], 0, 70.0, 3.3, ph),
+            _run(pts[3], 0, None, status="failed", error="no")]
+    doc = sw.summarize("t", pts, runs, baseline=True, repeat=1)
+    path = tmp_path / "sweep.png"
+    write_chart(doc, str(path))
+    data = path.read_bytes()
+    chunks = dict(_png_chunks(data))
+    w, h, depth, ctype = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
+    assert (depth, ctype) == (8, 2) and w >= 640 and h > 300
+    raw = zlib.decompress(chunks[b"IDAT"])
+    assert len(raw) == h * (1 + 3 * w)
+    pixels = {raw[y * (1 + 3 * w) + 1 + 3 * x: y * (1 + 3 * w) + 4 + 3 * x] for y in range(0, h, 3)
+              for x in range(0, w, 3)}
+    assert bytes((40, 150, 70)) in pixels  # the best point's bar
+    assert bytes((150, 90, 190)) in pixels  # a verify segment
+
+
+def test_svg_chart_for_a_svg_name():
+    doc = sw.summarize("t", _points(), [], baseline=True, repeat=1)
+    svg = render_chart(doc, "x.SVG").decode()
+    assert svg.startswith("<svg") and "baseline (no speculation)" in svg and svg.rstrip().endswith("</svg>")
