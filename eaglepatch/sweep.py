@@ -31,7 +31,7 @@ import statistics
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
-from eaglepatch.errors import UsageError
+from eaglepatch.errors import Conflict, UsageError
 
 # Launch flags of sglang's server that a tuning sweep may set (besides every speculative-*). Others need
 # --allow-flag NAME.
@@ -368,7 +368,7 @@ class StateFile:
                     self.runs.append(doc)
 
     def lock(self) -> None:
-        """Hold an exclusive lock on the file while this sweep runs; UsageError when another sweep holds it."""
+        """Hold an exclusive lock on the file while this sweep runs; Conflict when another sweep holds it."""
         import fcntl
 
         os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
@@ -377,7 +377,7 @@ class StateFile:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            raise UsageError(f"another eaglepatch sweep runs the same sweep now (it holds {self.path})") from None
+            raise Conflict(f"another eaglepatch sweep runs the same sweep now (it holds {self.path})") from None
         self._lock_fd = fd
 
     def unlock(self) -> None:

@@ -427,3 +427,31 @@ def test_sweep_without_a_server_exits_4(tmp_path, local):
     r = local.run("sweep", tree, "--grid", "speculative-num-steps=1,2", *SWEEP)
     assert r.returncode == 4, r.stderr
     assert "no sglang server is running" in r.stderr
+
+
+def test_ctrl_c_puts_the_server_back_and_keeps_the_runs(standins, tmp_path, local):
+    srv = spec_server(standins, tmp_path)
+    _, before_argv, _ = srv.running()
+    args = ["--grid", "speculative-num-steps=1,2,5", "--repeat", "2", *SWEEP]
+    cache = Path(local.env["XDG_CACHE_HOME"]) / "eaglepatch" / "sweeps"
+    proc = local.popen("sweep", srv.tree, *args)
+    try:
+        deadline = time.monotonic() + 120
+        while not any('"kind":"run"' in f.read_text() for f in cache.glob("*.jsonl")):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the sweep saved no runs"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 1, err
+    assert out == ""
+    assert "putting the server back: the original command line" in err
+    assert "run the same command again to resume" in err and err.rstrip().endswith("sglang: interrupted")
+    assert srv.running()[1] == before_argv
+    r = local.run("sweep", srv.tree, *args, "--json")
+    assert "resuming: " in r.stderr
+    assert [p["runs"] for p in jdoc(r)["points"]] == [2, 2, 2]

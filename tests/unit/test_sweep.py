@@ -13,7 +13,7 @@ import pytest
 
 from eaglepatch import sweep as sw
 from eaglepatch.chart import render_chart, write_chart
-from eaglepatch.errors import UsageError
+from eaglepatch.errors import Conflict, UsageError
 
 HEAD = ["/venv/bin/python3", "-m", "sglang.launch_server"]
 ARGS = ["--model-path", "m", "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "d",
@@ -209,7 +209,7 @@ def test_state_file_lock_is_exclusive(tmp_path):
     b = sw.StateFile(str(tmp_path / "s.jsonl"))
     a.lock()
     try:
-        with pytest.raises(UsageError, match="another eaglepatch sweep"):
+        with pytest.raises(Conflict, match="another eaglepatch sweep"):
             b.lock()
     finally:
         a.unlock()
