@@ -8,7 +8,10 @@ per-round ratios, so that a change in the machine's load hits both sides alike):
 
 * ``json_parse_s``: ``for line in open(f): json.loads(line)`` over the same files;
 * ``report_s``: ``aggregate(files)`` (statistics included, no rendering);
-* ``report_by_bs_s`` (once, for information): ``aggregate(files, by="bs")``.
+* ``report_by_bs_s`` (once, for information): ``aggregate(files, by="bs")``;
+* with ``--cli``, ``cli_s``: the whole ``eaglepatch report FILE FILE`` command as a subprocess (interpreter start,
+  imports, aggregation and the rendered table, output discarded), in the same interleaved rounds, and
+  ``cli_ratio``, the median of its per-round ratios to ``json_parse_s``.
 
 Peak memory is the peak resident size of a child process that only runs ``aggregate`` minus that of a child
 that only imports it (``VmHWM`` from /proc/self/status where there is one, since ``ru_maxrss`` keeps the forking
@@ -126,6 +129,14 @@ def timed(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+def run_cli(paths: list[str]) -> None:
+    """The whole ``eaglepatch report`` command (the console script next to this interpreter, else ``-m``)."""
+    exe = os.path.join(os.path.dirname(sys.executable), "eaglepatch")
+    argv = [exe] if os.path.isfile(exe) else [sys.executable, "-m", "eaglepatch"]
+    subprocess.run([*argv, "report", *paths], check=True, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                   cwd=ROOT)
+
+
 def child_maxrss_kb(mode: str, paths: list[str]) -> int:
     out = subprocess.run(
         [sys.executable, "-c", _CHILD, ROOT, mode, *paths], check=True, capture_output=True, text=True
@@ -138,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--cli", action="store_true", help="also time the whole `eaglepatch report` command")
     args = ap.parse_args(argv)
 
     from eaglepatch.report import aggregate
@@ -152,9 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         # Interleaved, so that a change in the machine's load hits both sides alike.
         parse_t: list[float] = []
         report_t: list[float] = []
+        cli_t: list[float] = []
         for _ in range(args.repeat):
             parse_t.append(timed(lambda: bare_parse(paths), 1))
             report_t.append(timed(lambda: aggregate(paths), 1))
+            if args.cli:
+                cli_t.append(timed(lambda: run_cli(paths), 1))
         parse_s = statistics.median(parse_t)
         report_s = statistics.median(report_t)
         ratio = statistics.median([r / p for r, p in zip(report_t, parse_t)])
@@ -177,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         "generate_s": round(gen_s, 1),
         "python": sys.version.split()[0],
     }
+    if cli_t:
+        out["cli_s"] = round(statistics.median(cli_t), 3)
+        out["cli_ratio"] = round(statistics.median([c / p for c, p in zip(cli_t, parse_t)]), 3)
+        out["cli_command"] = "eaglepatch report FILE FILE"
     print(json.dumps(out))
     return 0
 

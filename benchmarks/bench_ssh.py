@@ -1,0 +1,440 @@
+#!/usr/bin/env python3
+"""`eaglepatch apply/revert --no-restart` over loopback SSH against one bare `ssh host true`.
+
+Starts its own OpenSSH server on 127.0.0.1 (``/usr/sbin/sshd``, a free port, fresh ed25519 host and client keys
+in a temporary folder, the same set-up as tests/e2e/conftest.py, whose helpers it imports), a client HOME whose
+``~/.ssh/known_hosts`` knows the server's key, and a fake host tree (``<tmp>/host/lib/python3.11/site-packages``)
+holding a real sglang release (default 0.5.16, all its files, from the release cache). Then, after one untimed
+warm-up round, ``--runs`` interleaved rounds of five whole commands, each a subprocess timed by its wall clock:
+
+* ``ssh``: ``ssh -F CONFIG -i KEY -p PORT -o BatchMode=yes -o UserKnownHostsFile=KNOWN user@127.0.0.1 true``
+  (OpenSSH's client, the same key and known_hosts), the baseline;
+* ``apply_ssh`` / ``revert_ssh``: ``eaglepatch apply|revert --no-restart user@127.0.0.1:PORT -i KEY
+  --sglang-path TREE`` (the installed console script, HOME = the client HOME, no ssh-agent);
+* ``apply_local`` / ``revert_local``: the same on the local target ``TREE``, for reference.
+
+Every apply must patch and every revert must restore the release's bytes (checked by sha256 after each round).
+Ratios are ``median(command) / median(ssh)``. With ``--breakdown`` (default on), it then runs the SSH apply and
+revert ``--breakdown-runs`` times in an instrumented process (the CLI's own ``main()`` with timers wrapped around
+its SSH round trips, connect, remote ops, transform calls and imports) and probes, over one connection, what one
+remote command costs (a channel and the login shell; ``python3 -c pass``), to show where the time goes.
+
+Prints one JSON object on stdout. ``python benchmarks/bench_ssh.py [--runs 5] [--release 0.5.16]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import pwd
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+for _p in (str(ROOT), str(ROOT / "tests")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+if not os.environ.get("EAGLEPATCH_TEST_CACHE") and (ROOT / ".cache" / "sites").is_dir():
+    os.environ["EAGLEPATCH_TEST_CACHE"] = str(ROOT / ".cache")
+
+TARGET = 3.0
+_BIN = Path(sys.executable).with_name("eaglepatch")
+EAGLEPATCH = [str(_BIN)] if _BIN.is_file() else [sys.executable, "-m", "eaglepatch"]
+
+
+def e2e_conftest():
+    """tests/e2e/conftest.py as a module (SSHServer, _keygen, _free_port, _wait_for_banner, _stop, env_for)."""
+    name = "_eaglepatch_bench_e2e_conftest"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "e2e" / "conftest.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses looks its module up while the class is made
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Loopback:
+    """A real sshd on 127.0.0.1 with its own keys (conftest.py's recipe, outside pytest); ``with`` stops it."""
+
+    def __init__(self, root: Path):
+        c = e2e_conftest()
+        self.c = c
+        if not os.access(c.SSHD, os.X_OK):
+            raise SystemExit(f"{c.SSHD} not found: install openssh-server (make sshd)")
+        root.mkdir(parents=True, exist_ok=True)
+        os.chmod(root, 0o755)
+        host_pub = c._keygen(root / "ssh_host_ed25519_key", "eaglepatch-bench-host")
+        client_pub = c._keygen(root / "client_key", "eaglepatch-bench-client")
+        (root / "authorized_keys").write_text(client_pub + "\n")
+        os.chmod(root / "authorized_keys", 0o600)
+        user = pwd.getpwuid(os.geteuid()).pw_name
+        if os.geteuid() == 0:
+            os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+        log = root / "sshd.log"
+        self.proc = None
+        for _attempt in range(5):
+            port = c._free_port()
+            cfg = root / "sshd_config"
+            cfg.write_text(
+                f"ListenAddress 127.0.0.1\nPort {port}\nHostKey {root / 'ssh_host_ed25519_key'}\n"
+                f"PidFile {root / 'sshd.pid'}\nAuthorizedKeysFile {root / 'authorized_keys'}\n"
+                "PermitRootLogin yes\nPubkeyAuthentication yes\nPasswordAuthentication no\n"
+                "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nSubsystem sftp internal-sftp\n"
+                "X11Forwarding no\nPrintMotd no\nPrintLastLog no\nUseDNS no\nMaxStartups 100\nMaxSessions 100\n"
+            )
+            with open(log, "ab") as logf:
+                proc = subprocess.Popen([c.SSHD, "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL,
+                                        stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+            if c._wait_for_banner(proc, port, time.monotonic() + 15):
+                self.proc = proc
+                break
+            c._stop(proc)
+            if "Address already in use" not in log.read_text(errors="replace"):
+                break
+        if self.proc is None:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+            raise SystemExit(f"sshd did not start on 127.0.0.1:\n{tail}")
+        self.server = c.SSHServer(
+            host="127.0.0.1", port=port, user=user, client_key=str(root / "client_key"), other_key="",
+            host_pub_key=" ".join(host_pub.split()[:2]), wrong_host_pub_key="", home=str(root / "home"),
+            root=str(root), log=str(log))
+        self.server.make_home(self.server.home, known="ok")
+        self.env = c.env_for(self.server)
+        ssh_dir = Path(self.server.home) / ".ssh"
+        # OpenSSH reads ~/.ssh of the passwd entry, not $HOME: name the client HOME's files explicitly.
+        self.ssh_argv = [
+            shutil.which("ssh") or "/usr/bin/ssh", "-F", str(ssh_dir / "config"), "-i", self.server.client_key,
+            "-p", str(port), "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+            "-o", f"UserKnownHostsFile={ssh_dir / 'known_hosts'}", f"{user}@127.0.0.1",
+        ]
+
+    def __enter__(self) -> "Loopback":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            self.c._stop(self.proc)
+            self.proc = None
+
+
+def make_tree(dest: Path, version: str) -> Path:
+    """A fake host tree (a prefix: lib/python3.11/site-packages/sglang) holding the real release ``version``."""
+    from eaglepatch.releases import release_site
+
+    site = dest / "lib" / "python3.11" / "site-packages"
+    site.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(release_site(version), site, ignore=shutil.ignore_patterns(".eaglepatch-site-complete"))
+    return dest
+
+
+def tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in sorted(os.walk(root)):
+        dirnames.sort()
+        for f in sorted(filenames):
+            p = Path(dirpath, f)
+            h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def run_timed(argv: list[str], env: dict, cwd: str, expect: str | None = None) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=300)
+    dt = time.perf_counter() - t0
+    if proc.returncode != 0 or (expect is not None and expect not in proc.stdout):
+        raise SystemExit(f"benchmark command failed (exit {proc.returncode}): {' '.join(argv)}\n"
+                         f"--- stdout\n{proc.stdout[-2000:]}\n--- stderr\n{proc.stderr[-2000:]}")
+    return dt
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Where the time goes: the CLI's main() in a process with timers around its pieces.
+
+_HARNESS = r"""
+import functools, json, sys, time
+t_start = time.perf_counter()
+out_path = sys.argv[1]
+mode = sys.argv[2]
+events = []
+
+def wrap(obj, name, what, label=None):
+    orig = getattr(obj, name)
+    @functools.wraps(orig)
+    def w(*a, **k):
+        t = time.perf_counter()
+        try:
+            return orig(*a, **k)
+        finally:
+            events.append([what, label(a, k) if label else name, time.perf_counter() - t])
+    setattr(obj, name, w)
+
+t0 = time.perf_counter()
+import eaglepatch.cli as cli
+t1 = time.perf_counter()
+import eaglepatch.hosts.ssh as S   # paramiko and fabric (the CLI imports them on the first SSH target)
+t2 = time.perf_counter()
+import libcst, eaglepatch.transform.engine  # noqa: F401  (already imported by the CLI: cheap)
+import eaglepatch.ops.core as core, eaglepatch.ops.actions as actions
+imports = {"eaglepatch.cli (typer, libcst, ops)": t1 - t0, "paramiko + fabric (eaglepatch.hosts.ssh)": t2 - t1}
+
+def exec_label(a, k):
+    cmd = a[1]
+    rest = cmd.split("exec ", 1)[-1].split()
+    return " ".join(rest[:2]) if rest else cmd[:40]
+
+if mode == "cli":
+    wrap(S.SSHHost, "connect", "connect")
+    wrap(S.SSHHost, "_exec", "channel", exec_label)
+    io = []  # (stdin bytes, stdout bytes) per channel
+    _run = S.SSHHost._exec
+    def _exec_io(self, command, stdin, deadline):
+        r = _run(self, command, stdin, deadline)
+        io.append([len(stdin or b""), len(r[1])])
+        return r
+    S.SSHHost._exec = _exec_io
+    wrap(S.SSHHost, "_sftp_call", "sftp", lambda a, k: a[1])
+    wrap(core, "call", "remote_op", lambda a, k: a[2])
+    for mod in (core, actions):
+        for n in ("gather", "plan_apply", "plan_revert"):
+            if hasattr(mod, n):
+                wrap(mod, n, "step", (lambda n: lambda a, k: n)(n))
+    for n in ("instrument", "analyze", "strip"):
+        wrap(core, n, "transform", (lambda n: lambda a, k: n)(n))
+    wrap(libcst, "parse_module", "libcst_parse")
+    sys.argv = ["eaglepatch", *sys.argv[3:]]
+    t3 = time.perf_counter()
+    rc = 0
+    try:
+        cli.main()
+    except SystemExit as e:
+        rc = e.code or 0
+    t4 = time.perf_counter()
+    prog = core.remote_program()
+    cts = []
+    for _ in range(5):
+        t = time.perf_counter()
+        compile(prog, "<eaglepatch-remote>", "exec", dont_inherit=True)
+        cts.append(time.perf_counter() - t)
+    doc = {"rc": rc, "imports": imports, "main_s": t4 - t3, "harness_s": t4 - t_start, "events": events,
+           "io": io, "remote_program_bytes": len(prog.encode()), "remote_compile_s": sorted(cts)[2]}
+else:  # probe: what one remote command costs on an open connection
+    from eaglepatch.hosts.target import SSHOptions, open_host
+    target, key, n = sys.argv[3], sys.argv[4], int(sys.argv[5])
+    t3 = time.perf_counter()
+    host = open_host(target, SSHOptions(identity=key))
+    connect_s = time.perf_counter() - t3
+    probes = {}
+    def probe(name, argv):
+        ts = []
+        for _ in range(n):
+            t = time.perf_counter()
+            r = host.run(argv)
+            ts.append(time.perf_counter() - t)
+            assert r.rc == 0, (argv, r)
+        probes[name] = ts
+        return r
+    probe("true", ["true"])
+    probe("python3 -c pass", ["python3", "-c", "pass"])
+    exe = probe("python3 -c print(sys.executable)", ["python3", "-c", "import sys; print(sys.executable)"])
+    exe = exe.stdout.decode().strip()
+    probe("EXE -c pass", [exe, "-c", "pass"])
+    # what sourcing the login user's ~/.bashrc takes, timed inside the remote shell itself (bash 5)
+    rc_ts = []
+    for _ in range(n):
+        r = host.run(["bash", "-c", "s=$EPOCHREALTIME; . ~/.bashrc >/dev/null 2>&1; echo $s $EPOCHREALTIME"])
+        try:
+            a, b = r.stdout.decode().split()[-2:]
+            rc_ts.append(float(b.replace(",", ".")) - float(a.replace(",", ".")))
+        except ValueError:
+            pass
+    env = host.run(["sh", "-c", "echo $PYENV_ROOT; command -v python3"]).stdout.decode().split("\n")
+    host.close()
+    doc = {"connect_s": connect_s, "imports": imports, "probes": probes, "bashrc_s": rc_ts, "python3_is": env[1] if len(env) > 1 else "",
+           "rc_sourced": bool(env[0].strip()), "remote_exe": exe}
+with open(out_path, "w") as f:
+    json.dump(doc, f)
+"""
+
+
+def _harness(lb: Loopback, cwd: str, mode: str, args: list[str]) -> dict:
+    out = Path(cwd) / f"harness-{mode}.json"
+    proc = subprocess.run([sys.executable, "-c", _HARNESS, str(out), mode, *args], env=lb.env, cwd=cwd,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    if proc.returncode != 0 or not out.is_file():
+        raise SystemExit(f"breakdown harness failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    doc = json.loads(out.read_text())
+    out.unlink()
+    if mode == "cli" and doc["rc"] != 0:
+        raise SystemExit(f"breakdown: eaglepatch {' '.join(args)} exited {doc['rc']}:\n{proc.stderr[-3000:]}")
+    return doc
+
+
+def _summarise_cli(docs: list[dict]) -> dict:
+    """Medians over runs of: imports, connect, each SSH channel (in order), SFTP, remote ops, transform, total."""
+    med = statistics.median
+
+    def total(doc, what, label=None):
+        return sum(e[2] for e in doc["events"] if e[0] == what and (label is None or e[1] == label))
+
+    def count(doc, what):
+        return sum(1 for e in doc["events"] if e[0] == what)
+
+    first = docs[0]
+    channels = [e[1] for e in first["events"] if e[0] == "channel"]
+    ops = [e[1] for e in first["events"] if e[0] == "remote_op"]
+    per_op = {}
+    for i, op in enumerate(ops):
+        per_op[f"{i + 1}. {op}"] = round(med([[e for e in d["events"] if e[0] == "remote_op"][i][2]
+                                               for d in docs]), 4)
+    transforms = {}
+    for d in docs:
+        for e in d["events"]:
+            if e[0] == "transform":
+                transforms.setdefault(e[1], []).append(e)
+    out = {
+        "runs": len(docs),
+        "whole_main_s": round(med([d["main_s"] for d in docs]), 4),
+        "harness_s": round(med([d["harness_s"] for d in docs]), 4),
+        "imports_s": {k: round(med([d["imports"][k] for d in docs]), 4) for k in first["imports"]},
+        "connect_s": round(med([total(d, "connect") for d in docs]), 4),
+        "ssh_channels": len(channels),
+        "channel_programs": channels,
+        "channels_s": round(med([total(d, "channel") for d in docs]), 4),
+        "channel_io_bytes": first["io"],
+        "remote_program_bytes": first["remote_program_bytes"],
+        "remote_compile_s": round(med([d["remote_compile_s"] for d in docs]), 4),
+        "sftp_calls": count(first, "sftp"),
+        "sftp_s": round(med([total(d, "sftp") for d in docs]), 4),
+        "remote_ops": per_op,
+        "transform_calls": {k: len(v) // len(docs) for k, v in transforms.items()},
+        "transform_s": round(med([total(d, "transform") for d in docs]), 4),
+        "libcst_parses": count(first, "libcst_parse"),
+        "libcst_parse_s": round(med([total(d, "libcst_parse") for d in docs]), 4),
+        "steps_s": {n: round(med([total(d, "step", n) for d in docs]), 4)
+                    for n in sorted({e[1] for e in first["events"] if e[0] == "step"})},
+    }
+    accounted = out["connect_s"] + out["channels_s"] + out["sftp_s"] + out["transform_s"]
+    out["other_in_main_s"] = round(out["whole_main_s"] - accounted, 4)
+    return out
+
+
+def breakdown(lb: Loopback, tree: Path, cwd: str, runs: int, probe_n: int) -> dict:
+    srv = lb.server
+    ssh_args = [srv.target, "-i", srv.client_key, "--sglang-path", str(tree)]
+    apply_docs, revert_docs = [], []
+    for _ in range(runs):
+        apply_docs.append(_harness(lb, cwd, "cli", ["apply", "--no-restart", *ssh_args]))
+        revert_docs.append(_harness(lb, cwd, "cli", ["revert", "--no-restart", *ssh_args]))
+    probe = _harness(lb, cwd, "probe", [srv.target, srv.client_key, str(probe_n)])
+    # a bare interpreter, and the imports of the CLI, each as a whole process
+    py_start = [run_timed([sys.executable, "-c", "pass"], lb.env, cwd) for _ in range(probe_n)]
+    cli_import = [run_timed([sys.executable, "-c", "import eaglepatch.cli"], lb.env, cwd) for _ in range(probe_n)]
+    help_t = [run_timed([*EAGLEPATCH, "--version"], lb.env, cwd) for _ in range(probe_n)]
+    med = statistics.median
+    return {
+        "apply": _summarise_cli(apply_docs),
+        "revert": _summarise_cli(revert_docs),
+        "probe": {
+            "connect_s": round(probe["connect_s"], 4),
+            "per_command_s": {k: round(med(v), 4) for k, v in probe["probes"].items()},
+            "remote_python3": probe["python3_is"],
+            "remote_exe": probe["remote_exe"],
+            "login_shell_sources_bashrc": probe["rc_sourced"],
+            "bashrc_source_s": round(med(probe["bashrc_s"]), 4) if probe["bashrc_s"] else None,
+            "n": probe_n,
+        },
+        "local_process_s": {
+            "python -c pass": round(med(py_start), 4),
+            "python -c 'import eaglepatch.cli'": round(med(cli_import), 4),
+            "eaglepatch --version": round(med(help_t), 4),
+        },
+    }
+
+
+# ------------------------------------------------------------------------------------------------------------
+
+
+def measure(runs: int, version: str, do_breakdown: bool, breakdown_runs: int) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="ep-bench-ssh-"))  # not /tmp/eaglepatch*: other tools clean those up
+    try:
+        with Loopback(tmp / "sshd") as lb:
+            srv = lb.server
+            tree = make_tree(tmp / "host", version)
+            cwd = tmp / "cwd"
+            cwd.mkdir()
+            pristine = tree_digest(tree)
+            target = [srv.target, "-i", srv.client_key, "--sglang-path", str(tree)]
+            cmds = {
+                "ssh": (lb.ssh_argv + ["true"], None),
+                "apply_ssh": ([*EAGLEPATCH, "apply", "--no-restart", *target], "apply: changed"),
+                "revert_ssh": ([*EAGLEPATCH, "revert", "--no-restart", *target], "revert: changed"),
+                "apply_local": ([*EAGLEPATCH, "apply", "--no-restart", str(tree)], "apply: changed"),
+                "revert_local": ([*EAGLEPATCH, "revert", "--no-restart", str(tree)], "revert: changed"),
+            }
+            times: dict[str, list[float]] = {k: [] for k in cmds}
+            for rnd in range(runs + 1):  # round 0: warm-up, not counted
+                for name, (argv, expect) in cmds.items():
+                    dt = run_timed(argv, lb.env, str(cwd), expect)
+                    if rnd:
+                        times[name].append(dt)
+                if tree_digest(tree) != pristine:
+                    raise SystemExit("revert did not give back the release's bytes")
+            med = {k: statistics.median(v) for k, v in times.items()}
+            base = med["ssh"]
+            res = {
+                "release": version,
+                "runs": runs,
+                "median_s": {k: round(v, 4) for k, v in med.items()},
+                "all_s": {k: [round(x, 4) for x in v] for k, v in times.items()},
+                "ratio_to_ssh": {k: round(v / base, 3) for k, v in med.items() if k != "ssh"},
+                "target": TARGET,
+                "apply_met": med["apply_ssh"] / base <= TARGET,
+                "commands": {
+                    "ssh": "ssh -F HOME/.ssh/config -i KEY -p PORT -o BatchMode=yes -o IdentitiesOnly=yes "
+                           "-o UserKnownHostsFile=HOME/.ssh/known_hosts USER@127.0.0.1 true",
+                    "apply_ssh": "eaglepatch apply --no-restart USER@127.0.0.1:PORT -i KEY --sglang-path TREE",
+                    "revert_ssh": "eaglepatch revert --no-restart USER@127.0.0.1:PORT -i KEY --sglang-path TREE",
+                    "apply_local": "eaglepatch apply --no-restart TREE",
+                    "revert_local": "eaglepatch revert --no-restart TREE",
+                },
+                "openssh": subprocess.run([lb.ssh_argv[0], "-V"], capture_output=True, text=True).stderr.strip(),
+                "python": platform.python_version(),
+            }
+            if do_breakdown:
+                res["breakdown"] = breakdown(lb, tree, str(cwd), breakdown_runs, 5)
+                if tree_digest(tree) != pristine:
+                    raise SystemExit("breakdown: revert did not give back the release's bytes")
+            return res
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--release", default="0.5.16")
+    ap.add_argument("--no-breakdown", action="store_true")
+    ap.add_argument("--breakdown-runs", type=int, default=3)
+    args = ap.parse_args(argv)
+    res = measure(max(1, args.runs), args.release, not args.no_breakdown, max(1, args.breakdown_runs))
+    print(json.dumps(res))
+    m = res["median_s"]
+    print(f"apply over SSH {m['apply_ssh']:.3f} s, revert {m['revert_ssh']:.3f} s, bare ssh true {m['ssh']:.3f} s: "
+          f"apply {res['ratio_to_ssh']['apply_ssh']:.2f}x (target <= {TARGET}x: "
+          f"{'met' if res['apply_met'] else 'MISSED'})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
