@@ -293,32 +293,39 @@ class _Finder:
     def __init__(self, source: str, path: str, recipe: Recipe):
         self.source, self.path, self.recipe = source, path, recipe
         self.lines = source.splitlines(keepends=True)
-        try:
-            module = cst.parse_module(source)
-        except cst.ParserSyntaxError as exc:
-            # libcst writes the position into its message ("error at 12:4: ..."); it becomes the refusal's
-            # line, which instrument() maps to the file given, so no line of the text parsed stays in the text.
-            line, message = exc.raw_line, exc.message
-            at = _ERROR_AT.search(message)
-            if at:
-                line, message = int(at[1]), message[: at.start()] + f"error at column {at[2]}" + message[at.end() :]
-            raise _Refusal(f"does not parse: {message}", line=line) from None
-        except RecursionError:
-            raise _Refusal("does not parse: nested too deeply") from None
-        self.module = module
-        # Line numbers come from the standard ast (fast) for classes, methods and imports, and from libcst's
-        # PositionProvider run on each scanned method alone, in a bare copy of its class (resolving positions for
-        # the whole module costs more than parsing it), shifted by the method's line in the file: see _locate.
+        # The standard ast first (fast): line numbers of classes, methods and imports, and the triage of classes.
+        # libcst parses the file only when a class of the recipe is in it (see ``module``); positions come from
+        # its PositionProvider run on each scanned method alone, in a bare copy of its class (resolving positions
+        # for the whole module costs more than parsing it), shifted by the method's line in the file: _locate.
         try:
             self.tree = ast.parse(source)
-        except SyntaxError as exc:  # libcst's grammar is not this Python's: PEP 695 before 3.12, say
-            raise _Refusal(f"does not parse with this Python ({exc.msg})", line=exc.lineno) from None
+        except SyntaxError as exc:
+            raise _Refusal(f"does not parse ({exc.msg})", line=exc.lineno) from None
         except (ValueError, RecursionError, MemoryError) as exc:  # a NUL byte before 3.12 is a ValueError
             raise _Refusal(f"does not parse with this Python ({exc})") from None
+        self._module: cst.Module | None = None
         self.ast_classes = {n.name: n for n in self.tree.body if isinstance(n, ast.ClassDef)}
         self.pos: dict[cst.CSTNode, CodeRange] = {}
         self.warnings: list[str] = []
         self.inserts: list[_Insert] = []
+
+    @property
+    def module(self) -> cst.Module:
+        """The libcst tree, parsed on first use; a file libcst cannot parse is refused."""
+        if self._module is None:
+            try:
+                self._module = cst.parse_module(self.source)
+            except cst.ParserSyntaxError as exc:
+                # libcst writes the position into its message ("error at 12:4: ..."); it becomes the refusal's
+                # line, which instrument() maps to the file given, so no line of the text parsed stays in the text.
+                line, message = exc.raw_line, exc.message
+                at = _ERROR_AT.search(message)
+                if at:
+                    line, message = int(at[1]), message[: at.start()] + f"error at column {at[2]}" + message[at.end():]
+                raise _Refusal(f"does not parse: {message}", line=line) from None
+            except RecursionError:
+                raise _Refusal("does not parse: nested too deeply") from None
+        return self._module
 
     def _ast_method(self, cls: str, method: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
         found = None
@@ -354,12 +361,44 @@ class _Finder:
 
     def run(self) -> list[WorkerInfo]:
         workers: list[WorkerInfo] = []
-        for stmt in self.module.body:
-            if isinstance(stmt, cst.ClassDef):
-                info = self._class(stmt)
-                if info is not None:
-                    workers.append(info)
+        cst_classes: dict[str, cst.ClassDef] | None = None
+        for node in self.tree.body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            if self.recipe.family_of(node.name) is None:
+                info = self._other_class(node)
+            else:
+                if cst_classes is None:
+                    cst_classes = {c.name.value: c for c in self.module.body if isinstance(c, cst.ClassDef)}
+                info = self._class(cst_classes[node.name])
+            if info is not None:
+                workers.append(info)
         return workers
+
+    def _other_class(self, node: ast.ClassDef) -> WorkerInfo | None:
+        """A class no family names: unsupported (known, or with an entry method), inheriting, or not a worker."""
+        name = node.name
+        methods = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        reason = self.recipe.unsupported_reason(name)
+        entry_here = sorted(m for m in self.recipe.entry_names if m in methods)
+        if reason is None and not entry_here:
+            # A subclass of an instrumented worker (StandaloneWorker) is timed through its base's method.
+            bases = [b.id if isinstance(b, ast.Name) else b.attr for b in node.bases
+                     if isinstance(b, (ast.Name, ast.Attribute))]
+            base_fam = next((self.recipe.family_of(b) for b in bases if self.recipe.family_of(b)), None)
+            if base_fam is None:
+                return None  # not a worker: not ours to mention
+            return WorkerInfo(cls=name, family=base_fam.name, status="inherits",
+                              reason="inherits its entry method: timed through the base class")
+        line = self._def_line(name, entry_here[0]) if entry_here else node.lineno
+        return WorkerInfo(
+            cls=name,
+            family=None,
+            status="unsupported",
+            method=entry_here[0] if entry_here else None,
+            method_start=line,
+            reason=reason or "no recipe for this class (add one with --recipe)",
+        )
 
     def _methods(self, cls: cst.ClassDef) -> dict[str, cst.FunctionDef]:
         out: dict[str, cst.FunctionDef] = {}
@@ -373,26 +412,7 @@ class _Finder:
         name = cls.name.value
         methods = self._methods(cls)
         fam = self.recipe.family_of(name)
-        if fam is None:
-            reason = self.recipe.unsupported_reason(name)
-            entry_here = [m for m in self.recipe.entry_names if m in methods]
-            if reason is None and not entry_here:
-                # A subclass of an instrumented worker (StandaloneWorker) is timed through its base's method.
-                bases = [(get_full_name_for_node(b.value) or "").rsplit(".", 1)[-1] for b in cls.bases]
-                base_fam = next((self.recipe.family_of(b) for b in bases if self.recipe.family_of(b)), None)
-                if base_fam is None:
-                    return None  # not a worker: not ours to mention
-                return WorkerInfo(cls=name, family=base_fam.name, status="inherits",
-                                  reason="inherits its entry method: timed through the base class")
-            line = self._def_line(name, entry_here[0]) if entry_here else self.ast_classes[name].lineno
-            return WorkerInfo(
-                cls=name,
-                family=None,
-                status="unsupported",
-                method=entry_here[0] if entry_here else None,
-                method_start=line,
-                reason=reason or "no recipe for this class (add one with --recipe)",
-            )
+        assert fam is not None  # run() sends other classes to _other_class
         entries = [m for m in fam.entry if m in methods]
         if not entries:
             return WorkerInfo(cls=name, family=fam.name, status="inherits", reason="no entry method of its own")
