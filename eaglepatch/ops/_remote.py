@@ -177,6 +177,11 @@ def op_facts(payload):
     out["version"] = _version(pkg)
     spec = os.path.join(pkg, "srt", "speculative")
     out["spec_dir"] = spec
+    if payload.get("lock") and os.path.isdir(spec):
+        # apply and revert take the install's lock here, before reading the files, to save a round trip.
+        lock = payload["lock"]
+        out["lock_result"] = op_lock({"lock_path": os.path.join(spec, LOCK_NAME), "owner": lock["owner"],
+                                      "ttl": lock.get("ttl", 7200), "dead_pids": []})
     files = []
     entry_re = re.compile(payload.get("pattern", r"def (forward_batch_generation|forward_batch_speculative_generation)\b"))
     if os.path.isdir(spec):
@@ -363,6 +368,15 @@ def _drop_stale_temps(dirs):
 
 
 def op_execute(payload):
+    """``_execute``, then release the lock when asked (apply without a restart ends here: one round trip less)."""
+    try:
+        return _execute(payload)
+    finally:
+        if payload.get("release"):
+            op_unlock({"lock_path": payload["lock_path"], "token": payload["token"]})
+
+
+def _execute(payload):
     """Carry out a plan: check, write temps, compile, back up, swap in. All or nothing: when a step fails,
     every file this run replaced, created or removed (worker files, runtime, backups, manifest) is put back.
 

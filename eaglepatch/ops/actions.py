@@ -24,6 +24,7 @@ from eaglepatch.ops.core import (
     Session,
     call,
     describe,
+    new_lock_owner,
     gather,
     plan_apply,
     plan_revert,
@@ -91,8 +92,8 @@ class _Target:
         self.host.close()
 
 
-def _facts(t: _Target, recipe: Recipe) -> HostFacts:
-    return gather(t.host, t.facts_opts, sorted(recipe.entry_names))
+def _facts(t: _Target, recipe: Recipe, lock_owner: dict[str, Any] | None = None) -> HostFacts:
+    return gather(t.host, t.facts_opts, sorted(recipe.entry_names), lock_owner=lock_owner)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -194,28 +195,31 @@ def _launch_of(facts: HostFacts) -> Any:
 def apply(text: str, c: Connect, recipe: Recipe, ropts: RuntimeOptions, restart: Any, dry_run: bool,
           say: Say) -> dict[str, Any]:
     with _Target(text, c) as t:
-        facts = _facts(t, recipe)
-        server = _launch_of(facts)
-        launch = server.launch_spec().to_json() if server is not None else None
-        plan = plan_apply(facts, recipe, ropts, launch=launch)
-        for n in plan.notes:
-            say(f"note: {n}")
-        if dry_run:
-            steps = [f"write {w.rel} ({'new' if w.before is None else 'replace'}, {len(w.data or b'')} bytes)"
-                     for w in plan.writes]
-            for s in steps or ["nothing to do: already patched"]:
-                say(f"plan: {s}")
-            if plan.changed:
-                say(f"plan: back up originals to {facts.backup_dir}, then " +
-                    ("restart the server" if restart is not None else "no restart"))
-            return _change_doc(t.spec.name, plan, False, False, dry_run=True, diff=plan.diff(), action="apply")
+        owner = None if dry_run else new_lock_owner()
+        facts = _facts(t, recipe, owner)  # takes the lock in the same round trip (not for --dry-run)
         session = Session(t.host, facts.python, facts)
-        session.lock()
+        if owner is not None:
+            session.lock(owner)
         try:
+            server = _launch_of(facts)
+            launch = server.launch_spec().to_json() if server is not None else None
+            plan = plan_apply(facts, recipe, ropts, launch=launch)
+            for n in plan.notes:
+                say(f"note: {n}")
+            if dry_run:
+                steps = [f"write {w.rel} ({'new' if w.before is None else 'replace'}, {len(w.data or b'')} bytes)"
+                         for w in plan.writes]
+                for s in steps or ["nothing to do: already patched"]:
+                    say(f"plan: {s}")
+                if plan.changed:
+                    say(f"plan: back up originals to {facts.backup_dir}, then " +
+                        ("restart the server" if restart is not None else "no restart"))
+                return _change_doc(t.spec.name, plan, False, False, dry_run=True, diff=plan.diff(), action="apply")
             if not plan.changed:
                 say(f"{t.spec.name}: already patched: nothing to change")
                 return _change_doc(t.spec.name, plan, False, False, action="apply")
-            session.execute(plan)
+            # Without a restart, the lock is released by the same round trip that carries out the plan.
+            session.execute(plan, release=restart is None)
             say(f"{t.spec.name}: patched {len(plan.files)} file(s); originals in {facts.backup_dir}")
             restarted = False
             if restart is not None:
@@ -258,15 +262,16 @@ def _restart_after_apply(t: _Target, facts: HostFacts, recipe: Recipe, session: 
 
 def revert(text: str, c: Connect, recipe: Recipe, force: bool, restart: Any, say: Say) -> dict[str, Any]:
     with _Target(text, c) as t:
-        facts = _facts(t, recipe)
-        plan = plan_revert(facts, recipe, force=force)
+        owner = new_lock_owner()
+        facts = _facts(t, recipe, owner)  # takes the lock in the same round trip
         session = Session(t.host, facts.python, facts)
-        session.lock()
+        session.lock(owner)
         try:
+            plan = plan_revert(facts, recipe, force=force)
             if not plan.changed:
                 say(f"{t.spec.name}: not patched: nothing to revert")
                 return _change_doc(t.spec.name, plan, False, False, action="revert")
-            session.execute(plan)
+            session.execute(plan, release=restart is None or not plan.files)
             for n in plan.notes:
                 say(f"note: {n}")
             say(f"{t.spec.name}: reverted {len(plan.files)} file(s)")

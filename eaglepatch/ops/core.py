@@ -35,6 +35,7 @@ from eaglepatch.transform.engine import (
     instrument,
     is_instrumented,
     strip,
+    strip_lines,
 )
 from eaglepatch.transform.recipe import Recipe
 
@@ -129,6 +130,7 @@ class HostFacts:
     runtime_sha256: str | None
     lock_path: str
     lock: dict[str, Any] | None
+    lock_result: dict[str, Any] | None
     servers: tuple[dict[str, Any], ...]
 
     @property
@@ -166,11 +168,20 @@ def call(host: Host, interp: str, op: str, timeout: float | None = 120, **payloa
         raise EaglepatchError(f"{host.name}: {exc}") from None
 
 
-def gather(host: Host, opts: FactsOptions, entry_names: Sequence[str]) -> HostFacts:
-    """Read the target's facts in one round trip; raises ``Unsupported`` when there is no sglang."""
+def new_lock_owner() -> dict[str, Any]:
+    """Who takes a lock: a fresh token, this machine, this process (so a lock left by a dead run is known stale)."""
+    return {"token": secrets.token_hex(8), "client_host": socket.gethostname(), "client_pid": os.getpid(),
+            "user": getpass.getuser(), "eaglepatch": __version__}
+
+
+def gather(host: Host, opts: FactsOptions, entry_names: Sequence[str],
+           lock_owner: dict[str, Any] | None = None, ttl: float = 7200) -> HostFacts:
+    """Read the target's facts in one round trip, taking the install's lock in it when ``lock_owner`` is given
+    (``Session.lock`` then checks the outcome); raises ``Unsupported`` when there is no sglang."""
     pattern = r"def (" + "|".join(re.escape(n) for n in sorted(entry_names)) + r")\b|^class \w+\("
+    lock = {"owner": lock_owner, "ttl": ttl} if lock_owner else None
     raw = call(host, opts.python or "python3", "facts", python=opts.python, sglang_path=opts.sglang_path,
-               pattern=pattern)
+               pattern=pattern, lock=lock)
     if raw.get("error"):
         hint = " (give --python or --sglang-path)" if not opts.sglang_path else ""
         raise Unsupported(f"{host.name}: {raw['error']}{hint}")
@@ -198,6 +209,7 @@ def gather(host: Host, opts: FactsOptions, entry_names: Sequence[str]) -> HostFa
         runtime_sha256=raw.get("runtime_sha256"),
         lock_path=raw["lock_path"],
         lock=raw.get("lock"),
+        lock_result=raw.get("lock_result"),
         servers=tuple(raw.get("servers") or ()),
     )
 
@@ -429,8 +441,10 @@ def plan_revert(facts: HostFacts, recipe: Recipe, *, force: bool, now: float | N
             new = strip(f.text).encode("utf-8")
             notes.append(f"{_short(f.path)} had changed: a copy is in {keep}; removed only eaglepatch's lines")
         elif backup_ok:
-            # Removing the marked lines is exact; the backup's checksum proves it.
-            new = strip(f.text).encode("utf-8")
+            # Removing the marked lines is exact, and the backup's checksum proves it: no parse needed.
+            new = strip_lines(f.text).encode("utf-8")
+            if _sha(new) != entry.get("before_sha256"):
+                new = strip(f.text).encode("utf-8")
             if _sha(new) != entry.get("before_sha256"):
                 raise Conflict(f"{_short(f.path)}: removing eaglepatch's lines does not give the backed-up original")
         else:
@@ -461,14 +475,17 @@ class Session:
     facts: HostFacts
     token: str | None = None
 
-    def lock(self, ttl: float = 7200) -> None:
-        """Take the install's lock; raises ``Conflict`` when another run holds it."""
-        token = secrets.token_hex(8)
-        owner = {"token": token, "client_host": socket.gethostname(), "client_pid": os.getpid(),
-                 "user": getpass.getuser(), "eaglepatch": __version__}
-        dead = _dead_local_pids(self.facts.lock)
+    def lock(self, owner: dict[str, Any] | None = None, ttl: float = 7200) -> None:
+        """Hold the install's lock: the one ``gather`` took for ``owner``, or take it now; raises ``Conflict``
+        when another run holds it (a lock left by a dead process of this machine is taken over)."""
+        taken = self.facts.lock_result
+        if owner is not None and taken is not None and taken.get("ok"):
+            self.token = owner["token"]
+            return
+        owner = owner or new_lock_owner()
+        held = (taken or {}).get("held") or self.facts.lock
         res = call(self.host, self.python, "lock", lock_path=self.facts.lock_path, owner=owner, ttl=ttl,
-                   dead_pids=dead)
+                   dead_pids=_dead_local_pids(held))
         if not res.get("ok"):
             if res.get("error"):
                 raise EaglepatchError(f"{self.host.name}: {res['error']}")
@@ -477,7 +494,7 @@ class Session:
             raise Conflict(f"{self.host.name}: another eaglepatch run holds the lock (user {held.get('user')}, "
                            f"from {held.get('client_host')} pid {held.get('client_pid')}, since {since}): "
                            f"wait for it, or remove {res.get('path')} if no run is active")
-        self.token = token
+        self.token = owner["token"]
 
     def unlock(self) -> None:
         if self.token is None:
@@ -488,9 +505,11 @@ class Session:
             pass
         self.token = None
 
-    def execute(self, plan: Plan, fault: str | None = None) -> dict[str, Any]:
-        """Carry out ``plan`` on the host in one round trip; raises typed errors, the target unchanged."""
+    def execute(self, plan: Plan, fault: str | None = None, release: bool = False) -> dict[str, Any]:
+        """Carry out ``plan`` on the host in one round trip (releasing the lock in it when ``release``); raises
+        typed errors, the target unchanged."""
         payload = {
+            "release": release,
             "token": self.token,
             "lock_path": self.facts.lock_path,
             "writes": [self._payload(w) for w in plan.writes],
@@ -498,6 +517,8 @@ class Session:
             "fault": fault or os.environ.get("EAGLEPATCH_TEST_FAULT"),
         }
         res = call(self.host, self.python, "execute", timeout=300, **payload)
+        if release:
+            self.token = None
         if res.get("ok"):
             return res
         where = res.get("path") or ""
