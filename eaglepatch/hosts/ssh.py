@@ -544,18 +544,25 @@ class SSHHost:
             self._tunnels = keep
 
     def probe_tunnel(self, remote_host: str, remote_port: int) -> str | None:
-        """Try one ``direct-tcpip`` channel to ``remote_host:remote_port``; None when it opens, else why not."""
+        """Try one ``direct-tcpip`` channel to ``remote_host:remote_port``: None when it opens, else why nothing
+        answers there. Raises ``ConnectionFailed`` when the SSH server refuses port forwarding altogether
+        (``AllowTcpForwarding no``) or the connection is gone."""
         transport = self._live_transport()
         try:
             chan = transport.open_channel(
                 "direct-tcpip", (remote_host, int(remote_port)), ("127.0.0.1", 0), timeout=self._timeout
             )
         except ChannelException as exc:
-            return f"the SSH server refused to forward to {remote_host}:{remote_port}: {exc.text or exc}"
+            if exc.code == 1:  # SSH_OPEN_ADMINISTRATIVELY_PROHIBITED
+                raise ConnectionFailed(
+                    f"{self.name}: the SSH server refuses port forwarding ({exc.text or 'prohibited'}): "
+                    "sshd's AllowTcpForwarding must allow it"
+                ) from None
+            return f"nothing answers on {remote_host}:{remote_port} as {self.name} sees it ({exc.text or exc})"
         except (SSHException, EOFError, OSError) as exc:
             if not transport.is_active():
                 raise self._lost(exc) from exc
-            return f"cannot forward to {remote_host}:{remote_port}: {exc}"
+            return f"cannot reach {remote_host}:{remote_port} from {self.name}: {exc}"
         chan.close()
         return None
 

@@ -98,6 +98,10 @@ def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | Non
              say: Say) -> dict[str, Any]:
     """Load ``server`` (a ServerProcess) on ``host`` and collect the timing records of the load's window."""
     offset, unc = clock_offset(host, python)
+    probe = getattr(host, "probe_tunnel", None)
+    why = probe(server.probe_host, server.port) if probe is not None else None
+    if why:
+        raise Unsupported(f"{name}: {why}: is the server (pid {server.pid}) up and listening on :{server.port}?")
     try:
         port = host.open_tunnel(server.probe_host, server.port)  # type: ignore[attr-defined]
     except OSError as exc:

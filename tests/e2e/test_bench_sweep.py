@@ -227,6 +227,7 @@ def test_ssh_host_tunnel_forwards_http(sshd, ssh_home, standins, tmp_path):
         for _ in range(3):  # one channel per connection
             assert H.http_get(local_port, "/health_generate")[0] == 200
         assert host.probe_tunnel("127.0.0.1", srv.port) is None
+        assert "nothing answers on 127.0.0.1:" in host.probe_tunnel("127.0.0.1", H.free_port())
         host.close_tunnel(local_port)
         assert H.http_get(local_port, "/health_generate", timeout=1)[0] is None
     finally:
