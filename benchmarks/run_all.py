@@ -276,7 +276,7 @@ def breakdown_md(b: dict, m: dict) -> list[str]:
             f"{'yes' if p['login_shell_sources_bashrc'] else 'no'}"
             + (f", and sourcing it takes {ms(p['bashrc_source_s'])} (timed inside bash with $EPOCHREALTIME), "
                "paid by every remote command" if p.get("bashrc_source_s") is not None else "") + ".",
-            f"- Imports: " + "; ".join(f"{k} {ms(v)}" for k, v in a["imports_s"].items()) +
+            "- Imports: " + "; ".join(f"{k} {ms(v)}" for k, v in a["imports_s"].items()) +
             f"; `eaglepatch --version` as a whole process: {ms(lp['eaglepatch --version'])}.",
             f"- Transform, on the client: apply: {_calls(a)} ({a['libcst_parses']} libcst parses, "
             f"{ms(a['libcst_parse_s'])} of it parsing); revert: {_calls(rv)} "

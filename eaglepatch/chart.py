@@ -126,7 +126,7 @@ def draw(doc: Mapping[str, Any], out: Any) -> None:
     left, top, plot_h = 60, 40, 220
     slot = 90
     ml = 8
-    w, h = out.w, out.h
+    w = out.w
     base_y = top + plot_h
     tps_max = _nice(max([(p.get("tokens_per_s") or {}).get("max") or 0 for p in points] + [1]))
     cyc_max = _nice(max([sum((p.get("phases_p50") or {}).get(k, 0) for k in PHASE_COLORS) for p in points] + [0]))

@@ -16,8 +16,7 @@ from typing import Any, Callable, List, Optional
 import typer
 
 from eaglepatch import __version__
-from eaglepatch.errors import EaglepatchError, ExitCode, RestartFailed, Unsupported, UsageError
-from eaglepatch.hosts.base import Host
+from eaglepatch.errors import EaglepatchError, ExitCode, UsageError
 from eaglepatch.ops import actions
 from eaglepatch.ops.core import FactsOptions, RuntimeOptions
 

@@ -19,18 +19,9 @@ test FAILURE (CI has PyPI access), never a skip.
 from __future__ import annotations
 
 import ast
-import contextlib
-import fcntl
 import functools
-import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
-import zipfile
 from pathlib import Path
-from typing import Iterator
 
 # Oldest first. 0.5.23 is the newest release on PyPI when this list was last extended.
 PINNED = ["0.4.6", "0.4.10.post2", "0.5.3", "0.5.6", "0.5.10", "0.5.12", "0.5.16", "0.5.21", "0.5.23"]
@@ -39,11 +30,9 @@ REPO = Path(__file__).resolve().parent.parent
 ENTRY_NAMES = ("forward_batch_generation", "forward_batch_speculative_generation")
 
 # The download and the cache live in the package (make demo uses them too); the tests add what only they need.
-from eaglepatch.releases import (  # noqa: E402
+from eaglepatch.releases import (  # noqa: E402, F401 (re-exported: tests use sglang_releases.<name>)
     ReleaseUnavailable,
-    _locked,
     cache_dir,
-    pip_download_command,
     release_site,
     wheel_path,
 )

@@ -10,9 +10,9 @@ import dataclasses
 import json
 import os
 import pathlib
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
-from eaglepatch.errors import EaglepatchError, RestartFailed, Unsupported, UsageError
+from eaglepatch.errors import RestartFailed, Unsupported, UsageError
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.local import LocalHost
 from eaglepatch.hosts.target import SSHOptions, TargetSpec, is_local_target, open_host, parse_target

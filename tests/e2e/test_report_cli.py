@@ -4,7 +4,6 @@ sshd incrementally (only bytes not fetched before, whole lines only) into a loca
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

@@ -5,7 +5,6 @@ CONTRACT.md ``sweep --json`` shape), the table, CSV, and the PNG/SVG chart."""
 from __future__ import annotations
 
 import json
-import os
 import struct
 import zlib
 
