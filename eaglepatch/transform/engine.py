@@ -627,47 +627,30 @@ def _dropped(source: str, lines: list[str]) -> set[int]:
         module = cst.parse_module(source)
     except (cst.ParserSyntaxError, RecursionError):
         return by_shape
-    marked = 0
-
-    class V(cst.CSTVisitor):
-        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
-            nonlocal marked
-            c = node.trailing_whitespace.comment
-            if c is not None and c.value == MARKER:
-                marked += 1
-            return False
-
-        def visit_Decorator(self, node: cst.Decorator) -> bool:
-            nonlocal marked
-            c = node.trailing_whitespace.comment
-            if c is not None and c.value == MARKER:
-                marked += 1
-            return False
-
-    module.visit(V())
-    if marked == len(by_shape):
+    found = _MarkedNodes()
+    module.visit(found)
+    if len(found.nodes) == len(by_shape):
         return by_shape
     # Rare: something that looks like our line but is not ours (inside a string, say). Remove by position.
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    pos = wrapper.resolve(PositionProvider)
-    drop: set[int] = set()
+    pos = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    return {pos[n].start.line - 1 for n in found.nodes if pos[n].start.line == pos[n].end.line}
 
-    class P(cst.CSTVisitor):
-        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
-            c = node.trailing_whitespace.comment
-            r = pos[node]
-            if c is not None and c.value == MARKER and r.start.line == r.end.line:
-                drop.add(r.start.line - 1)
-            return False
 
-        def visit_Decorator(self, node: cst.Decorator) -> bool:
-            c = node.trailing_whitespace.comment
-            if c is not None and c.value == MARKER:
-                drop.add(pos[node].start.line - 1)
-            return False
+class _MarkedNodes(cst.CSTVisitor):
+    """Collects the statements and decorators that carry the marker comment: what eaglepatch added."""
 
-    wrapper.module.visit(P())
-    return drop
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes: list[cst.CSTNode] = []
+
+    def _visit(self, node: cst.SimpleStatementLine | cst.Decorator) -> bool:
+        comment = node.trailing_whitespace.comment
+        if comment is not None and comment.value == MARKER:
+            self.nodes.append(node)
+        return False
+
+    visit_SimpleStatementLine = _visit
+    visit_Decorator = _visit
 
 
 def is_instrumented(source: str) -> bool:

@@ -714,3 +714,12 @@ def test_refusal_line_is_a_line_of_the_file_given(recipe):
     r = _refused(edited, recipe)
     line = edited.splitlines()[r.line - 1].strip()
     assert line.startswith(("def forward_batch_generation", "@_eaglepatch.entry")), line
+
+
+def test_strip_leaves_a_marker_inside_a_string_alone():
+    """A line that looks like one of ours but sits inside a string literal is the user's text: strip finds what to
+    remove with libcst (statements and decorators carrying the marker comment), so only the real added line goes."""
+    from eaglepatch.transform.engine import strip
+
+    src = 'x = 1\ns = """\ny = 2  # [eaglepatch]\n"""\n_eaglepatch.begin("draft", "decode")  # [eaglepatch]\n'
+    assert strip(src) == 'x = 1\ns = """\ny = 2  # [eaglepatch]\n"""\n'
