@@ -22,6 +22,7 @@ from eaglepatch.ops.core import (
     Plan,
     RuntimeOptions,
     Session,
+    analyze_all,
     call,
     describe,
     new_lock_owner,
@@ -103,8 +104,9 @@ def _facts(t: _Target, recipe: Recipe, lock_owner: dict[str, Any] | None = None)
 def show(text: str, c: Connect, recipe: Recipe) -> dict[str, Any]:
     with _Target(text, c) as t:
         facts = _facts(t, recipe)
-        doc = describe(facts, recipe)
-        doc["slices"] = source_slices(facts, recipe)
+        analyses = analyze_all(facts, recipe)
+        doc = describe(facts, recipe, analyses)
+        doc["slices"] = source_slices(facts, analyses)
         return doc
 
 

@@ -30,6 +30,7 @@ from eaglepatch.transform.engine import (
     Instrumented,
     NotApplicable,
     Refused,
+    TransformResult,
     WorkerInfo,
     analyze,
     instrument,
@@ -250,11 +251,19 @@ def server_json(facts: HostFacts) -> dict[str, Any] | None:
     return None if s is None else {"pid": s["pid"], "argv": s["argv"]}
 
 
-def describe(facts: HostFacts, recipe: Recipe) -> dict[str, Any]:
+def analyze_all(facts: HostFacts, recipe: Recipe) -> dict[str, TransformResult]:
+    """What the transform finds in each worker file, by path: one analysis that ``describe`` and
+    ``source_slices`` share."""
+    return {f.path: analyze(f.text, f.path, recipe) for f in facts.files}
+
+
+def describe(facts: HostFacts, recipe: Recipe,
+             analyses: dict[str, TransformResult] | None = None) -> dict[str, Any]:
     """The ``status --json`` / ``show --json`` object of CONTRACT.md (show adds slices on top)."""
+    analyses = analyses if analyses is not None else analyze_all(facts, recipe)
     files = []
     for f in facts.files:
-        res = analyze(f.text, f.path, recipe)
+        res = analyses[f.path]
         workers = [] if isinstance(res, Refused) else [worker_json(w) for w in res.workers]
         if not workers and not isinstance(res, Refused):
             continue
@@ -271,11 +280,11 @@ def _short(path: str) -> str:
     return path.split("/", 1)[1] if path.startswith("sglang/") else path
 
 
-def source_slices(facts: HostFacts, recipe: Recipe) -> list[dict[str, Any]]:
+def source_slices(facts: HostFacts, analyses: dict[str, TransformResult]) -> list[dict[str, Any]]:
     """The numbered source of each supported entry method (and its helpers' phase lines), for ``show``."""
     out = []
     for f in facts.files:
-        res = analyze(f.text, f.path, recipe)
+        res = analyses[f.path]
         if not isinstance(res, Instrumented):
             continue
         lines = f.text.splitlines()
@@ -368,11 +377,10 @@ def plan_apply(facts: HostFacts, recipe: Recipe, opts: RuntimeOptions, *, launch
             continue
         notes.extend(res.warnings)
         entry = facts.manifest_entry(f.path)
-        original = strip(f.text).encode("utf-8") if res.was_patched else f.data
         if entry is not None and f.sha256 == entry.get("after_sha256"):
-            original_sha = entry["before_sha256"]
+            original_sha = entry["before_sha256"]  # the manifest knows it: no second parse to strip the file
         else:
-            original_sha = _sha(original)
+            original_sha = _sha(strip(f.text).encode("utf-8") if res.was_patched else f.data)
         new = res.source.encode("utf-8")
         backup = _backup_path(facts, f)
         files.append({"path": _short(f.path), "before_sha256": original_sha, "after_sha256": _sha(new),
