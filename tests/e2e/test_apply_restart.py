@@ -25,21 +25,7 @@ _spec = importlib.util.spec_from_file_location(
 H = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(H)  # type: ignore[union-attr]
 
-WORKER = '''\
-import time
-
-
-class EAGLEWorker:
-    def forward_batch_generation(self, batch):
-        if batch.forward_mode.is_extend():
-            logits_output, next_token_ids, bid = self.forward_target_extend(batch)
-            self.forward_draft_extend(batch, logits_output, next_token_ids)
-            return logits_output
-        spec_info = self.draft(batch)
-        logits_output, verify_output, model_worker_batch = self.verify(batch, spec_info)
-        self.forward_draft_extend_after_decode(batch)
-        return logits_output
-'''
+WORKER = H.V1_WORKER
 # Appended to make a worker that imports fine as shipped but not once eaglepatch has patched it.
 REJECTS_PATCH = '''
 

@@ -31,18 +31,7 @@ H = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(H)  # type: ignore[union-attr]
 
 PY = sys.executable
-WORKER = '''\
-class EAGLEWorker:
-    def forward_batch_generation(self, batch):
-        if batch.forward_mode.is_extend():
-            logits_output, next_token_ids, bid = self.forward_target_extend(batch)
-            self.forward_draft_extend(batch, logits_output, next_token_ids)
-            return logits_output
-        spec_info = self.draft(batch)
-        logits_output, verify_output, model_worker_batch = self.verify(batch, spec_info)
-        self.forward_draft_extend_after_decode(batch)
-        return logits_output
-'''
+WORKER = H.V1_WORKER
 SPEC_ARGS = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--startup-delay", "0.2",
              "--tp", "1")
 # a small load: 6 requests, 2 at a time, 16 tokens in, 32 out (1 from prefill, 31 in decode cycles)

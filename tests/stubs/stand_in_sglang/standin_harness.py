@@ -27,6 +27,19 @@ from pathlib import Path
 STUB_ROOT = Path(__file__).resolve().parent
 TRIVIAL_WORKER = "class EAGLEWorker:\n    def forward_batch_generation(self, batch):\n        return batch\n"
 BROKEN_WORKER = "raise RuntimeError('broken patch: eagle_worker does not import')\n"
+# A worker with the shape of sglang's V1 EAGLEWorker, so the built-in recipe instruments it (apply, bench, sweep).
+V1_WORKER = """\
+class EAGLEWorker:
+    def forward_batch_generation(self, batch):
+        if batch.forward_mode.is_extend():
+            logits_output, next_token_ids, bid = self.forward_target_extend(batch)
+            self.forward_draft_extend(batch, logits_output, next_token_ids)
+            return logits_output
+        spec_info = self.draft(batch)
+        logits_output, verify_output, model_worker_batch = self.verify(batch, spec_info)
+        self.forward_draft_extend_after_decode(batch)
+        return logits_output
+"""
 
 
 def make_tree(dest: Path, worker_source: str | None = TRIVIAL_WORKER) -> Path:
