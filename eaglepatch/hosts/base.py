@@ -5,14 +5,17 @@ the only module that imports fabric). Everything above this layer (discovery, pl
 talks to a ``Host`` and never knows which one it has, so a local target runs the same code path as a remote one.
 
 Batched work: steps that must happen on the host in one round trip are small Python programs shipped on stdin to
-the host's interpreter (``Host.run_python``), see ``eaglepatch.hosts.remote``.
+the host's interpreter: ``run_python`` (one process per call) or an ``Agents`` pool (``host.agents``: one process
+per interpreter for the whole connection, each call one request on it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Protocol, Sequence, runtime_checkable
+import threading
+import time
+from typing import Any, NoReturn, Protocol, Sequence, runtime_checkable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +83,11 @@ class Host(Protocol):
         """Names in a directory; raises FileNotFoundError."""
         ...
 
+    def spawn(self, argv: Sequence[str]) -> "HostProcess":
+        """Start ``argv`` (as ``run`` would) with pipes to talk to it while it runs; raises FileNotFoundError
+        when the program does not exist here (on SSH that shows later, as exit status 127)."""
+        ...
+
     def close(self) -> None:
         """Release the connection; idempotent."""
         ...
@@ -114,3 +122,219 @@ class RemoteScriptError(Exception):
         tail = (result.stderr or result.stdout).decode("utf-8", "replace").strip().splitlines()[-3:]
         super().__init__(f"{python} exited {result.rc}: {' | '.join(tail) or 'no output'}")
         self.result = result
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# One long-lived interpreter per host: the program is sent and compiled once, every later call is a request on
+# the same process (no new SSH channel, no second login shell, no second interpreter start).
+
+
+class HostProcess(Protocol):
+    """A process started by ``Host.spawn``: bytes to its stdin, bytes from its stdout; its stderr is kept."""
+
+    def send(self, data: bytes, deadline: float | None) -> bool:
+        """Write ``data`` to its stdin; False when it is gone or the deadline passed (what it said is read next)."""
+        ...
+
+    def read(self, deadline: float | None) -> bytes | None:
+        """Some bytes of its stdout; ``b""`` at end of file; None when the deadline passed first."""
+        ...
+
+    def wait(self, deadline: float | None) -> tuple[int, bytes]:
+        """Its exit status (124 when the deadline passed first) and all it wrote on stderr."""
+        ...
+
+    def kill(self, pid: int | None) -> None:
+        """Kill it (``pid``: its process id on the host, when known); ``wait`` and ``close`` follow."""
+        ...
+
+    def close(self) -> None:
+        """Close its stdin (it ends by itself then) and let go of it; idempotent."""
+        ...
+
+
+# The agent's own code: python -c AGENT. It reads length-prefixed frames on stdin (the program first, then one
+# JSON request per frame) and answers each request with one length-prefixed JSON frame on what was its stdout.
+# stdin and stdout are moved out of the way first, so that the program and any child it starts read /dev/null
+# and print on stderr, never into the frames. Python 3.8+, standard library only.
+AGENT = r"""
+import os,sys,json,traceback
+i=os.fdopen(os.dup(0),'rb');o=os.fdopen(os.dup(1),'wb')
+n=os.open(os.devnull,os.O_RDONLY);os.dup2(n,0);os.close(n);os.dup2(2,1)
+def r():
+    l=i.readline()
+    return i.read(int(l)) if l.strip() else None
+def w(d):
+    d=json.dumps(d).encode();o.write(b'%d\n'%len(d)+d);o.flush()
+g={'__name__':'__main__'}
+exec(compile(r(),'<eaglepatch-remote>','exec'),g)
+w({'pid':os.getpid(),'exe':sys.executable,'real':os.path.realpath(sys.executable)})
+while 1:
+    d=r()
+    if d is None:break
+    d=json.loads(d)
+    try:
+        if '__realpath__' in d:
+            w({'result':os.path.realpath(d['__realpath__'])});continue
+        w({'result':g['main'](d)})
+    except SystemExit as e:
+        c=e.code;sys.stderr.write('' if c is None or isinstance(c,int) else str(c)+'\n');sys.stderr.flush()
+        w({'exit':c if isinstance(c,int) else (0 if c is None else 1)});break
+    except Exception:
+        w({'error':traceback.format_exc()})
+"""
+
+
+def _frame(data: bytes) -> bytes:
+    return b"%d\n" % len(data) + data
+
+
+class PythonAgent:
+    """``program`` running in one ``python`` process on ``host`` (``python -c AGENT``), answering ``call``s.
+
+    Failures read as ``run_python``'s do: ``RemoteScriptError`` with the exit status of a process that died (127
+    when the interpreter does not exist), 124 after a timeout (the process is killed), 1 with the traceback when
+    the program raised. After a failure that ended the process, ``dead`` is True and the agent is not used again.
+    """
+
+    def __init__(self, host: Host, python: str, program: str):
+        self.host, self.python, self.program = host, python, program
+        self.proc: HostProcess | None = None
+        self.info: dict[str, Any] | None = None  # pid, exe (sys.executable), real (its realpath)
+        self.dead = False
+        self._buf = bytearray()
+        self._lock = threading.RLock()  # close() may come from inside a call (a lost connection closes all)
+
+    def call(self, payload: Any, timeout: float | None = None) -> Any:
+        with self._lock:
+            return self._call(payload, timeout)
+
+    def _call(self, payload: Any, timeout: float | None) -> Any:
+        if self.dead:
+            raise RuntimeError("this agent's process has ended")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out = b""
+        if self.proc is None:
+            try:
+                self.proc = self.host.spawn([self.python, "-c", AGENT])
+            except FileNotFoundError as exc:
+                self.dead = True
+                raise RemoteScriptError(self.python, CommandResult(127, b"", str(exc).encode())) from None
+            out = _frame(self.program.encode("utf-8"))
+        out += _frame(json.dumps(payload).encode())
+        if not self.proc.send(out, deadline) and deadline is not None and time.monotonic() >= deadline:
+            self._fail_timeout()
+        if self.info is None:
+            self.info = self._read_frame(deadline)
+        answer = self._read_frame(deadline)
+        if "result" in answer:
+            return answer["result"]
+        if "error" in answer:
+            raise RemoteScriptError(self.python, CommandResult(1, b"", str(answer["error"]).encode()))
+        # SystemExit: the process ends, as a one-shot run would have
+        rc, err = self.proc.wait(deadline)
+        self.dead = True
+        self.proc.close()
+        raise RemoteScriptError(self.python, CommandResult(int(answer.get("exit", rc) or 0), b"", err))
+
+    def _read_frame(self, deadline: float | None) -> dict[str, Any]:
+        assert self.proc is not None
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl >= 0:
+                try:
+                    size = int(self._buf[:nl])
+                except ValueError:
+                    self._fail_protocol()
+                if len(self._buf) >= nl + 1 + size:
+                    data = bytes(self._buf[nl + 1 : nl + 1 + size])
+                    del self._buf[: nl + 1 + size]
+                    try:
+                        doc = json.loads(data.decode("utf-8", "replace"))
+                    except ValueError:
+                        self._fail_protocol()
+                    if not isinstance(doc, dict):
+                        self._fail_protocol()
+                    return doc
+            chunk = self.proc.read(deadline)
+            if chunk is None:
+                self._fail_timeout()
+            if not chunk:  # the process ended without answering: its status and stderr say why
+                rc, err = self.proc.wait(deadline)
+                self.dead = True
+                self.proc.close()
+                stdout = bytes(self._buf)
+                raise RemoteScriptError(self.python, CommandResult(rc, stdout, err))
+            self._buf.extend(chunk)
+
+    def _kill(self) -> bytes:
+        assert self.proc is not None
+        self.dead = True
+        self.proc.kill(self.info.get("pid") if self.info else None)
+        _rc, err = self.proc.wait(time.monotonic() + 5)
+        self.proc.close()
+        return err
+
+    def _fail_timeout(self) -> NoReturn:
+        err = self._kill()
+        raise RemoteScriptError(self.python, CommandResult(124, bytes(self._buf), err + b"\ntimed out"))
+
+    def _fail_protocol(self) -> NoReturn:
+        err = self._kill()
+        raise RemoteScriptError(self.python, CommandResult(1, bytes(self._buf[:2000]), err or b"garbled answer"))
+
+    def realpath(self, path: str, timeout: float | None = 30) -> str | None:
+        """``os.path.realpath(path)`` as the host sees it, asked of this (already started) process."""
+        if self.info is None or self.dead:
+            return None
+        try:
+            return self.call({"__realpath__": path}, timeout)
+        except RemoteScriptError:
+            return None
+
+    def close(self) -> None:
+        with self._lock:
+            self.dead = True
+            if self.proc is not None:
+                try:
+                    self.proc.close()
+                except Exception:
+                    pass
+
+
+class Agents:
+    """A host's agents, one per (interpreter, program); a call for an interpreter that is the same binary as a
+    running agent's (same ``realpath`` of ``sys.executable`` on the host) is answered by that agent."""
+
+    def __init__(self, host: Host):
+        self.host = host
+        self._agents: list[PythonAgent] = []
+        self._names: dict[int, set[str]] = {}
+        self._lock = threading.RLock()
+
+    def agent(self, python: str, program: str) -> PythonAgent:
+        with self._lock:
+            self._agents = [a for a in self._agents if not a.dead]
+            same = [a for a in self._agents if a.program == program]
+            for a in same:
+                if python in self._names[id(a)] or (a.info is not None and python == a.info.get("exe")):
+                    return a
+            if python.startswith("/"):
+                for a in same:
+                    if a.info is not None and a.info.get("real") and a.realpath(python) == a.info["real"]:
+                        self._names[id(a)].add(python)
+                        return a
+            a = PythonAgent(self.host, python, program)
+            self._agents.append(a)
+            self._names[id(a)] = {python}
+            return a
+
+    def call(self, python: str, program: str, payload: Any, timeout: float | None = None) -> Any:
+        return self.agent(python, program).call(payload, timeout)
+
+    def close(self) -> None:
+        with self._lock:
+            agents, self._agents = self._agents, []
+            self._names.clear()
+        for a in agents:
+            a.close()

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import select
 import subprocess
+import threading
+import time
 from typing import Sequence
 
-from eaglepatch.hosts.base import CommandResult, FileStat
+from eaglepatch.hosts.base import Agents, CommandResult, FileStat
 
 
 class LocalHost:
@@ -16,6 +19,7 @@ class LocalHost:
 
     def __init__(self, name: str = "local"):
         self.name = name
+        self.agents = Agents(self)
 
     def run(
         self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
@@ -76,5 +80,68 @@ class LocalHost:
     def close_tunnel(self, port: int) -> None:
         pass
 
+    def spawn(self, argv: Sequence[str]) -> "_LocalProcess":
+        return _LocalProcess(list(argv))
+
     def close(self) -> None:
-        pass
+        self.agents.close()
+
+
+class _LocalProcess:
+    """``LocalHost.spawn``: a child with three pipes; its stderr is collected by a thread."""
+
+    def __init__(self, argv: list[str]):
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.err = bytearray()
+        self._err_thread = threading.Thread(target=self._drain_err, daemon=True, name="eaglepatch-agent-stderr")
+        self._err_thread.start()
+
+    def _drain_err(self) -> None:
+        assert self.proc.stderr is not None
+        for chunk in iter(lambda: self.proc.stderr.read1(1 << 16), b""):  # type: ignore[union-attr]
+            self.err.extend(chunk)
+
+    def send(self, data: bytes, deadline: float | None) -> bool:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+            return True
+        except (BrokenPipeError, OSError, ValueError):
+            return False
+
+    def read(self, deadline: float | None) -> bytes | None:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, _, _ = select.select([fd], [], [], wait)
+        if not ready:
+            return None
+        return os.read(fd, 1 << 16)
+
+    def wait(self, deadline: float | None) -> tuple[int, bytes]:
+        try:
+            rc = self.proc.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return 124, bytes(self.err)
+        self._err_thread.join(5)
+        return rc, bytes(self.err)
+
+    def kill(self, pid: int | None) -> None:
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(5)  # it ends at the end of its input
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

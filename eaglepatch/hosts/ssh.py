@@ -38,7 +38,7 @@ from paramiko.ssh_exception import (
 )
 
 from eaglepatch.errors import ConnectionFailed, UsageError
-from eaglepatch.hosts.base import CommandResult, FileStat
+from eaglepatch.hosts.base import Agents, CommandResult, FileStat
 from eaglepatch.hosts.target import DEFAULT_CONNECT_TIMEOUT, Hop, TargetSpec, format_destination, parse_jump
 
 T = TypeVar("T")
@@ -163,6 +163,7 @@ class SSHHost:
         self._sftp: paramiko.SFTPClient | None = None
         self._timeout = DEFAULT_CONNECT_TIMEOUT
         self._tunnels: list[_Tunnel] = []
+        self.agents = Agents(self)
 
     def __repr__(self) -> str:
         return f"SSHHost({self.name!r})"
@@ -356,6 +357,7 @@ class SSHHost:
             self._close_locked()
 
     def _close_locked(self) -> None:
+        self.agents.close()
         tunnels, self._tunnels = self._tunnels, []
         for tunnel in tunnels:
             tunnel.close()
@@ -421,6 +423,28 @@ class SSHHost:
                     pass
             return CommandResult(124, bytes(out), bytes(err) + b"\ntimed out")
         return CommandResult(rc, bytes(out), bytes(err))
+
+    def spawn(self, argv: Sequence[str]) -> "_SSHProcess":
+        """Start ``argv`` through the remote login shell on a channel of its own, stdin/stdout open to talk to it
+        (``Agents``); a program that does not exist shows as exit status 127 when it is read."""
+        argv = [a if isinstance(a, str) else os.fspath(a) for a in argv]
+        if not argv:
+            raise ValueError("argv is empty")
+        transport = self._live_transport()
+        try:
+            chan = transport.open_session(timeout=self._timeout)
+        except (SSHException, EOFError, OSError) as exc:
+            if not transport.is_active():
+                raise self._lost(exc) from exc
+            raise ConnectionFailed(f"cannot open a session on {self.name}: {exc}") from exc
+        try:
+            chan.exec_command(f"exec {shlex.join(argv)}")
+        except (SSHException, EOFError, OSError) as exc:
+            chan.close()
+            if not transport.is_active():
+                raise self._lost(exc) from exc
+            raise ConnectionFailed(f"cannot run a command on {self.name}: {exc}") from exc
+        return _SSHProcess(self, chan, transport)
 
     def _exec(
         self, command: str, stdin: bytes | None, deadline: float | None
@@ -658,6 +682,89 @@ class SSHHost:
 
     def listdir(self, path: str) -> list[str]:
         return self._sftp_call("listdir", path, lambda sftp: sorted(sftp.listdir(path)))
+
+
+class _SSHProcess:
+    """``SSHHost.spawn``: one session channel running a command; stdout read on demand, stderr kept."""
+
+    def __init__(self, host: SSHHost, chan: paramiko.Channel, transport: paramiko.Transport):
+        self.host, self.chan, self.transport = host, chan, transport
+        self.err = bytearray()
+        chan.fileno()  # turns on the pipe that select() watches (readable on stdout, stderr or EOF)
+
+    def _check(self, exc: BaseException | None = None) -> None:
+        if not self.transport.is_active():
+            raise self.host._lost(exc)
+
+    def send(self, data: bytes, deadline: float | None) -> bool:
+        view = memoryview(data)
+        try:
+            for i in range(0, len(view), _CHUNK):
+                wait = None if deadline is None else max(0.01, deadline - time.monotonic())
+                self.chan.settimeout(wait)
+                self.chan.sendall(view[i : i + _CHUNK])
+            return True
+        except socket.timeout:
+            return False
+        except (SSHException, EOFError, OSError) as exc:
+            self._check(exc)
+            return False  # the command ended: its status says why
+        finally:
+            self.chan.settimeout(None)
+
+    def read(self, deadline: float | None) -> bytes | None:
+        chan = self.chan
+        while True:
+            while chan.recv_stderr_ready():
+                self.err.extend(chan.recv_stderr(1 << 16))
+            if chan.recv_ready():
+                return chan.recv(1 << 16)
+            if chan.eof_received or chan.closed:
+                if chan.recv_ready():
+                    continue
+                return b""
+            self._check()
+            wait = 1.0
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
+                    return None
+            select.select([chan], [], [], wait)
+
+    def wait(self, deadline: float | None) -> tuple[int, bytes]:
+        chan = self.chan
+        while not chan.exit_status_ready():
+            wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            if wait <= 0:
+                return 124, bytes(self.err)
+            chan.status_event.wait(wait)
+            if not chan.exit_status_ready():
+                self._check()
+        while chan.recv_stderr_ready():
+            self.err.extend(chan.recv_stderr(1 << 16))
+        status = chan.recv_exit_status()
+        if status == -1:
+            self._check()
+        return status, bytes(self.err)
+
+    def kill(self, pid: int | None) -> None:
+        if pid is not None:
+            try:
+                self.host._exec(f"kill -KILL {int(pid)} 2>/dev/null; true", None, time.monotonic() + 10)
+            except ConnectionFailed:
+                pass
+        else:
+            self.close()  # no pid to kill: closing the channel is all there is
+
+    def close(self) -> None:
+        try:
+            self.chan.shutdown_write()
+        except Exception:
+            pass
+        try:
+            self.chan.close()
+        except Exception:
+            pass
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -160,9 +160,17 @@ def remote_program() -> str:
 
 
 def call(host: Host, interp: str, op: str, timeout: float | None = 120, **payload: Any) -> Any:
-    """Run one op of the remote program with ``interp``; a failure to run it becomes a one-line error."""
+    """Run one op of the remote program with ``interp``; a failure to run it becomes a one-line error.
+
+    The ops of one command share one process on the host per interpreter (``host.agents``): the first call starts
+    it and sends the program, later calls (lock, execute, unlock) are requests on it. A call for the interpreter
+    that the first one turned out to be (``facts`` run with ``python3`` finds the server runs that very binary)
+    goes to the same process."""
+    agents = getattr(host, "agents", None)
     try:
-        return run_python(host, interp, remote_program(), dict(payload, op=op), timeout=timeout)
+        if agents is None:
+            return run_python(host, interp, remote_program(), dict(payload, op=op), timeout=timeout)
+        return agents.call(interp, remote_program(), dict(payload, op=op), timeout=timeout)
     except RemoteScriptError as exc:
         if exc.result.rc == 127 or b"No such file" in exc.result.stderr[:500]:
             raise Unsupported(f"{host.name}: cannot run {interp}: give the interpreter with --python") from None

@@ -509,3 +509,89 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------------------ agents
+
+
+def test_agent_over_ssh_serves_many_calls_on_one_channel(host, monkeypatch):
+    import paramiko
+
+    opened = []
+    real = paramiko.Transport.open_session
+
+    def counting(self, *a, **k):
+        opened.append(1)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(paramiko.Transport, "open_session", counting)
+    program = "import os\ndef main(p):\n    return [os.getpid(), p]\n"
+    answers = [host.agents.call("python3", program, {"n": i}) for i in range(4)]
+    assert [a[1] for a in answers] == [{"n": i} for i in range(4)]
+    assert len({a[0] for a in answers}) == 1 and len(opened) == 1
+    with pytest.raises(RemoteScriptError) as err:
+        host.agents.call("python3", "import os\ndef main(p):\n    os._exit(7)\n", {})
+    assert err.value.result.rc == 7
+    with pytest.raises(RemoteScriptError) as err:  # as run_python says it: 127 when there is no such program
+        host.agents.call("/nonexistent/python3", program, {})
+    assert err.value.result.rc == 127
+
+
+def test_agent_over_ssh_times_out_and_kills(host):
+    program = "import os, time\ndef main(p):\n    time.sleep(p['s']) if p['s'] else None\n    return os.getpid()\n"
+    pid = host.agents.call("python3", program, {"s": 0})
+    with pytest.raises(RemoteScriptError) as err:
+        host.agents.call("python3", program, {"s": 30}, timeout=1)
+    assert err.value.result.rc == 124
+    for _ in range(50):
+        if not os.path.exists(f"/proc/{pid}"):
+            break
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{pid}"), "the timed-out remote process is still there"
+    assert host.agents.call("python3", program, {"s": 0}) != pid
+
+
+def test_dropped_connection_mid_agent_call(host):
+    program = "import time\ndef main(p):\n    time.sleep(p['s'])\n    return 1\n"
+    assert host.agents.call("python3", program, {"s": 0}) == 1
+
+    def cut():
+        time.sleep(0.5)
+        host._transport.sock.shutdown(socket.SHUT_RDWR)
+
+    threading.Thread(target=cut).start()
+    with pytest.raises(ConnectionFailed, match="lost"):
+        host.agents.call("python3", program, {"s": 5}, timeout=20)
+
+
+def test_apply_and_revert_each_run_on_one_ssh_channel(sshd, ssh_home, tmp_path, monkeypatch):
+    """facts (with the lock) and execute (with the unlock) are two requests to one remote interpreter: one SSH
+    channel, one login shell, one interpreter start per command (``python3`` here is the binary that facts reports
+    as the interpreter to validate with)."""
+    import paramiko
+
+    import cli_helpers as h
+    from eaglepatch.ops import actions
+    from eaglepatch.ops.core import FactsOptions, RuntimeOptions
+    from eaglepatch.transform.recipe import builtin_recipe
+
+    tree = h.make_tree(tmp_path / "host", full=False)
+    before = h.snapshot(tree.root)
+    opened = []
+    real = paramiko.Transport.open_session
+
+    def counting(self, *a, **k):
+        opened.append(1)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(paramiko.Transport, "open_session", counting)
+    c = actions.Connect(identity=sshd.client_key, facts=FactsOptions(sglang_path=str(tree.root)))
+    doc = actions.apply(sshd.target, c, builtin_recipe(), RuntimeOptions(), None, False, lambda m: None)
+    assert doc["changed"] and len(doc["files"]) == len(tree.patched_names)
+    assert len(opened) == 1
+    assert not tree.lock.exists()
+    opened.clear()
+    doc = actions.revert(sshd.target, c, builtin_recipe(), False, None, lambda m: None)
+    assert doc["changed"]
+    assert len(opened) == 1
+    h.assert_same(h.snapshot(tree.root), before, "revert after apply")

@@ -1,0 +1,171 @@
+"""``Agents`` / ``PythonAgent`` (hosts/base.py) on this machine's LocalHost: one interpreter per host for all the
+ops of a command, and failures that read exactly as ``run_python``'s one process per call."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from eaglepatch.hosts.base import RemoteScriptError
+from eaglepatch.hosts.local import LocalHost
+
+PY = os.path.realpath(sys.executable)
+
+PROGRAM = r'''
+import os, subprocess, sys, time
+
+def main(p):
+    op = p["op"]
+    if op == "pid":
+        return {"pid": os.getpid(), "exe": sys.executable}
+    if op == "raise":
+        raise ValueError("the op failed: " + p.get("why", ""))
+    if op == "die":
+        sys.stderr.write("dying now\n"); sys.stderr.flush()
+        os._exit(p["rc"])
+    if op == "sleep":
+        time.sleep(p["s"]); return "slept"
+    if op == "noisy":
+        print("this goes to stderr, not into the answer")
+        child = subprocess.run(["cat"], stdout=subprocess.PIPE, timeout=10)  # reads the agent's stdin: /dev/null
+        return {"child": child.stdout.decode(), "big": "x" * p["n"]}
+    if op == "exit":
+        raise SystemExit(p["code"])
+    return p
+'''
+
+
+@pytest.fixture
+def host():
+    h = LocalHost()
+    yield h
+    h.close()
+
+
+def _pid(host, python=PY, timeout=30):
+    return host.agents.call(python, PROGRAM, {"op": "pid"}, timeout=timeout)["pid"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie of ours is gone too
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_every_call_is_answered_by_one_process(host):
+    first = _pid(host)
+    assert first != os.getpid()
+    assert [_pid(host) for _ in range(3)] == [first] * 3
+    assert host.agents.call(PY, PROGRAM, {"op": "echo", "ü": [1, None]}) == {"op": "echo", "ü": [1, None]}
+
+
+def test_another_name_of_the_same_binary_is_the_same_process(host, tmp_path: Path):
+    """facts runs with ``python3``; the server's interpreter it reports is the same binary under another name: the
+    execute that follows (validated with the server's interpreter) goes to the same process."""
+    link = tmp_path / "python-link"
+    link.symlink_to(PY)
+    first = _pid(host, str(link))
+    assert _pid(host, PY) == first
+    info = host.agents.call(str(link), PROGRAM, {"op": "pid"})
+    assert info["pid"] == first
+
+
+def _other_python() -> str | None:
+    """A Python binary (not a pyenv shim) other than this one, if the machine has one."""
+    import glob
+
+    cands = ["/usr/bin/python3.11", "/usr/bin/python3"]
+    cands += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[0-9]*/bin/python3")))
+    for c in cands:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK) and os.path.realpath(c) != PY:
+            return os.path.realpath(c)
+    return None
+
+
+def test_another_interpreter_gets_a_process_of_its_own(host, tmp_path: Path):
+    other = _other_python()
+    if other is None:
+        pytest.skip("no second Python binary on this machine")
+    a = _pid(host, other)
+    b = _pid(host, PY)
+    assert a != b
+    assert _pid(host, other) == a and _pid(host, PY) == b
+
+
+def test_a_wrapper_that_runs_the_same_binary_shares_its_process(host, tmp_path: Path):
+    """What decides is the binary the interpreter runs (``sys.executable`` as it reports it), not its name."""
+    wrapper = tmp_path / "python-wrapper"
+    wrapper.write_text(f"#!/bin/sh\nexec {PY} \"$@\"\n")
+    wrapper.chmod(0o755)
+    a = _pid(host, str(wrapper))
+    assert _pid(host, PY) == a
+
+
+def test_an_error_in_the_program_reads_as_a_failed_run_and_the_process_goes_on(host):
+    first = _pid(host)
+    with pytest.raises(RemoteScriptError) as err:
+        host.agents.call(PY, PROGRAM, {"op": "raise", "why": "on purpose"})
+    assert err.value.result.rc == 1
+    assert "ValueError: the op failed: on purpose" in str(err.value)
+    assert _pid(host) == first
+
+
+def test_a_process_that_dies_gives_its_status_and_the_next_call_starts_afresh(host):
+    first = _pid(host)
+    with pytest.raises(RemoteScriptError) as err:
+        host.agents.call(PY, PROGRAM, {"op": "die", "rc": 99})
+    assert err.value.result.rc == 99
+    assert b"dying now" in err.value.result.stderr
+    assert not _alive(first)
+    assert _pid(host) != first
+
+
+def test_system_exit_ends_the_process_with_its_code(host):
+    first = _pid(host)
+    with pytest.raises(RemoteScriptError) as err:
+        host.agents.call(PY, PROGRAM, {"op": "exit", "code": 4})
+    assert err.value.result.rc == 4
+    assert _pid(host) != first
+
+
+def test_a_timeout_kills_the_process_and_reads_as_124(host):
+    first = _pid(host)
+    with pytest.raises(RemoteScriptError) as err:
+        host.agents.call(PY, PROGRAM, {"op": "sleep", "s": 30}, timeout=0.5)
+    assert err.value.result.rc == 124 and b"timed out" in err.value.result.stderr
+    assert not _alive(first)
+    assert _pid(host) != first
+
+
+def test_prints_and_children_never_reach_the_answers(host):
+    """The program's stdout is stderr, and a child it starts reads /dev/null, not the requests."""
+    out = host.agents.call(PY, PROGRAM, {"op": "noisy", "n": 300000})
+    assert out == {"child": "", "big": "x" * 300000}
+    assert host.agents.call(PY, PROGRAM, {"op": "echo"}) == {"op": "echo"}
+
+
+def test_a_missing_interpreter_is_127(host):
+    with pytest.raises(RemoteScriptError) as err:
+        host.agents.call("/nonexistent/python3", PROGRAM, {"op": "pid"})
+    assert err.value.result.rc == 127
+
+
+def test_close_ends_the_process(host):
+    pid = _pid(host)
+    host.close()
+    for _ in range(100):
+        if not _alive(pid):
+            break
+        import time
+        time.sleep(0.05)
+    assert not _alive(pid)
+    assert _pid(host) != pid  # a later call starts a new one
