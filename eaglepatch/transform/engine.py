@@ -294,38 +294,62 @@ class _Finder:
         self.source, self.path, self.recipe = source, path, recipe
         self.lines = source.splitlines(keepends=True)
         # The standard ast first (fast): line numbers of classes, methods and imports, and the triage of classes.
-        # libcst parses the file only when a class of the recipe is in it (see ``module``); positions come from
-        # its PositionProvider run on each scanned method alone, in a bare copy of its class (resolving positions
-        # for the whole module costs more than parsing it), shifted by the method's line in the file: _locate.
+        # libcst never parses the whole file: only the methods it scans in a class of the recipe (the entry method
+        # and the family's helpers), each alone, with positions from its PositionProvider shifted by the method's
+        # line in the file: _parse_method.
         try:
             self.tree = ast.parse(source)
         except SyntaxError as exc:
             raise _Refusal(f"does not parse ({exc.msg})", line=exc.lineno) from None
         except (ValueError, RecursionError, MemoryError) as exc:  # a NUL byte before 3.12 is a ValueError
             raise _Refusal(f"does not parse with this Python ({exc})") from None
-        self._module: cst.Module | None = None
         self.ast_classes = {n.name: n for n in self.tree.body if isinstance(n, ast.ClassDef)}
         self.pos: dict[cst.CSTNode, CodeRange] = {}
         self.warnings: list[str] = []
         self.inserts: list[_Insert] = []
 
-    @property
-    def module(self) -> cst.Module:
-        """The libcst tree, parsed on first use; a file libcst cannot parse is refused."""
-        if self._module is None:
-            try:
-                self._module = cst.parse_module(self.source)
-            except cst.ParserSyntaxError as exc:
-                # libcst writes the position into its message ("error at 12:4: ..."); it becomes the refusal's
-                # line, which instrument() maps to the file given, so no line of the text parsed stays in the text.
-                line, message = exc.raw_line, exc.message
-                at = _ERROR_AT.search(message)
-                if at:
-                    line, message = int(at[1]), message[: at.start()] + f"error at column {at[2]}" + message[at.end():]
-                raise _Refusal(f"does not parse: {message}", line=line) from None
-            except RecursionError:
-                raise _Refusal("does not parse: nested too deeply") from None
-        return self._module
+    def _parse_method(self, cls: ast.ClassDef, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> cst.FunctionDef:
+        """The libcst tree of one method, its positions (``self.pos``) in file coordinates.
+
+        libcst parses the method's own lines only, inside a class: the file's class header when the method is the
+        first statement of the class, else a stand-in header followed by the lines after the previous statement
+        (blank lines and comments). Every line of the method is the file's, so columns are the file's and lines
+        differ by one shift, taken at the ``def`` line, where both ast's ``lineno`` and libcst's FunctionDef range
+        start (below decorators). A method libcst cannot parse is refused, with the file's line.
+        """
+        at = cls.body.index(fn)
+        if at == 0:
+            head, first = "", cls.lineno - 1  # from the class line itself: nothing but comments lies between
+        else:
+            head, first = "class _eaglepatch_holder:\n", cls.body[at - 1].end_lineno or cls.body[at - 1].lineno
+        text = head + "".join(self.lines[first : fn.end_lineno])
+        if not text.endswith(("\n", "\r")):
+            text += "\n"
+        offset = first - (1 if head else 0)  # file line = line in ``text`` + offset
+        try:
+            module = cst.parse_module(text)
+        except cst.ParserSyntaxError as exc:
+            # libcst writes the position into its message ("error at 12:4: ..."); it becomes the refusal's line
+            # (a line of the file), so no line of the text parsed stays in the message.
+            line, message = exc.raw_line, exc.message
+            at_ = _ERROR_AT.search(message)
+            if at_:
+                line, message = int(at_[1]), message[: at_.start()] + f"error at column {at_[2]}" + message[at_.end():]
+            raise _Refusal(f"does not parse: {message}", line=line + offset) from None
+        except RecursionError:
+            raise _Refusal("does not parse: nested too deeply", line=fn.lineno) from None
+        holder = module.body[0]
+        assert isinstance(holder, cst.ClassDef) and isinstance(holder.body, cst.IndentedBlock)
+        found = [s for s in holder.body.body if isinstance(s, cst.FunctionDef) and s.name.value == fn.name]
+        node = found[-1]
+        positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+        shift = fn.lineno - positions[node].start.line
+        for n, r in positions.items():
+            self.pos[n] = CodeRange((r.start.line + shift, r.start.column), (r.end.line + shift, r.end.column))
+        return node
+
+    def _range(self, node: cst.CSTNode) -> CodeRange:
+        return self.pos[node]
 
     def _ast_method(self, cls: str, method: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
         found = None
@@ -335,42 +359,19 @@ class _Finder:
         assert found is not None
         return found
 
-    def _locate(self, cls: cst.ClassDef, fn: cst.FunctionDef) -> None:
-        """Resolve positions of every node of ``fn`` (a method of ``cls``) in file coordinates.
-
-        The method is rendered alone, but inside a bare copy of its class in a module with the file's default
-        indent and newline: every line of it then comes out as the file has it (tabs, two spaces, a class body
-        indented unlike the rest), so columns are the file's and lines differ by one shift. The shift is taken
-        at the ``def`` line, where both ast's ``lineno`` and libcst's FunctionDef range start (below decorators).
-        """
-        node = self._ast_method(cls.name.value, fn.name.value)
-        assert isinstance(cls.body, cst.IndentedBlock)  # only such a class has methods (_methods)
-        holder = cst.ClassDef(name=cls.name, body=cls.body.with_changes(body=[fn]))
-        alone = self.module.with_changes(header=(), body=[holder], footer=())
-        positions = MetadataWrapper(alone, unsafe_skip_copy=True).resolve(PositionProvider)
-        shift = node.lineno - positions[fn].start.line
-        for n, r in positions.items():
-            self.pos[n] = CodeRange((r.start.line + shift, r.start.column), (r.end.line + shift, r.end.column))
-
-    def _range(self, node: cst.CSTNode) -> CodeRange:
-        return self.pos[node]
-
     def _def_line(self, cls: str, method: str) -> int:
         node = self._ast_method(cls, method)
         return node.decorator_list[0].lineno if node.decorator_list else node.lineno
 
     def run(self) -> list[WorkerInfo]:
         workers: list[WorkerInfo] = []
-        cst_classes: dict[str, cst.ClassDef] | None = None
         for node in self.tree.body:
             if not isinstance(node, ast.ClassDef):
                 continue
             if self.recipe.family_of(node.name) is None:
                 info = self._other_class(node)
             else:
-                if cst_classes is None:
-                    cst_classes = {c.name.value: c for c in self.module.body if isinstance(c, cst.ClassDef)}
-                info = self._class(cst_classes[node.name])
+                info = self._class(node)
             if info is not None:
                 workers.append(info)
         return workers
@@ -400,16 +401,15 @@ class _Finder:
             reason=reason or "no recipe for this class (add one with --recipe)",
         )
 
-    def _methods(self, cls: cst.ClassDef) -> dict[str, cst.FunctionDef]:
-        out: dict[str, cst.FunctionDef] = {}
-        if isinstance(cls.body, cst.IndentedBlock):
-            for s in cls.body.body:
-                if isinstance(s, cst.FunctionDef):
-                    out[s.name.value] = s
+    def _methods(self, cls: ast.ClassDef) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+        out: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+        for n in cls.body:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out[n.name] = n  # the last definition of a name is the one the class keeps
         return out
 
-    def _class(self, cls: cst.ClassDef) -> WorkerInfo | None:
-        name = cls.name.value
+    def _class(self, cls: ast.ClassDef) -> WorkerInfo | None:
+        name = cls.name
         methods = self._methods(cls)
         fam = self.recipe.family_of(name)
         assert fam is not None  # run() sends other classes to _other_class
@@ -419,10 +419,9 @@ class _Finder:
         if len(entries) > 1:
             raise _Refusal(f"both {entries[0]} and {entries[1]} are defined: which is the entry?", name,
                            self._def_line(name, entries[1]))
-        entry = methods[entries[0]]
-        scanned = [entry] + [methods[h] for h in fam.helpers if h in methods]
-        for fn in scanned:
-            self._locate(cls, fn)
+        # libcst parses only the methods it scans (the entry method and the family's helpers), not the file.
+        scanned = [self._parse_method(cls, methods[m]) for m in [entries[0]] + [h for h in fam.helpers if h in methods]]
+        entry = scanned[0]
         rng = self._range(entry)
         if entry.asynchronous is not None:
             raise _Refusal(f"{entry.name.value} is async: not a shape eaglepatch knows", name, rng.start.line)

@@ -723,3 +723,62 @@ def test_strip_leaves_a_marker_inside_a_string_alone():
 
     src = 'x = 1\ns = """\ny = 2  # [eaglepatch]\n"""\n_eaglepatch.begin("draft", "decode")  # [eaglepatch]\n'
     assert strip(src) == 'x = 1\ns = """\ny = 2  # [eaglepatch]\n"""\n'
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# libcst parses only the methods it scans (the entry method and the family's helpers), each with the lines around
+# it that the file has: what stands before the method in its class must not change what is found or where.
+
+_V1_METHOD = V1_BEFORE[V1_BEFORE.index("    def forward_batch_generation"):]
+_V1_HEAD = V1_BEFORE[: V1_BEFORE.index("class EAGLEWorker")]
+
+_LAYOUTS = {
+    # the method first in its class, under a class header of several lines with comments in it and after it
+    "first-under-a-long-header": _V1_HEAD + "@some.decorator(\n    1)\nclass EAGLEWorker(  # a comment\n"
+    "    TpModelWorker,\n    metaclass=type,\n):\n    # a comment before the method\n\n" + _V1_METHOD,
+    # after a docstring, an attribute of several lines, blank lines, comments, a method with a decorator
+    "after-other-statements": _V1_HEAD + 'class EAGLEWorker(TpModelWorker):\n    """Doc."""\n\n    table = {\n'
+    '        "a": 1,\n    }  # trailing\n\n    @staticmethod\n    def helper(x):\n        return x\n\n'
+    "    # about the entry method\n" + _V1_METHOD,
+    # a decorator whose expression is in parentheses on lines of its own (ast puts its line below the "@")
+    "parenthesised-decorator": _V1_HEAD + "class EAGLEWorker(TpModelWorker):\n    @(\n        lambda f: f\n    )\n"
+    + _V1_METHOD,
+    # the entry method last in the file, without a final newline
+    "no-final-newline": V1_BEFORE.rstrip("\n"),
+    # a method after it, and a second definition of a helper name before it
+    "methods-after": V1_BEFORE + "\n    def other(self):\n        return self.draft(None)\n",
+}
+
+
+@pytest.mark.parametrize("layout", sorted(_LAYOUTS))
+def test_what_stands_around_the_entry_method_changes_nothing_found(recipe, layout):
+    """The same entry method in other surroundings: the same lines are added, each at the same statement, the
+    decorator above the method's first decorator, and the output strips back to the input."""
+    src = _LAYOUTS[layout]
+    res = _ok(src, recipe)
+    marked = [line.strip() for line in res.source.splitlines() if MARKER in line]
+    assert marked == [line.strip() for line in V1_AFTER.splitlines() if MARKER in line]
+    assert strip(res.source) == src
+    compile(res.source, PATH, "exec", dont_inherit=True)
+    out = res.source.splitlines()
+    src_lines = src.splitlines()
+    w = next(w for w in res.workers if w.cls == "EAGLEWorker")
+    assert src_lines[w.method_start - 1].lstrip().startswith("def forward_batch_generation")
+    assert src_lines[w.method_end - 1].strip() == "return logits_output, verify_output.verified_id"
+    for p in w.phases:  # each phase line of the input holds its call
+        assert f"self.{p.call.split('.')[-1]}(" in src_lines[p.line - 1], (p, src_lines[p.line - 1])
+    for i, line in enumerate(out):  # each begin line sits right above its call, at its indentation
+        if "_eaglepatch.begin(" in line:
+            nxt = out[i + 1]
+            assert MARKER not in nxt and nxt[: len(nxt) - len(nxt.lstrip())] == line[: len(line) - len(line.lstrip())]
+    entry = out.index("    @_eaglepatch.entry  # [eaglepatch]")
+    assert out[entry + 1].lstrip().startswith(("def forward_batch_generation", "@"))
+
+
+def test_a_tab_indented_class_after_a_statement(recipe):
+    src = _V1_HEAD + "class EAGLEWorker(TpModelWorker):\n\tx = 1\n" + _V1_METHOD.replace("    ", "\t")
+    res = _ok(src, recipe)
+    assert strip(res.source) == src
+    assert "\t@_eaglepatch.entry  # [eaglepatch]\n\tdef forward_batch_generation" in res.source
+    assert "\t\t\t_eaglepatch.begin(\"draft\", \"decode\")  # [eaglepatch]\n\t\t\tspec_info = self.draft(batch)" \
+        in res.source
