@@ -29,6 +29,7 @@ from eaglepatch.ops.core import (
     gather,
     plan_apply,
     plan_revert,
+    preload_transform,
     source_slices,
 )
 from eaglepatch.transform.recipe import Recipe, builtin_recipe, load_recipe_file
@@ -93,7 +94,12 @@ class _Target:
         self.host.close()
 
 
-def _facts(t: _Target, recipe: Recipe, lock_owner: dict[str, Any] | None = None) -> HostFacts:
+def _facts(t: _Target, recipe: Recipe, lock_owner: dict[str, Any] | None = None,
+           transform: bool = True) -> HostFacts:
+    """The target's facts; with ``transform`` (the command goes on to analyse or instrument the files), the
+    transform's import runs meanwhile, while the round trip waits on the host."""
+    if transform:
+        preload_transform()
     return gather(t.host, t.facts_opts, sorted(recipe.entry_names), lock_owner=lock_owner)
 
 
@@ -189,9 +195,11 @@ def render_change(doc: dict[str, Any]) -> str:
 
 
 def _launch_of(facts: HostFacts) -> Any:
+    if not facts.server:
+        return None
     from eaglepatch.server.process import ServerProcess
 
-    return ServerProcess.from_scan(facts.server) if facts.server else None
+    return ServerProcess.from_scan(facts.server)
 
 
 def apply(text: str, c: Connect, recipe: Recipe, ropts: RuntimeOptions, restart: Any, dry_run: bool,
@@ -265,7 +273,8 @@ def _restart_after_apply(t: _Target, facts: HostFacts, recipe: Recipe, session: 
 def revert(text: str, c: Connect, recipe: Recipe, force: bool, restart: Any, say: Say) -> dict[str, Any]:
     with _Target(text, c) as t:
         owner = new_lock_owner()
-        facts = _facts(t, recipe, owner)  # takes the lock in the same round trip
+        # takes the lock in the same round trip; revert parses a file only when the manifest cannot vouch for it
+        facts = _facts(t, recipe, owner, transform=False)
         session = Session(t.host, facts.python, facts)
         session.lock(owner)
         try:
@@ -341,7 +350,7 @@ def fetch_logs(text: str, c: Connect, log_dir: str | None, say: Say) -> str:
         python = c.facts.python or "python3"
         if log_dir is None:
             try:
-                facts = _facts(t, builtin_recipe())
+                facts = _facts(t, builtin_recipe(), transform=False)
                 log_dir = ((facts.manifest or {}).get("runtime") or {}).get("log_dir")
                 python = facts.python
             except Unsupported:

@@ -20,27 +20,44 @@ import re
 import secrets
 import socket
 import time
-from typing import Any, Sequence
+import sys
+import threading
+from typing import TYPE_CHECKING, Any, Sequence
 
 from eaglepatch import __version__
 from eaglepatch.errors import Conflict, ConnectionFailed, EaglepatchError, Unsupported, UsageError, ValidationFailed
 from eaglepatch.hosts.base import Host, RemoteScriptError, run_python
-from eaglepatch.transform.engine import (
-    RUNTIME_MODULE,
-    Instrumented,
-    NotApplicable,
-    Refused,
-    TransformResult,
-    WorkerInfo,
-    analyze,
-    instrument,
-    is_instrumented,
-    strip,
-    strip_lines,
-)
+from eaglepatch.transform.marks import RUNTIME_MODULE, is_instrumented, strip_lines
 from eaglepatch.transform.recipe import Recipe
 
+if TYPE_CHECKING:
+    from eaglepatch.transform.engine import TransformResult, WorkerInfo
+
 RUNTIME_FILE = RUNTIME_MODULE + ".py"
+_ENGINE = "eaglepatch.transform.engine"
+
+
+def _engine() -> Any:
+    """The transform (libcst), imported on first use: ``revert`` of files the manifest vouches for never needs it."""
+    from eaglepatch.transform import engine
+
+    return engine
+
+
+def preload_transform() -> None:
+    """Start importing the transform (libcst: the largest import) on a thread of its own, so that it runs while
+    the facts round trip waits on the host; the first use of it then waits for that import (Python's import lock),
+    never imports twice."""
+    if _ENGINE in sys.modules:
+        return
+
+    def load() -> None:
+        try:
+            _engine()
+        except BaseException:  # the first use imports it again and meets the error itself
+            pass
+
+    threading.Thread(target=load, name="eaglepatch-import-transform").start()
 _CONFIG_LINE = re.compile(r"^_CONFIG = .*# eaglepatch:config$", re.M)
 
 
@@ -238,8 +255,9 @@ def file_state(facts: HostFacts, f: WorkerFile, recipe: Recipe) -> str:
         return "drifted"
     if not is_instrumented(f.text):
         return "pristine"
-    again = instrument(f.text, f.path, recipe)
-    return "patched" if isinstance(again, Instrumented) and not again.changed else "drifted"
+    engine = _engine()
+    again = engine.instrument(f.text, f.path, recipe)
+    return "patched" if isinstance(again, engine.Instrumented) and not again.changed else "drifted"
 
 
 def worker_json(w: WorkerInfo) -> dict[str, Any]:
@@ -262,6 +280,7 @@ def server_json(facts: HostFacts) -> dict[str, Any] | None:
 def analyze_all(facts: HostFacts, recipe: Recipe) -> dict[str, TransformResult]:
     """What the transform finds in each worker file, by path: one analysis that ``describe`` and
     ``source_slices`` share."""
+    analyze = _engine().analyze
     return {f.path: analyze(f.text, f.path, recipe) for f in facts.files}
 
 
@@ -269,6 +288,7 @@ def describe(facts: HostFacts, recipe: Recipe,
              analyses: dict[str, TransformResult] | None = None) -> dict[str, Any]:
     """The ``status --json`` / ``show --json`` object of CONTRACT.md (show adds slices on top)."""
     analyses = analyses if analyses is not None else analyze_all(facts, recipe)
+    Refused = _engine().Refused
     files = []
     for f in facts.files:
         res = analyses[f.path]
@@ -291,6 +311,7 @@ def _short(path: str) -> str:
 def source_slices(facts: HostFacts, analyses: dict[str, TransformResult]) -> list[dict[str, Any]]:
     """The numbered source of each supported entry method (and its helpers' phase lines), for ``show``."""
     out = []
+    Instrumented = _engine().Instrumented
     for f in facts.files:
         res = analyses[f.path]
         if not isinstance(res, Instrumented):
@@ -373,6 +394,8 @@ def plan_apply(facts: HostFacts, recipe: Recipe, opts: RuntimeOptions, *, launch
     notes: list[str] = []
     files: list[dict[str, Any]] = []
     refused: list[str] = []
+    engine = _engine()
+    instrument, strip, Refused, NotApplicable = engine.instrument, engine.strip, engine.Refused, engine.NotApplicable
     for f in facts.files:
         res = instrument(f.text, f.path, recipe)
         if isinstance(res, Refused):
@@ -454,17 +477,17 @@ def plan_revert(facts: HostFacts, recipe: Recipe, *, force: bool, now: float | N
                                "of it and removes only eaglepatch's lines")
             keep = facts.backup_dir + "/" + f.path.rsplit("/", 1)[-1] + f".drifted-{int(now or time.time())}"
             writes.append(Write(keep, _rel(facts, keep), None, f.data, compile=False))
-            new = strip(f.text).encode("utf-8")
+            new = _engine().strip(f.text).encode("utf-8")
             notes.append(f"{_short(f.path)} had changed: a copy is in {keep}; removed only eaglepatch's lines")
         elif backup_ok:
             # Removing the marked lines is exact, and the backup's checksum proves it: no parse needed.
             new = strip_lines(f.text).encode("utf-8")
             if _sha(new) != entry.get("before_sha256"):
-                new = strip(f.text).encode("utf-8")
+                new = _engine().strip(f.text).encode("utf-8")
             if _sha(new) != entry.get("before_sha256"):
                 raise Conflict(f"{_short(f.path)}: removing eaglepatch's lines does not give the backed-up original")
         else:
-            new = strip(f.text).encode("utf-8")
+            new = _engine().strip(f.text).encode("utf-8")
             notes.append(f"{_short(f.path)}: no backup found: reverted by removing eaglepatch's lines")
         files.append({"path": _short(f.path), "before_sha256": f.sha256, "after_sha256": _sha(new), "backup": backup})
         writes.append(Write(f.abs, f.path, f.data, new))

@@ -21,14 +21,15 @@ import libcst as cst
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
+from eaglepatch.transform.marks import MARKED_LINE as _MARKED_LINE
+from eaglepatch.transform.marks import MARKER, RUNTIME_MODULE, is_instrumented, strip_lines
 from eaglepatch.transform.recipe import Fact, Family, PhaseCall, Recipe
 
-MARKER = "# [eaglepatch]"
-RUNTIME_MODULE = "_eaglepatch_runtime"
+__all__ = ["MARKER", "RUNTIME_MODULE", "Instrumented", "NotApplicable", "Refused", "TransformResult", "WorkerInfo",
+           "analyze", "instrument", "is_instrumented", "strip", "strip_lines"]
+
 ALIAS = "_eaglepatch"
 IMPORT_LINE = f"from . import {RUNTIME_MODULE} as {ALIAS}  {MARKER}"
-# A line that eaglepatch added: code, two spaces, the marker, end of line. Used to recognise, never to find shapes.
-_MARKED_LINE = re.compile(r"^[ \t]*\S.*  " + re.escape(MARKER) + r"[ \t]*(\r\n|\n|\r)?$")
 # The position libcst writes into a ParserSyntaxError's message.
 _ERROR_AT = re.compile(r"error at (\d+):(\d+)")
 
@@ -594,11 +595,6 @@ def _render(lines: Sequence[str], inserts: list[_Insert], default_nl: str) -> st
     return "".join(out)
 
 
-def strip_lines(source: str) -> str:
-    """Remove every line eaglepatch marks as its own, by text alone (for files that no longer parse)."""
-    return "".join(line for line in source.splitlines(keepends=True) if not _MARKED_LINE.match(line))
-
-
 def strip(source: str) -> str:
     """Remove what ``instrument`` added and return the rest byte for byte.
 
@@ -650,11 +646,6 @@ class _MarkedNodes(cst.CSTVisitor):
 
     visit_SimpleStatementLine = _visit
     visit_Decorator = _visit
-
-
-def is_instrumented(source: str) -> bool:
-    """True when the source carries any line eaglepatch added."""
-    return MARKER in source and any(_MARKED_LINE.match(l) for l in source.splitlines(keepends=True))
 
 
 def analyze(source: str, path: str, recipe: Recipe) -> TransformResult:

@@ -1,0 +1,75 @@
+"""The transform (libcst, the largest import) is imported only by what needs it: not by the CLI itself, not by a
+revert whose files the manifest vouches for; apply and the other commands import it on a thread of their own while
+the facts round trip waits on the host."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from test_transform_cases import V1_BEFORE
+
+
+def _run(code: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _tree(root: Path) -> Path:
+    spec = root / "sglang" / "srt" / "speculative"
+    spec.mkdir(parents=True)
+    (root / "sglang" / "__init__.py").write_text('__version__ = "0.0.1"\n')
+    (spec / "eagle_worker.py").write_text(V1_BEFORE)
+    return root / "sglang"
+
+
+def test_the_cli_itself_does_not_import_libcst():
+    assert _run("""
+        import json, sys
+        import eaglepatch.cli
+        print(json.dumps({"libcst": "libcst" in sys.modules}))
+    """) == {"libcst": False}
+
+
+def test_apply_imports_it_on_its_own_thread_and_revert_not_at_all(tmp_path):
+    pkg = _tree(tmp_path)
+    original = (pkg / "srt" / "speculative" / "eagle_worker.py").read_bytes()
+    code = """
+        import json, sys, threading
+        from eaglepatch.ops import actions, core
+        from eaglepatch.transform.recipe import builtin_recipe
+        loaders = []
+        _start = threading.Thread.start
+        def start(self):
+            if self.name == "eaglepatch-import-transform":
+                loaders.append(self)
+            return _start(self)
+        threading.Thread.start = start
+        c = actions.Connect()
+        say = lambda m: None
+        doc = getattr(actions, %r)(%r, c, builtin_recipe(), *%s, say)
+        print(json.dumps({"changed": doc["changed"], "libcst": "libcst" in sys.modules, "loaders": len(loaders)}))
+    """
+    applied = _run(code % ("apply", str(pkg), "[core.RuntimeOptions(), None, False]"))
+    assert applied == {"changed": True, "libcst": True, "loaders": 1}
+    assert (pkg / "srt" / "speculative" / "eagle_worker.py").read_bytes() != original
+    reverted = _run(code % ("revert", str(pkg), "[False, None]"))
+    assert reverted == {"changed": True, "libcst": False, "loaders": 0}
+    assert (pkg / "srt" / "speculative" / "eagle_worker.py").read_bytes() == original
+
+
+def test_preload_then_use_imports_once():
+    doc = _run("""
+        import json, sys, threading
+        from eaglepatch.ops import core
+        core.preload_transform()
+        names = [t.name for t in threading.enumerate()]
+        engine = core._engine()  # waits for the import in flight, if it is not done
+        print(json.dumps({"thread": "eaglepatch-import-transform" in names or "libcst" in sys.modules,
+                          "engine": engine.__name__}))
+    """)
+    assert doc["thread"] and doc["engine"] == "eaglepatch.transform.engine"
