@@ -42,20 +42,41 @@ def _unb64(text):
 # facts
 
 
-def _sys_path_of(python, env, cwd):
-    """sys.path of ``python`` as the server sees it (its environment and working directory), or None."""
+def _sys_path_start(python, env, cwd):
+    """Start asking ``python`` for its sys.path as the server sees it (its environment and working directory);
+    ``_sys_path_wait`` gives the answer. None when it cannot even start."""
     try:
-        out = subprocess.run(
+        return subprocess.Popen(
             [python, "-c", "import sys,json;print(json.dumps(sys.path))"],
             env=env,
             cwd=cwd if cwd and os.path.isdir(cwd) else None,
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            timeout=60,
         )
-        return json.loads(out.stdout.decode()) if out.returncode == 0 else None
     except Exception:
         return None
+
+
+def _sys_path_wait(proc, deadline):
+    """The sys.path a ``_sys_path_start`` process printed, or None."""
+    if proc is None:
+        return None
+    try:
+        out, _ = proc.communicate(timeout=max(0.1, deadline - time.time()))
+        return json.loads(out.decode()) if proc.returncode == 0 else None
+    except Exception:
+        try:
+            proc.kill()
+            proc.wait()
+        except Exception:
+            pass
+        return None
+
+
+def _sys_path_of(python, env, cwd):
+    """sys.path of ``python`` as the server sees it (its environment and working directory), or None."""
+    return _sys_path_wait(_sys_path_start(python, env, cwd), time.time() + 60)
 
 
 def _find_package(paths, cwd):
@@ -140,12 +161,19 @@ def op_facts(payload):
         servers = []
         out["scan_error"] = str(exc)
     # Which sglang each running server imports: its interpreter's sys.path, with its environment and directory.
-    seen = {}
+    # One interpreter per distinct (exe, PYTHONPATH, VIRTUAL_ENV, cwd), all asked at once.
+    keys, asked = [], {}
     for srv in servers:
         env = srv.get("env") or None
         key = (srv.get("exe"), (env or {}).get("PYTHONPATH"), (env or {}).get("VIRTUAL_ENV"), srv.get("cwd"))
+        keys.append(key)
+        if key not in asked:
+            asked[key] = _sys_path_start(srv.get("exe"), env, srv.get("cwd")) if srv.get("exe") else None
+    deadline = time.time() + 60
+    seen = {}
+    for srv, key in zip(servers, keys):
         if key not in seen:
-            paths = _sys_path_of(srv.get("exe"), env, srv.get("cwd")) if srv.get("exe") else None
+            paths = _sys_path_wait(asked[key], deadline)
             seen[key] = _find_package(paths, srv.get("cwd")) if paths else None
         srv["package_dir"] = seen[key]
     pkg = None

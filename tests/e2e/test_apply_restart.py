@@ -132,3 +132,12 @@ def test_an_unrelated_server_is_neither_reported_nor_restarted(standins, tmp_pat
     assert json.loads(r.stdout)["restarted"] is False
     assert H.alive(proc.pid)
     assert "[eaglepatch]" not in H.worker_file(other_tree).read_text()
+
+
+def test_with_several_installs_serving_each_target_sees_only_its_own_server(standins, tmp_path):
+    """Three servers of three installs on one host (their interpreters are asked for sys.path all at once): each
+    install's status reports its own server and no other."""
+    started = [start(standins, tmp_path / f"install{i}", WORKER) for i in range(3)]
+    for tree, _port, proc in started:
+        srv = server_of(tree)
+        assert srv is not None and srv["pid"] == proc.pid, (tree, srv)
