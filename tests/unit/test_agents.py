@@ -169,3 +169,20 @@ def test_close_ends_the_process(host):
         time.sleep(0.05)
     assert not _alive(pid)
     assert _pid(host) != pid  # a later call starts a new one
+
+
+def test_big_requests_and_answers_travel_compressed_and_intact(host, monkeypatch):
+    """Frames over 4 kB are zlib-compressed both ways; what arrives is what was sent."""
+    import base64
+
+    import eaglepatch.hosts.base as base
+
+    sent = []
+    real = base._frame
+    monkeypatch.setattr(base, "_frame", lambda data: sent.append(real(data)) or sent[-1])
+    blob = base64.b64encode(os.urandom(200000)).decode() + "ü" * 1000
+    assert host.agents.call(PY, PROGRAM, {"op": "echo", "blob": blob}) == {"op": "echo", "blob": blob}
+    assert sent[0] == b"%d\n" % len(PROGRAM.encode()) + PROGRAM.encode()  # the program: small, as it is
+    assert sent[1].startswith(b"z")  # the request: compressed
+    assert host.agents.call(PY, PROGRAM, {"op": "echo"}) == {"op": "echo"}
+    assert not sent[-1].startswith(b"z")  # a small one as it is
