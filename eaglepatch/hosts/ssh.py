@@ -1,8 +1,9 @@
-"""``SSHHost``: the ``Host`` interface over one SSH connection (fabric + paramiko).
+"""``SSHHost``: the ``Host`` interface over one SSH connection (paramiko).
 
-This is the only module of eaglepatch that imports fabric or paramiko.
+This is the only module of eaglepatch that imports paramiko.
 
-- ``~/.ssh/config`` (and ``/etc/ssh/ssh_config``) are read through fabric's ``Config`` at connect time:
+- ``~/.ssh/config`` (and ``/etc/ssh/ssh_config``, in that order: the first value found wins) are read at connect
+  time with paramiko's ``SSHConfig`` (``_Hop`` applies them to a host):
   ``HostName``, ``User``, ``Port``, ``IdentityFile``, ``ProxyJump``, ``ProxyCommand``, ``ConnectTimeout``,
   ``UserKnownHostsFile``, ``GlobalKnownHostsFile``, ``HashKnownHosts``. ``-i`` adds a key (tried first), ``-p`` and
   ``-J`` override. ``-i`` also applies to the jump hosts.
@@ -18,18 +19,51 @@ from __future__ import annotations
 
 import base64
 import errno
+import getpass
 import hashlib
+import importlib.util
 import os
 import select
 import shlex
 import socket
+import sys
 import threading
 import time
+import types
 from typing import Any, Callable, Sequence, TypeVar
 
-import paramiko
-from fabric import Config, Connection
-from paramiko.ssh_exception import (
+
+class _LazyInvoke(types.ModuleType):
+    """Stands in for the ``invoke`` package until an attribute of it is needed, then imports it for real (and
+    leaves the real one in ``sys.modules``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if sys.modules.get("invoke") is self:
+            del sys.modules["invoke"]
+        return getattr(importlib.import_module("invoke"), name)
+
+
+def _lazy_invoke() -> None:
+    """paramiko.config imports invoke at import time, only to run the ``Match exec`` lines of an SSH config; that
+    import is a third of paramiko's import time. Until paramiko asks it for something (a config with ``Match exec``)
+    a stand-in takes its place."""
+    if "invoke" in sys.modules:
+        return
+    try:
+        spec = importlib.util.find_spec("invoke")
+    except (ImportError, ValueError):
+        return
+    if spec is None:
+        return  # not installed: paramiko says so itself when a config needs it
+    stub = _LazyInvoke("invoke")
+    stub.__spec__ = spec
+    sys.modules["invoke"] = stub
+
+
+_lazy_invoke()
+
+import paramiko  # noqa: E402  (after _lazy_invoke)
+from paramiko.ssh_exception import (  # noqa: E402
     AuthenticationException,
     BadHostKeyException,
     ChannelException,
@@ -37,9 +71,15 @@ from paramiko.ssh_exception import (
     SSHException,
 )
 
-from eaglepatch.errors import ConnectionFailed, UsageError
-from eaglepatch.hosts.base import Agents, CommandResult, FileStat
-from eaglepatch.hosts.target import DEFAULT_CONNECT_TIMEOUT, Hop, TargetSpec, format_destination, parse_jump
+from eaglepatch.errors import ConnectionFailed, UsageError  # noqa: E402
+from eaglepatch.hosts.base import Agents, CommandResult, FileStat  # noqa: E402
+from eaglepatch.hosts.target import (  # noqa: E402
+    DEFAULT_CONNECT_TIMEOUT,
+    Hop,
+    TargetSpec,
+    format_destination,
+    parse_jump,
+)
 
 T = TypeVar("T")
 
@@ -137,6 +177,71 @@ class _NoPromptTransport(paramiko.Transport):
 
 
 # --------------------------------------------------------------------------------------------------------------
+# SSH config
+
+
+def _read_ssh_config() -> paramiko.SSHConfig:
+    """``~/.ssh/config`` then ``/etc/ssh/ssh_config`` in one ``SSHConfig`` (a lookup takes the first value found,
+    so the user's file wins, as with OpenSSH); ``~`` is expanded now, not at import."""
+    config = paramiko.SSHConfig()
+    for path in ("~/.ssh/config", "/etc/ssh/ssh_config"):
+        path = os.path.expanduser(path)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                config.parse(f)
+    return config
+
+
+def _local_user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no such user in the passwd database (a container's uid), no LOGNAME/USER
+        return str(os.getuid())
+
+
+class _Hop:
+    """One SSH connection (the target, or a jump host on the way): the SSH config applied to ``host`` (``HostName``,
+    ``User``, ``Port``, ``IdentityFile``, ``ConnectTimeout``, ``ProxyCommand``), and its paramiko client.
+
+    ``gateway``: None to use the config's ``ProxyCommand`` if it has one, False for none (``ProxyJump`` is the
+    host's business: ``SSHHost`` chains the hops itself). ``connect_kwargs`` go to ``SSHClient.connect``; the
+    config's ``IdentityFile`` keys are added after the ``key_filename`` given."""
+
+    def __init__(self, host: str, user: str | None, port: int | None, ssh_config: paramiko.SSHConfig,
+                 gateway: Any, connect_kwargs: dict[str, Any]):
+        self.ssh_config = ssh_config.lookup(host)
+        self.original_host = host
+        self.host = self.ssh_config.get("hostname", host)
+        self.user = user or self.ssh_config.get("user") or _local_user()
+        self.port = int(port or self.ssh_config.get("port", 22))  # ValueError for "Port abc"
+        self.gateway = self.ssh_config.get("proxycommand") if gateway is None else gateway
+        timeout = self.ssh_config.get("connecttimeout")
+        self.connect_timeout: float | None = int(timeout) if timeout is not None else None
+        kwargs = dict(connect_kwargs)
+        keys = list(kwargs.get("key_filename") or []) + list(self.ssh_config.get("identityfile") or [])
+        if keys:
+            kwargs["key_filename"] = keys
+        self.connect_kwargs = kwargs
+        self.client = paramiko.SSHClient()
+        self.transport: paramiko.Transport | None = None
+
+    def open(self) -> None:
+        kwargs = dict(self.connect_kwargs, username=self.user, hostname=self.host, port=self.port)
+        if self.gateway:
+            kwargs["sock"] = paramiko.ProxyCommand(self.gateway)
+        if self.connect_timeout:
+            kwargs["timeout"] = self.connect_timeout
+        if "key_filename" in kwargs and not kwargs["key_filename"]:
+            del kwargs["key_filename"]
+        self.client.connect(**kwargs)
+        self.transport = self.client.get_transport()
+
+    def close(self) -> None:
+        self.client.close()
+        self.transport = None
+
+
+# --------------------------------------------------------------------------------------------------------------
 # the host
 
 
@@ -157,8 +262,8 @@ class SSHHost:
         #: ``user@host:port`` after ~/.ssh/config, known once connected.
         self.destination: str = spec.destination
         self._lock = threading.RLock()  # connect/close, and one SFTP request at a time
-        self._conn: Connection | None = None
-        self._hops: list[Connection] = []
+        self._conn: _Hop | None = None
+        self._hops: list[_Hop] = []
         self._transport: paramiko.Transport | None = None
         self._sftp: paramiko.SFTPClient | None = None
         self._timeout = DEFAULT_CONNECT_TIMEOUT
@@ -199,8 +304,8 @@ class SSHHost:
     def _connect_locked(self) -> None:
         spec = self.spec
         try:
-            config = Config()  # reads /etc/ssh/ssh_config and ~/.ssh/config (expanded now, not at import)
-            lookup = config.base_ssh_config.lookup(spec.host)
+            config = _read_ssh_config()
+            lookup = config.lookup(spec.host)
         except Exception as exc:  # paramiko.ConfigParseError and friends
             raise UsageError(f"cannot read the SSH config (~/.ssh/config, /etc/ssh/ssh_config): {exc}: fix it") from exc
         timeout = spec.connect_timeout
@@ -221,8 +326,8 @@ class SSHHost:
                     "[user@]host[:port][,...]: fix it, or give -J/--jump"
                 ) from None
             if any(hop.host in (spec.host, lookup.get("hostname")) for hop in jump):
-                jump = ()  # a wildcard ProxyJump that names the target itself (fabric does the same)
-        # None: no jump at all, so let fabric run a ProxyCommand from the SSH config, if there is one.
+                jump = ()  # a wildcard ProxyJump that names the target itself: no host is its own jump host
+        # None: no jump at all, so the target's ProxyCommand from the SSH config runs, if there is one.
         gateway: Any = None if (jump is None and "proxycommand" in lookup) else False
 
         hops = [self._make_connection(config, hop, timeout) for hop in (jump or ())]
@@ -251,7 +356,7 @@ class SSHHost:
         self._transport.set_keepalive(30)
         self.destination = _label(main)
 
-    def _make_connection(self, config: Config, hop: Hop, timeout: float, gateway: Any = False) -> Connection:
+    def _make_connection(self, config: paramiko.SSHConfig, hop: Hop, timeout: float, gateway: Any = False) -> _Hop:
         spec = self.spec
         keys = [spec.identity] if spec.identity else []
         kwargs: dict[str, Any] = {
@@ -265,12 +370,10 @@ class SSHHost:
         if keys:
             kwargs["key_filename"] = keys
         try:
-            conn = Connection(
-                hop.host, user=hop.user, port=hop.port, config=config, gateway=gateway, connect_kwargs=kwargs
-            )
+            conn = _Hop(hop.host, hop.user, hop.port, config, gateway, kwargs)
         except ValueError as exc:  # e.g. "Port abc" in ~/.ssh/config
             raise UsageError(f"bad SSH config for {hop}: {exc}: fix ~/.ssh/config") from None
-        conn.connect_timeout = timeout  # fabric's own int() would turn 0.5 s into "no timeout"
+        conn.connect_timeout = timeout  # the config's ConnectTimeout is in whole seconds; this is the one in force
         # OpenSSH skips IdentityFile entries that do not exist; paramiko would raise on them.
         found = []
         for key in conn.connect_kwargs.get("key_filename") or []:
@@ -282,7 +385,7 @@ class SSHHost:
         else:
             conn.connect_kwargs.pop("key_filename", None)
 
-        # Host keys: our policy, our known-hosts files (loaded in _open); never fabric's AutoAddPolicy.
+        # Host keys: our policy, our known-hosts files (loaded in _open); never paramiko's AutoAddPolicy.
         ssh_cfg = conn.ssh_config
         user_files = [os.path.expanduser(p) for p in ssh_cfg.get("userknownhostsfile", _DEFAULT_USER_KNOWN_HOSTS).split()]
         conn.client.set_missing_host_key_policy(
@@ -294,10 +397,10 @@ class SSHHost:
         )
         return conn
 
-    def _open(self, conn: Connection, role: str) -> None:
+    def _open(self, conn: _Hop, role: str) -> None:
         label = _label(conn)
         where = f"{role} {label}" if role != "target" else label
-        # Known hosts are read now, not when the Connection was made: a jump host's key accepted a moment ago
+        # Known hosts are read now, not when the _Hop was made: a jump host's key accepted a moment ago
         # counts for the next hop.
         ssh_cfg = conn.ssh_config
         files = ssh_cfg.get("userknownhostsfile", _DEFAULT_USER_KNOWN_HOSTS).split()
@@ -348,7 +451,7 @@ class SSHHost:
             raise ConnectionFailed(f"cannot connect to {where}: the server closed the connection") from None
         except OSError as exc:
             raise ConnectionFailed(f"cannot connect to {where}: {exc.strerror or exc}") from None
-        except ValueError as exc:  # fabric's own argument checks
+        except ValueError as exc:  # paramiko's own argument checks
             raise ConnectionFailed(f"cannot connect to {where}: {exc}") from None
 
     def close(self) -> None:
@@ -886,15 +989,15 @@ def _pump(client: socket.socket, chan: paramiko.Channel, closed: threading.Event
 # helpers
 
 
-def _label(conn: Connection) -> str:
-    """``user@host:port`` of a fabric Connection, plus the alias it came from when that differs."""
+def _label(conn: _Hop) -> str:
+    """``user@host:port`` of a hop, plus the alias it came from when that differs."""
     text = format_destination(conn.host, conn.user, int(conn.port))
     if conn.original_host and conn.original_host != conn.host:
         text = f"{conn.original_host} ({text})"
     return text
 
 
-def _auth_message(conn: Connection, where: str, exc: BaseException | None) -> str:
+def _auth_message(conn: _Hop, where: str, exc: BaseException | None) -> str:
     keys = conn.connect_kwargs.get("key_filename") or []
     tried = f"keys {', '.join(keys)}" if len(keys) > 1 else f"key {keys[0]}" if keys else "no key file"
     agent = "the ssh-agent" if os.environ.get("SSH_AUTH_SOCK") else "no ssh-agent"
@@ -904,7 +1007,7 @@ def _auth_message(conn: Connection, where: str, exc: BaseException | None) -> st
     return f"cannot connect to {where}: {detail} (tried {tried}; {agent}; {default}): check -i/--identity or your ssh-agent"
 
 
-def _known_hosts_name(conn: Connection) -> str:
+def _known_hosts_name(conn: _Hop) -> str:
     port = int(conn.port)
     return conn.host if port == 22 else f"[{conn.host}]:{port}"
 

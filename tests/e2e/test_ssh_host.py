@@ -7,6 +7,7 @@ import os
 import socket
 import stat as statmod
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -310,6 +311,32 @@ def test_ssh_config_missing_identity_file_and_bad_lines(sshd, tmp_path, monkeypa
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     with _open(sshd.alias) as h:  # the missing file is skipped, as OpenSSH does
         assert h.run(["true"]).ok
+
+
+def test_ssh_config_match_exec_and_proxycommand(sshd, tmp_path, monkeypatch):
+    """``Match exec`` (paramiko runs it with invoke, loaded only then) and ``ProxyCommand`` (a process whose stdin
+    and stdout are the connection) from ~/.ssh/config."""
+    home = sshd.make_home(tmp_path / "home")
+    Path(home, ".ssh", "config").write_text(
+        f"Match host viaexec exec \"test -d {tmp_path}\"\n    HostName {sshd.host}\n    Port {sshd.port}\n"
+        f"    User {sshd.user}\n    IdentityFile {sshd.client_key}\n\n"
+        f"Host viaproxy\n    HostName {sshd.host}\n    Port {sshd.port}\n    User {sshd.user}\n"
+        f"    IdentityFile {sshd.client_key}\n"
+        f"    ProxyCommand {sys.executable} -c \"import socket,sys,threading;s=socket.create_connection(('%h',%p));"
+        f"threading.Thread(target=lambda:[s.sendall(b) for b in iter(lambda:sys.stdin.buffer.read1(65536),b'')],"
+        f"daemon=True).start();[sys.stdout.buffer.write(b) or sys.stdout.buffer.flush() "
+        f"for b in iter(lambda:s.recv(65536),b'')]\"\n"
+        "\n" + Path(home, ".ssh", "config").read_text())
+    monkeypatch.setenv("HOME", home)
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    devnull = open(os.devnull)
+    monkeypatch.setattr(sys, "stdin", devnull)  # invoke.run would read pytest's captured stdin
+    with _open("viaexec") as h:
+        assert h.destination == f"viaexec ({sshd.user}@127.0.0.1:{sshd.port})"
+        assert h.run(["echo", "matched"]).stdout == b"matched\n"
+    with _open("viaproxy") as h:
+        assert h.run(["echo", "proxied"]).stdout == b"proxied\n"
+    devnull.close()
 
 
 def test_bad_proxyjump_in_ssh_config(sshd, tmp_path, monkeypatch):
