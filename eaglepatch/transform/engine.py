@@ -136,25 +136,46 @@ class _Refusal(Exception):
 # Reading the tree
 
 
+# Fields of a node that hold no call: brackets, whitespace, commas, operators, names after ``as``/``=``.
+_NO_CALLS = frozenset({"lpar", "rpar", "lbracket", "rbracket", "lbrace", "rbrace", "leading_lines", "comma",
+                       "semicolon", "equal", "dot", "first_colon", "second_colon", "star", "operator", "asname",
+                       "keyword", "start", "end", "conversion", "asynchronous"})
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _fields(t: type) -> tuple[str, ...]:
+    """The fields of a node type that may hold a call, in the order of the source (a CSTVisitor's order)."""
+    names = _FIELDS.get(t)
+    if names is None:
+        if t is cst.IfExp:  # "body if test else orelse": its fields are declared test first
+            names = ("body", "test", "orelse")
+        else:
+            names = tuple(f.name for f in dataclasses.fields(t) if f.name not in _NO_CALLS and "whitespace" not in f.name)
+        _FIELDS[t] = names
+    return names
+
+
 def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
-    """Every call inside ``node``, not descending into lambdas, nested functions or classes."""
+    """Every call inside ``node`` in source order, not descending into lambdas, nested functions or classes.
+
+    A walk over the nodes' fields: what a CSTVisitor finds, in its order, at a tenth of its cost."""
     found: list[cst.Call] = []
 
-    class V(cst.CSTVisitor):
-        def visit_Call(self, n: cst.Call) -> bool:
+    def walk(n: cst.CSTNode) -> None:
+        if isinstance(n, (cst.Lambda, cst.FunctionDef, cst.ClassDef)):
+            return
+        if isinstance(n, cst.Call):
             found.append(n)
-            return True
+        for name in _fields(type(n)):
+            v = getattr(n, name)
+            if isinstance(v, cst.CSTNode):
+                walk(v)
+            elif isinstance(v, (tuple, list)):
+                for x in v:
+                    if isinstance(x, cst.CSTNode):
+                        walk(x)
 
-        def visit_Lambda(self, n: cst.Lambda) -> bool:
-            return False
-
-        def visit_FunctionDef(self, n: cst.FunctionDef) -> bool:
-            return False
-
-        def visit_ClassDef(self, n: cst.ClassDef) -> bool:
-            return False
-
-    node.visit(V())
+    walk(node)
     return found
 
 

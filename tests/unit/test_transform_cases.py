@@ -782,3 +782,44 @@ def test_a_tab_indented_class_after_a_statement(recipe):
     assert "\t@_eaglepatch.entry  # [eaglepatch]\n\tdef forward_batch_generation" in res.source
     assert "\t\t\t_eaglepatch.begin(\"draft\", \"decode\")  # [eaglepatch]\n\t\t\tspec_info = self.draft(batch)" \
         in res.source
+
+
+def test_calls_are_found_in_source_order_as_a_visitor_finds_them():
+    """``_calls_in`` walks the nodes' fields itself: the same calls as a CSTVisitor, in the same (source) order,
+    none inside a lambda, a nested def or class; ``a if b else c`` in that order though its fields say b, a, c."""
+    import libcst as cst
+
+    from eaglepatch.transform.engine import _calls_in
+
+    class Visitor(cst.CSTVisitor):
+        def __init__(self):
+            super().__init__()
+            self.found = []
+
+        def visit_Call(self, n):
+            self.found.append(n)
+
+        def visit_Lambda(self, n):
+            return False
+
+        def visit_FunctionDef(self, n):
+            return False
+
+        def visit_ClassDef(self, n):
+            return False
+
+    src = ("x = a(b(c), k=d()) if e(f) else g[h()]((lambda: i()), *j(), **k())\n"
+           "y: T[m()] = [n(o) for p in q() if r()] + {s(): t() for u in v()}\n"
+           "z = f'{w()!r:{x()}}' and (yield aa()) or not bb(cc := dd())\n"
+           "del ee()[ff()]; assert gg(), hh()\n"
+           "with ii() as jj, kk(): pass\n")
+    module = cst.parse_module(src)
+    names = []
+    for stmt in module.body:
+        v = Visitor()
+        stmt.visit(v)
+        ours = _calls_in(stmt)
+        assert [id(c) for c in ours] == [id(c) for c in v.found]
+        names += [module.code_for_node(c.func) for c in ours]
+    assert names[:5] == ["a", "b", "d", "e", "g[h()]"]
+    assert "i" not in names  # inside the lambda
