@@ -7,8 +7,9 @@ interleaved, ``--repeat`` times each after one warm-up of both:
 
 * ``parse_s``: ``libcst.parse_module(source)``, the floor: libcst reading the file and nothing else;
 * ``transform_s``: ``eaglepatch.transform.engine.instrument(source, path, builtin_recipe())``, everything the
-  transform does to a file (parse, position metadata, finding the phase calls, rendering, and the self-check:
-  compile the output and strip it back to the input). Files of a worker family the recipe does not instrument
+  transform does to a file (the standard ast's parse of the file, libcst's parse of the methods it scans and their
+  position metadata, finding the phase calls, rendering, and the self-check: compile the output and strip it back
+  to the input). Files of a worker family the recipe does not instrument
   (``NotApplicable``: DFlash, DSpark, Uno, the inheriting Standalone workers) are still parsed and searched.
 
 ``ratio`` is ``median(transform_s) / median(parse_s)``. The headline is the newest release's largest V2 worker
