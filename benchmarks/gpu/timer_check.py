@@ -9,6 +9,10 @@ synchronize before each phase). Compared against it, per phase (medians over cyc
 - a naive perf_counter around each phase without a synchronize (what you get without eaglepatch's care);
 and what each timer costs: wall time per cycle with the timer against the same cycles with no hooks,
 interleaved in blocks so drift of the host's speed hits both alike.
+Then, paired: more cycles in which each phase is also bracketed by CUDA events of its own inside the runtime's
+begin/end, so every record is compared with the GPU time of that very execution (the idle ground truth above is
+measured first, on a cooler GPU: a GPU that slows under sustained load would pass for a timer error). And the
+floor of a synchronize + perf_counter pair: one tiny kernel timed both ways.
 
     python3 benchmarks/gpu/timer_check.py --out result.json
 """
@@ -99,20 +103,57 @@ def naive(work: Work, cycles: int) -> dict[str, float]:
     return {p: statistics.median(v) for p, v in out.items()}
 
 
-def make_worker(rt, work: Work):
+def sync_floor(cycles: int = 200) -> dict[str, float]:
+    """What a synchronize + perf_counter pair adds to any phase: one tiny kernel timed both ways, the GPU idle
+    before each. The difference is the host's launch latency plus the synchronize's return, which the `sync`
+    timer counts (it measures wall time) and CUDA events do not."""
+    x = torch.zeros(1, device="cuda")
+    wall, gpu = [], []
+    for _ in range(cycles):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        x.add_(1)
+        torch.cuda.synchronize()
+        wall.append((time.perf_counter() - t) * 1000)
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        x.add_(1)
+        b.record()
+        b.synchronize()
+        gpu.append(a.elapsed_time(b))
+    w, g = statistics.median(wall), statistics.median(gpu)
+    return {"wall_ms": w, "gpu_ms": g, "floor_us": 1000.0 * (w - g)}
+
+
+def make_worker(rt, work: Work, paired: list | None = None):
+    """A worker whose entry method runs the three phases under the runtime's hooks. With ``paired`` (a list),
+    each phase is also bracketed by CUDA events of its own, inside the runtime's begin/end: the GPU time of that
+    very execution, appended per cycle as {phase: (start event, end event)}."""
+
+    def phase(name: str, fn, cyc: dict | None):
+        rt.begin(name, "decode")
+        if cyc is None:
+            out = fn()
+        else:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            out = fn()
+            b.record()
+            cyc[name] = (a, b)
+        rt.end(name)
+        return out
+
     class Worker:
         @rt.entry
         def forward_batch_generation(self, batch):
-            rt.begin("draft", "decode")
-            work.draft()
-            rt.end("draft")
-            rt.begin("verify", "decode")
-            out = work.verify()
-            rt.end("verify")
+            cyc = {} if paired is not None else None
+            phase("draft", work.draft, cyc)
+            out = phase("verify", work.verify, cyc)
             rt.accepted(batch, ("accept_lens",), 0)
-            rt.begin("draft_extend", "decode")
-            work.draft_extend()
-            rt.end("draft_extend")
+            phase("draft_extend", work.draft_extend, cyc)
+            if cyc is not None:
+                paired.append(cyc)
             return out
 
     return Worker()
@@ -181,6 +222,34 @@ def run_timer(mode: str, work: Work, cycles: int, blocks: int) -> dict:
         out["host_phases_p50_ms"] = {
             p: statistics.median([r["host_phases"][p] for r in recs if p in r.get("host_phases", {})]) for p in PHASES
         }
+    # Paired: the same cycles timed by the runtime and by CUDA events around each phase's own execution, so GPU
+    # speed drifting over the run (clocks, heat) cannot pass for a timer error.
+    for p in glob.glob(os.path.join(log_dir, "*.jsonl")):
+        os.remove(p)
+    pairs: list = []
+    wp = make_worker(rt, work, pairs)
+    for _ in range(cycles * blocks):
+        wp.forward_batch_generation(b)
+    torch.cuda.synchronize()
+    rt.flush()
+    recs = records(log_dir)
+    if len(recs) == len(pairs):
+        err = {ph: [] for ph in PHASES}
+        gpu = {ph: [] for ph in PHASES}
+        for r, cyc in zip(recs, pairs):
+            for ph in PHASES:
+                g = cyc[ph][0].elapsed_time(cyc[ph][1])
+                gpu[ph].append(g)
+                err[ph].append(100.0 * (r["phases"][ph] / g - 1.0))
+        out["paired"] = {
+            "cycles": len(pairs),
+            "gpu_p50_ms": {ph: statistics.median(v) for ph, v in gpu.items()},
+            "timer_p50_ms": {ph: statistics.median([r["phases"][ph] for r in recs]) for ph in PHASES},
+            "error_pct_p50": {ph: statistics.median(v) for ph, v in err.items()},
+            "error_pct_p90_abs": {ph: sorted(abs(x) for x in v)[int(0.9 * (len(v) - 1))] for ph, v in err.items()},
+        }
+    else:
+        out["paired"] = {"error": f"{len(recs)} records for {len(pairs)} cycles"}
     return out
 
 
@@ -211,6 +280,9 @@ def main() -> int:
             p: 100.0 * (res[mode]["phases_p50_ms"][p] / truth[p] - 1.0) for p in PHASES
         }
     res["naive_error_pct"] = {p: 100.0 * (res["naive_p50_ms"][p] / truth[p] - 1.0) for p in PHASES}
+    # the sync timer's excess over the GPU time, per phase, next to the floor any sync-timed phase pays
+    res["sync_floor"] = sync_floor()
+    res["sync"]["excess_us"] = {p: 1000.0 * (res["sync"]["phases_p50_ms"][p] - truth[p]) for p in PHASES}
     text = json.dumps(res, indent=1)
     print(text)
     if args.out:

@@ -100,6 +100,23 @@ def main() -> int:
             truth[p].append(e0.elapsed_time(e1))
     truth_p50 = {p: statistics.median(v) for p, v in truth.items()}
 
+    # the same phases back to back as the timed loop runs them (no synchronize, no barrier between phases),
+    # CUDA events around each and no runtime: what the GPU takes for each phase under that load
+    loaded = {p: [] for p in PHASES}
+    dist.barrier()
+    for _ in range(50):
+        evs = []
+        for p in PHASES:
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            phase_fn[p]()
+            e1.record()
+            evs.append((p, e0, e1))
+        torch.cuda.synchronize()
+        for p, e0, e1 in evs:
+            loaded[p].append(e0.elapsed_time(e1))
+    loaded_p50 = {p: statistics.median(v) for p, v in loaded.items()}
+
     dist.barrier()
     t = time.perf_counter()
     for _ in range(args.cycles):
@@ -109,7 +126,7 @@ def main() -> int:
     rt.flush()
     dist.barrier()
 
-    mine = {"rank": rank, "truth_p50_ms": truth_p50, "wall_ms_per_cycle": 1000 * wall / args.cycles,
+    mine = {"rank": rank, "truth_p50_ms": truth_p50, "loaded_p50_ms": loaded_p50, "wall_ms_per_cycle": 1000 * wall / args.cycles,
             "files": sorted(os.path.basename(p) for p in glob.glob(os.path.join(args.log_dir, f"*-rank{rank}.jsonl")))}
     gathered: list = [None] * world
     dist.all_gather_object(gathered, mine)
@@ -152,6 +169,9 @@ def main() -> int:
         errors[r] = {p: round(100.0 * (g["phases"][p]["p50"] / t[p] - 1.0), 2)
                      for p in PHASES if p in g.get("phases", {})}
     res["error_pct_by_rank"] = errors
+    res["error_pct_vs_loaded_by_rank"] = {
+        r: {p: round(100.0 * (g["phases"][p]["p50"] / gathered[r]["loaded_p50_ms"][p] - 1.0), 2) for p in PHASES}
+        for r, g in ((int((g.get("key") or {}).get("rank", -1)), g) for g in groups) if 0 <= r < world}
     res["checks"] = checks
     text = json.dumps(res, indent=1, default=str)
     print(text)
