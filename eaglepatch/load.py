@@ -29,6 +29,14 @@ from eaglepatch.errors import Unsupported, UsageError
 # token ids drawn for prompts: low ids exist in every vocabulary, and 0-9 (often special tokens) are avoided
 _TOKEN_LO, _TOKEN_HI = 10, 1000
 _MAX_ERRORS_KEPT = 5
+# A load shorter than this measures a start-up transient as much as the server: bench and sweep say so.
+SHORT_LOAD_S = 5.0
+
+
+def short_load_note(seconds: float) -> str:
+    return (f"the load ran for only {seconds:.1f} s: too short to measure a server steadily (a start-up transient "
+            f"or one pause weighs heavily); raise --requests or --max-new-tokens so that it runs "
+            f"{SHORT_LOAD_S:.0f} s or more")
 
 
 class LoadFailed(Unsupported):

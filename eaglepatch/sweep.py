@@ -32,6 +32,7 @@ import time
 from typing import Any, Iterable, Mapping, Sequence
 
 from eaglepatch.errors import Conflict, UsageError
+from eaglepatch.load import SHORT_LOAD_S
 
 # Launch flags of sglang's server that a tuning sweep may set (besides every speculative-*). Others need
 # --allow-flag NAME.
@@ -463,8 +464,11 @@ def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, 
     overlaps the best point's: it may be as good), ``failed_runs``, and for a failed point ``log_tail``; and
     top-level ``repeat`` and ``notes``."""
     by_point: dict[str, list[Mapping[str, Any]]] = {}
+    runs_ok: list[Mapping[str, Any]] = []
     for r in runs:
         by_point.setdefault(r["point"], []).append(r)
+        if r.get("status") == "ok":
+            runs_ok.append(r)
     docs = []
     for p in points:
         rs = by_point.get(p.key, [])
@@ -520,6 +524,12 @@ def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, 
     if repeat < 2 and len(oks) > 1:
         notes.append("one launch per point: a host's speed drifts by tens of percent between launches, so "
                      "differences of that size decide nothing; use --repeat 3 or more")
+    waits = [r["client"]["seconds"] for r in runs_ok if isinstance((r.get("client") or {}).get("seconds"), (int, float))]
+    short = [w for w in waits if w < SHORT_LOAD_S]
+    if short:
+        notes.append(f"{len(short)} of {len(waits)} run(s) measured under {SHORT_LOAD_S:.0f} s of load (the shortest "
+                     f"{min(short):.1f} s): a start-up transient weighs heavily in so short a window; raise --requests "
+                     "or --max-new-tokens")
     if oks and not any(docs[i]["phases_p50"] for i in oks):
         notes.append("no per-phase timings: the target is not patched (eaglepatch apply TARGET first); tok/s and "
                      "accept length are the client's")

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 from eaglepatch.errors import ConnectionFailed, EaglepatchError, Unsupported, UsageError
 from eaglepatch.hosts.base import Host
-from eaglepatch.load import LoadFailed, LoadSpec, run_load
+from eaglepatch.load import SHORT_LOAD_S, LoadFailed, LoadSpec, run_load, short_load_note
 from eaglepatch.ops.actions import Connect, _facts, _launch_of, _Target, fetch_logs_from
 from eaglepatch.ops.core import Session
 from eaglepatch.transform.recipe import builtin_recipe
@@ -120,6 +120,8 @@ def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | Non
     else:
         timings = collect_timings(host, name, python, log_dir, {server.pid, *server.children}, window,
                                   opts.log_wait, say, notes)
+    if lr.seconds < SHORT_LOAD_S:
+        notes.append(short_load_note(lr.seconds))
     if not lr.streamed:
         notes.append("the server did not stream: time to first token is unknown (null)")
     if lr.failed:

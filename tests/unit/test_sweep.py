@@ -285,6 +285,18 @@ def test_summary_with_a_failed_baseline_has_no_speedups_and_no_best_when_nothing
     assert sw.summarize("t", pts, [], baseline=True, repeat=1)["best"] is None
 
 
+def test_summary_says_when_a_run_measured_too_short_a_load():
+    pts = _points()
+    runs = [_run(pts[0], 0, 3000.0, client={"seconds": 0.84}), _run(pts[1], 0, 1200.0, client={"seconds": 12.0}),
+            _run(pts[2], 0, 1500.0, client={"seconds": 3.1}),
+            _run(pts[3], 0, None, status="failed", error="x", client={"seconds": 0.1})]
+    notes = sw.summarize("t", pts, runs, baseline=True, repeat=1)["notes"]
+    short = [n for n in notes if "of load" in n]
+    assert short == [short[0]] and short[0].startswith("2 of 3 run(s) measured under 5 s of load (the shortest 0.8 s)")
+    long_only = [_run(pts[0], 0, 90.0, client={"seconds": 5.0}), _run(pts[1], 0, 95.0)]
+    assert not any("of load" in n for n in sw.summarize("t", pts, long_only, baseline=True, repeat=1)["notes"])
+
+
 def test_table_and_csv():
     pts = _points()
     ph = {"draft": 3.1, "verify": 7.9, "draft_extend": 1.0, "cycle": 12.2}
