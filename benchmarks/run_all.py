@@ -8,7 +8,8 @@ reproduced alone:
 2. benchmarks/bench_ssh.py: ``apply``/``revert --no-restart`` over loopback SSH vs one bare ``ssh host true``;
 3. benchmarks/bench_report.py: ``report`` over 1,000,000 records vs a bare json parse, and its peak memory;
 4. benchmarks/bench_runtime.py: the runtime's host overhead per cycle, ``cpu`` timer;
-5. the GPU figures, copied from docs/gpu/timer_check.json (measured on an H200; never re-run here).
+5. the GPU figures, copied from docs/gpu/timer_check.json and docs/gpu/two_ranks.json (measured on H200s; never
+   re-run here).
 
     python benchmarks/run_all.py --out docs/benchmarks.md [--quick]
 
@@ -390,38 +391,64 @@ def section_gpu(summary: list) -> str:
     out.append(
         "How to read: benchmarks/gpu/timer_check.py drives the real runtime around phases of known GPU work, "
         "launched asynchronously as sglang does: a \"draft\" of 12 small dependent matmuls, a \"verify\" of one "
-        "large batched matmul, a \"draft extend\" of a medium one. Ground truth: CUDA events around each phase "
-        "with the GPU idle before it (a synchronize first). Against it, per phase (medians over cycles): the "
-        "runtime's `sync` timer (synchronize, then perf_counter, at each boundary) and `events` timer (CUDA "
-        "events, resolved later), and a naive `perf_counter` around each phase without a synchronize (what one "
-        "gets without care: it times the kernel launches, not the GPU work). Error = timer / ground truth - 1. "
-        "Cost = wall time per cycle with the timer / without any hooks - 1, in blocks interleaved. Targets "
-        "(issue 6): `sync` and `events` within 2% of the ground truth for phases of 1 ms and more; `events` "
-        "costs under 1%.")
+        "large batched matmul, a \"draft extend\" of a medium one. The accuracy figure is **paired**: in 300 "
+        "cycles each phase is also bracketed by CUDA events of its own, inside the runtime's begin/end, so each "
+        "record is compared with the GPU time of that very execution (error = the median over cycles of timer / "
+        "paired GPU time - 1; also the 90th percentile of its absolute value). For reference, the same timers "
+        "against an idle ground truth measured once at the start (CUDA events around each phase, a synchronize "
+        "before it), and a naive `perf_counter` around each phase without a synchronize (what one gets without "
+        "care: it times the kernel launches, not the GPU work). The idle comparison mixes in the GPU's own drift: "
+        "the phases run a few percent slower under the sustained load of the timed loop than at the start. Cost "
+        "= wall time per cycle with the timer / without any hooks - 1, in blocks interleaved. Targets (issue 6): "
+        "`sync` and `events` within 2% for phases of 1 ms and more; `events` costs under 1%.")
     out.append("")
     truth = g["ground_truth_p50_ms"]
+    paired = {m: g[m].get("paired") or {} for m in ("sync", "events")}
+    have_pairs = all("error_pct_p50" in paired[m] for m in paired)
     rows = []
     fails = []
     for p in ("draft", "verify", "draft_extend"):
-        cells = [p, f"{truth[p]:.3f} ms"]
+        cells = [p]
         for mode in ("sync", "events"):
-            v, e = g[mode]["phases_p50_ms"][p], g[mode]["error_pct"][p]
-            ok = abs(e) <= 2.0 or truth[p] < 1.0
-            if not ok:
-                fails.append(f"`{mode}` on {p} ({e:+.2f}%)")
-            cells.append(f"{v:.3f} ms ({e:+.2f}%{'' if ok else ', MISSED'})")
+            if have_pairs:
+                pr = paired[mode]
+                e, e90 = pr["error_pct_p50"][p], pr["error_pct_p90_abs"][p]
+                ok = abs(e) <= 2.0 or pr["gpu_p50_ms"][p] < 1.0
+                if not ok:
+                    fails.append(f"`{mode}` on {p} ({e:+.2f}%)")
+                cells.append(f"{pr['timer_p50_ms'][p]:.3f} vs {pr['gpu_p50_ms'][p]:.3f} ms: **{e:+.2f}%** "
+                             f"(p90 abs {e90:.2f}%){'' if ok else ', MISSED'}")
+        for mode in ("sync", "events"):
+            cells.append(f"{g[mode]['phases_p50_ms'][p]:.3f} ms ({g[mode]['error_pct'][p]:+.2f}%)")
+        cells.append(f"{truth[p]:.3f} ms")
         cells.append(f"{g['naive_p50_ms'][p]:.3f} ms ({g['naive_error_pct'][p]:+.1f}%)")
         rows.append(cells)
-    out += [table(["phase", "ground truth (CUDA events)", "`sync` timer (error)", "`events` timer (error)",
-                   "naive perf_counter, no sync (error)"], rows), ""]
+    heads = ["phase"] + (["`sync`, paired (error)", "`events`, paired (error)"] if have_pairs else []) + [
+        "`sync` vs idle truth", "`events` vs idle truth", "idle ground truth", "naive perf_counter (error)"]
+    out += [table(heads, rows), ""]
     long = [p for p in truth if truth[p] >= 1.0]
 
     def acc_ok(mode: str) -> bool:
+        if have_pairs:
+            return all(abs(paired[mode]["error_pct_p50"][p]) <= 2.0 for p in long)
         return all(abs(g[mode]["error_pct"][p]) <= 2.0 for p in long)
 
-    out += [f"Accuracy target (within 2% for phases of 1 ms and more; phases of 1 ms and more here: "
+    out += [f"Accuracy target (paired; within 2% for phases of 1 ms and more; phases of 1 ms and more here: "
             f"{', '.join(long) or 'none'}): `events` {verdict(acc_ok('events'))}, `sync` {verdict(acc_ok('sync'))}"
             + (f" (missed: {', '.join(fails)})" if fails else "") + ".", ""]
+    fl = g.get("sync_floor")
+    if have_pairs and fl:
+        ex = {p: 1000.0 * (paired["sync"]["timer_p50_ms"][p] - paired["sync"]["gpu_p50_ms"][p])
+              for p in ("draft", "verify", "draft_extend")}
+        out += [f"What `sync` adds: {', '.join(f'{p} {v:.0f} us' for p, v in ex.items())} per phase over the GPU "
+                f"time of the same execution, while a synchronize + perf_counter pair around one tiny kernel adds "
+                f"{fl['floor_us']:+.1f} us ({fl['wall_ms'] * 1000:.1f} us by the host clock, "
+                f"{fl['gpu_ms'] * 1000:.1f} us by CUDA events). So the excess is not the timer's own floor; it is about "
+                "the same for a 1.7 ms and a 6.4 ms phase, which fits host time spent before each phase's first "
+                "large (cuBLAS) kernel starts on a GPU that the synchronize has just drained: wall time that really "
+                "passes with the GPU idle (that cause is inferred, not measured separately). The `sync` timer "
+                "measures wall time, as it says; with ~70 us per phase it is within 2% only for phases of about "
+                "3.5 ms and more here. For GPU time, use `events`.", ""]
     rows = []
     for mode, target in (("sync", None), ("events", 1.0)):
         d = g[mode]
@@ -433,20 +460,58 @@ def section_gpu(summary: list) -> str:
     ev = g["events"]
     out += [f"Cycle p50 as recorded: `sync` {g['sync']['cycle_p50_ms']:.3f} ms, `events` {ev['cycle_p50_ms']:.3f} ms "
             f"({g['sync']['records']} and {ev['records']} records; accepted tokens recorded: "
-            f"{g['sync']['accepted_values']} and {ev['accepted_values']}; the stub batch's accept_lens sum to 10). The `sync` timer "
-            "synchronizes at every phase boundary, so the host cannot queue the next phase's kernels while the GPU "
-            "works: the likely reason why it costs a few percent and reads high on the shorter phases (this run "
-            "does not measure that cause separately).",
+            f"{g['sync']['accepted_values']} and {ev['accepted_values']}; the stub batch's accept_lens sum to 10).",
             ""]
+    out.append(section_two_ranks())
     for mode in ("sync", "events"):
-        d = g[mode]
-        errs = ", ".join(f"{p} {d['error_pct'][p]:+.2f}%" for p in ("draft", "verify", "draft_extend"))
-        summary.append([f"GPU `{mode}` timer error vs CUDA events (H200)", errs, "CUDA-event ground truth", "",
+        src = paired[mode]["error_pct_p50"] if have_pairs else g[mode]["error_pct"]
+        errs = ", ".join(f"{p} {src[p]:+.2f}%" for p in ("draft", "verify", "draft_extend"))
+        summary.append([f"GPU `{mode}` timer error (H200, paired)", errs, "CUDA events, same execution", "",
                         "within 2%", verdict(acc_ok(mode))])
     summary.append(["GPU `events` timer cost per cycle (H200)", f"{ev['cost_pct']:.2f}%",
                     f"no hooks {ev['wall_ms_per_cycle_bare']:.3f} ms", "", "< 1%", verdict(ev["cost_pct"] < 1)])
     summary.append(["GPU `sync` timer cost per cycle (H200)", f"{g['sync']['cost_pct']:.2f}%",
                     f"no hooks {g['sync']['wall_ms_per_cycle_bare']:.3f} ms", "", "(none)", ""])
+    return "\n".join(out)
+
+
+def section_two_ranks() -> str:
+    path = ROOT / "docs" / "gpu" / "two_ranks.json"
+    out = ["### Two ranks under torch.distributed (2 x H200)", ""]
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return "\n".join(out) + f"\n{path.relative_to(ROOT)} could not be read ({exc}).\n"
+    out.append(
+        f"Measured on {' + '.join(d['gpus'])} on {d['date']} with `{d['command']}` (torch {d['torch']}, NCCL "
+        f"{d['nccl']}); raw output: {path.relative_to(ROOT)}. Each rank drives the runtime (`events`) around the "
+        "phases above, with an NCCL all-reduce of 8 MB inside \"verify\", all ranks writing into one log folder as "
+        "the ranks of a TP server do; rank 0 then runs the real `eaglepatch report --json --by rank` and "
+        "`eaglepatch report --json` over the folder.")
+    out.append("")
+    c = d["checks"]
+    files = ", ".join(f"`{f}`" for f in d["log_files"])
+    per_rank = ", ".join(f"rank {g['key']['rank']}: {g['n']} cycles" for g in d["groups_by_rank"])
+    merged = sum(g["n"] for g in d["report_merged"]["groups"])
+    out.append(f"Log files: {files} (one per rank: {verdict(c['one_file_per_rank'])}); `--by rank`: {per_rank} of "
+               f"{d['cycles_per_rank']} each ({verdict(c['report_groups_per_rank'])}); merged: one group of "
+               f"{merged} cycles ({verdict(c['report_merged_cycles'])}).")
+    out.append("")
+    rows = []
+    loaded = d.get("error_pct_vs_loaded_by_rank") or {}
+    for r in sorted(d["error_pct_by_rank"], key=int):
+        rk = d["ranks"][int(r)]
+        for p in ("draft", "verify", "draft_extend"):
+            rows.append([r, p, f"{rk['truth_p50_ms'][p]:.3f} ms", f"{d['error_pct_by_rank'][r][p]:+.2f}%",
+                         f"{rk['loaded_p50_ms'][p]:.3f} ms" if "loaded_p50_ms" in rk else "-",
+                         f"{loaded[r][p]:+.2f}%" if r in loaded else "-"])
+    out += [table(["rank", "phase", "idle ground truth", "report p50 vs idle", "under the loop's load (no runtime)",
+                   "report p50 vs loaded"], rows), ""]
+    out.append("The report's p50 per rank is compared with that rank's GPU time measured two ways: idle (a "
+               "synchronize and a barrier before each phase) and under the timed loop's own back-to-back load "
+               "without the runtime (medians over 50 cycles each; not paired per execution, so the spread of the "
+               "all-reduce's wait for the other rank is in both).")
+    out.append("")
     return "\n".join(out)
 
 
