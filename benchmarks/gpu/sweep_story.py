@@ -19,7 +19,8 @@ stages, and the second resumes the first (the sweep's own resume: its state file
 ``REHEARSAL=1`` runs the same story on this machine with the stand-in server of tests/stubs (no GPU): it checks
 the script, not sglang.
 
-Usage: ``python3 sweep_story.py 1|2`` (env: OUT, T0, DEADLINE, STATE_IN, REPEAT, REHEARSAL, TWO_RANKS).
+Usage: ``python3 sweep_story.py 1|2`` (env: OUT, T0, DEADLINE, STATE_IN, GRID, REPEAT, REQUESTS, MAX_NEW, REHEARSAL,
+TWO_RANKS).
 """
 
 from __future__ import annotations
@@ -50,8 +51,10 @@ PY = sys.executable
 CACHE = Path(os.environ.get("SWEEP_CACHE", "/tmp/epcache"))  # XDG_CACHE_HOME of eaglepatch: the sweeps' state
 GRID = os.environ.get("GRID", "speculative-num-steps=1,2,3,5")
 REPEAT = os.environ.get("REPEAT", "1")
-LOAD = ["--requests", os.environ.get("REQUESTS", "16"), "--concurrency", "4", "--max-new-tokens", "128",
-        "--warmup", "2", "--log-wait", "3"]
+# The load of the recorded run (docs/real-gpu.md). It proved too short for this fast server (0.6-2.6 s windows):
+# REQUESTS=64 MAX_NEW=256 gives about 10 s.
+LOAD = ["--requests", os.environ.get("REQUESTS", "16"), "--concurrency", "4",
+        "--max-new-tokens", os.environ.get("MAX_NEW", "128"), "--warmup", "2", "--log-wait", "3"]
 story: dict = {"stage": STAGE, "rehearsal": REHEARSAL, "steps": []}
 
 if REHEARSAL:
