@@ -15,12 +15,13 @@ $(BIN)/eaglepatch: pyproject.toml
 
 install: $(BIN)/eaglepatch
 
-# The end-to-end tests start a real OpenSSH server on 127.0.0.1; install Debian's when it is missing.
+# The end-to-end tests start a real OpenSSH server on 127.0.0.1, and one whose login shell is tcsh; install
+# Debian's packages when they are missing.
 sshd:
-	@if [ ! -x /usr/sbin/sshd ]; then \
-	  echo "installing openssh-server (Debian) for the end-to-end tests" >&2; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null) \
-	  || { echo "could not install openssh-server: run 'apt-get install openssh-server' as root" >&2; exit 1; }; \
+	@if [ ! -x /usr/sbin/sshd ] || [ ! -x /usr/bin/tcsh ]; then \
+	  echo "installing openssh-server and tcsh (Debian) for the end-to-end tests" >&2; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server tcsh >/dev/null) \
+	  || { echo "could not install them: run 'apt-get install openssh-server tcsh' as root" >&2; exit 1; }; \
 	fi
 
 test: install sshd

@@ -11,6 +11,7 @@ per interpreter for the whole connection, each call one request on it).
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import threading
@@ -94,6 +95,11 @@ class Host(Protocol):
         ...
 
 
+# Written by eaglepatch's programs on the host before anything else: the bytes a login shell prints on stdout
+# before the interpreter starts (a banner in ~/.bashrc, a ForceCommand's echo) come before it and are skipped.
+MARKER = b"\x1eeaglepatch\x1e\n"
+
+
 def run_python(host: Host, python: str, program: str, payload: Any = None, timeout: float | None = None) -> Any:
     """Run ``program`` (Python source) with ``python`` on ``host``, payload as JSON on stdin; return its JSON stdout.
 
@@ -101,8 +107,10 @@ def run_python(host: Host, python: str, program: str, payload: Any = None, timeo
     when it exits non-zero or prints something that is not JSON.
     """
     # The program text travels as the first line of stdin's JSON, so no quoting of source code on a command line.
+    # The marker first: what a login shell prints before the interpreter starts is skipped, not parsed.
     wrapper = (
-        "import json,sys;_d=json.loads(sys.stdin.read());"
+        "import json,sys;sys.stdout.write('\\x1eeaglepatch\\x1e\\n');sys.stdout.flush();"
+        "_d=json.loads(sys.stdin.read());"
         "sys.argv=['eaglepatch-remote'];_g={'__name__':'__main__','PAYLOAD':_d['payload']};"
         "exec(compile(_d['program'],'<eaglepatch-remote>','exec'),_g)"
     )
@@ -110,8 +118,10 @@ def run_python(host: Host, python: str, program: str, payload: Any = None, timeo
     result = host.run([python, "-c", wrapper], stdin=data, timeout=timeout)
     if result.rc != 0:
         raise RemoteScriptError(python, result)
+    out = result.stdout
+    at = out.find(MARKER)
     try:
-        return json.loads(result.stdout.decode("utf-8", "replace"))
+        return json.loads((out[at + len(MARKER):] if at >= 0 else out).decode("utf-8", "replace"))
     except ValueError as exc:
         raise RemoteScriptError(python, result) from exc
 
@@ -160,10 +170,11 @@ class HostProcess(Protocol):
 # travel base64-encoded inside JSON: a third of the bytes on the wire, which paramiko moves at some 8 MB/s).
 # stdin and stdout are moved out of the way first, so that the program and any child it starts read /dev/null
 # and print on stderr, never into the frames. Python 3.8+, standard library only.
-AGENT = r"""
+_AGENT_SOURCE = r"""
 import os,sys,json,traceback,zlib
 i=os.fdopen(os.dup(0),'rb');o=os.fdopen(os.dup(1),'wb')
 n=os.open(os.devnull,os.O_RDONLY);os.dup2(n,0);os.close(n);os.dup2(2,1)
+o.write(b'\x1eeaglepatch\x1e\n');o.flush()
 def r():
     l=i.readline().strip()
     if not l:return None
@@ -190,6 +201,11 @@ while 1:
     except Exception:
         w({'error':traceback.format_exc()})
 """
+# What goes on the command line: one line of characters that every login shell passes through unchanged inside
+# single quotes (sh, bash, zsh, and csh/tcsh, which refuse a newline there): the source, zlib-compressed and
+# base64-encoded (letters, digits, "+", "/", "="), unpacked by a one-line bootstrap.
+AGENT = 'import base64,zlib;exec(zlib.decompress(base64.b64decode("%s")))' % base64.b64encode(
+    zlib.compress(_AGENT_SOURCE.encode(), 9)).decode("ascii")
 
 
 _COMPRESS_OVER = 4096
@@ -238,6 +254,7 @@ class PythonAgent:
         if not self.proc.send(out, deadline) and deadline is not None and time.monotonic() >= deadline:
             self._fail_timeout()
         if self.info is None:
+            self._skip_to_marker(deadline)
             self.info = self._read_frame(deadline)
         answer = self._read_frame(deadline)
         if "result" in answer:
@@ -249,6 +266,24 @@ class PythonAgent:
         self.dead = True
         self.proc.close()
         raise RemoteScriptError(self.python, CommandResult(int(answer.get("exit", rc) or 0), b"", err))
+
+    def _skip_to_marker(self, deadline: float | None) -> None:
+        """Drop what came before the agent's marker (a login shell's output)."""
+        assert self.proc is not None
+        while True:
+            at = self._buf.find(MARKER)
+            if at >= 0:
+                del self._buf[: at + len(MARKER)]
+                return
+            chunk = self.proc.read(deadline)
+            if chunk is None:
+                self._fail_timeout()
+            if not chunk:
+                rc, err = self.proc.wait(deadline)
+                self.dead = True
+                self.proc.close()
+                raise RemoteScriptError(self.python, CommandResult(rc, bytes(self._buf), err))
+            self._buf.extend(chunk)
 
     def _read_frame(self, deadline: float | None) -> dict[str, Any]:
         assert self.proc is not None

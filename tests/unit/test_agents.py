@@ -186,3 +186,39 @@ def test_big_requests_and_answers_travel_compressed_and_intact(host, monkeypatch
     assert sent[1].startswith(b"z")  # the request: compressed
     assert host.agents.call(PY, PROGRAM, {"op": "echo"}) == {"op": "echo"}
     assert not sent[-1].startswith(b"z")  # a small one as it is
+
+
+def test_what_a_login_shell_prints_before_the_interpreter_is_skipped():
+    """A banner on stdout before the program starts (a chatty ~/.bashrc, a ForceCommand's echo), digits and
+    newlines included, must not be read as a frame or as the answer: both paths skip to eaglepatch's marker."""
+    from eaglepatch.hosts.base import MARKER, CommandResult, run_python
+
+    class Chatty(LocalHost):
+        def run(self, argv, stdin=None, timeout=None):
+            r = super().run(argv, stdin=stdin, timeout=timeout)
+            return CommandResult(r.rc, b"welcome to gpu1\n42\n{not json\n" + r.stdout, r.stderr)
+
+        def spawn(self, argv):
+            return super().spawn(["sh", "-c", 'echo "welcome to gpu1"; echo 42; exec "$0" "$@"', *argv])
+
+    host = Chatty()
+    assert run_python(host, PY, "import json; print(json.dumps(PAYLOAD))", {"a": [1, 2]}) == {"a": [1, 2]}
+    agents = host.agents
+    assert agents.call(PY, PROGRAM, {"op": "echo", "x": 1}) == {"op": "echo", "x": 1}
+    assert agents.call(PY, PROGRAM, {"op": "echo", "x": 2}) == {"op": "echo", "x": 2}
+    agents.close()
+    # without the marker, the banner is all there is: a clear failure, not a misread answer
+    assert MARKER not in b"welcome to gpu1\n42\n"
+
+
+def test_the_agent_command_line_is_one_line_that_every_shell_passes_through():
+    """csh/tcsh refuse a newline inside quotes and expand ``!`` and ``$`` in places sh does not: the agent's code on
+    the command line is one line of letters, digits and a few punctuation marks, and it still runs the source."""
+    import re
+
+    from eaglepatch.hosts.base import AGENT
+
+    assert re.fullmatch(r'[A-Za-z0-9+/=.,;()_" ]+', AGENT), AGENT[:200]
+    host = LocalHost()
+    assert host.agents.call(PY, PROGRAM, {"op": "pid"})["exe"]
+    host.close()
