@@ -12,7 +12,7 @@ Fixtures:
 - ``ssh_env``: ``env_for(sshd)``, the environment for a subprocess (the CLI) with that HOME and no ssh-agent.
 
 The server never gets skipped: when sshd is missing or cannot start, every test that uses it FAILS with the reason
-(``make test`` installs Debian's openssh-server; CI runs as root).
+(``make test`` installs Debian's openssh-server and tcsh; CI runs as root).
 """
 
 from __future__ import annotations
