@@ -116,23 +116,25 @@ def run_python(host: Host, python: str, program: str, payload: Any = None, timeo
     )
     data = json.dumps({"program": program, "payload": payload}).encode()
     result = host.run([python, "-c", wrapper], stdin=data, timeout=timeout)
-    if result.rc != 0:
-        raise RemoteScriptError(python, result)
     out = result.stdout
     at = out.find(MARKER)
+    if result.rc != 0:
+        raise RemoteScriptError(python, result, started=at >= 0)
     try:
         return json.loads((out[at + len(MARKER):] if at >= 0 else out).decode("utf-8", "replace"))
     except ValueError as exc:
-        raise RemoteScriptError(python, result) from exc
+        raise RemoteScriptError(python, result, started=at >= 0) from exc
 
 
 class RemoteScriptError(Exception):
     """A remote helper program failed; carries its result for the message."""
 
-    def __init__(self, python: str, result: CommandResult):
+    def __init__(self, python: str, result: CommandResult, started: bool = False):
         tail = (result.stderr or result.stdout).decode("utf-8", "replace").strip().splitlines()[-3:]
         super().__init__(f"{python} exited {result.rc}: {' | '.join(tail) or 'no output'}")
         self.result = result
+        # the interpreter ran eaglepatch's code (its marker came): a failure is the program's, not a missing python
+        self.started = started
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -231,6 +233,7 @@ class PythonAgent:
         self.proc: HostProcess | None = None
         self.info: dict[str, Any] | None = None  # pid, exe (sys.executable), real (its realpath)
         self.dead = False
+        self._started = False  # its marker came: the interpreter runs eaglepatch's code
         self._buf = bytearray()
         self._lock = threading.RLock()  # close() may come from inside a call (a lost connection closes all)
 
@@ -260,12 +263,15 @@ class PythonAgent:
         if "result" in answer:
             return answer["result"]
         if "error" in answer:
-            raise RemoteScriptError(self.python, CommandResult(1, b"", str(answer["error"]).encode()))
+            raise self._error(CommandResult(1, b"", str(answer["error"]).encode()))
         # SystemExit: the process ends, as a one-shot run would have
         rc, err = self.proc.wait(deadline)
         self.dead = True
         self.proc.close()
-        raise RemoteScriptError(self.python, CommandResult(int(answer.get("exit", rc) or 0), b"", err))
+        raise self._error(CommandResult(int(answer.get("exit", rc) or 0), b"", err))
+
+    def _error(self, result: CommandResult) -> RemoteScriptError:
+        return RemoteScriptError(self.python, result, started=self._started)
 
     def _skip_to_marker(self, deadline: float | None) -> None:
         """Drop what came before the agent's marker (a login shell's output)."""
@@ -274,6 +280,7 @@ class PythonAgent:
             at = self._buf.find(MARKER)
             if at >= 0:
                 del self._buf[: at + len(MARKER)]
+                self._started = True
                 return
             chunk = self.proc.read(deadline)
             if chunk is None:
@@ -282,7 +289,7 @@ class PythonAgent:
                 rc, err = self.proc.wait(deadline)
                 self.dead = True
                 self.proc.close()
-                raise RemoteScriptError(self.python, CommandResult(rc, bytes(self._buf), err))
+                raise self._error(CommandResult(rc, bytes(self._buf), err))
             self._buf.extend(chunk)
 
     def _read_frame(self, deadline: float | None) -> dict[str, Any]:
@@ -315,7 +322,7 @@ class PythonAgent:
                 self.dead = True
                 self.proc.close()
                 stdout = bytes(self._buf)
-                raise RemoteScriptError(self.python, CommandResult(rc, stdout, err))
+                raise self._error(CommandResult(rc, stdout, err))
             self._buf.extend(chunk)
 
     def _kill(self) -> bytes:
@@ -328,11 +335,11 @@ class PythonAgent:
 
     def _fail_timeout(self) -> NoReturn:
         err = self._kill()
-        raise RemoteScriptError(self.python, CommandResult(124, bytes(self._buf), err + b"\ntimed out"))
+        raise self._error(CommandResult(124, bytes(self._buf), err + b"\ntimed out"))
 
     def _fail_protocol(self) -> NoReturn:
         err = self._kill()
-        raise RemoteScriptError(self.python, CommandResult(1, bytes(self._buf[:2000]), err or b"garbled answer"))
+        raise self._error(CommandResult(1, bytes(self._buf[:2000]), err or b"garbled answer"))
 
     def realpath(self, path: str, timeout: float | None = 30) -> str | None:
         """``os.path.realpath(path)`` as the host sees it, asked of this (already started) process."""

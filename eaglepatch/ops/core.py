@@ -189,9 +189,16 @@ def call(host: Host, interp: str, op: str, timeout: float | None = 120, **payloa
             return run_python(host, interp, remote_program(), dict(payload, op=op), timeout=timeout)
         return agents.call(interp, remote_program(), dict(payload, op=op), timeout=timeout)
     except RemoteScriptError as exc:
-        if exc.result.rc == 127 or b"No such file" in exc.result.stderr[:500]:
-            raise Unsupported(f"{host.name}: cannot run {interp}: give the interpreter with --python") from None
-        raise EaglepatchError(f"{host.name}: {exc}") from None
+        raise call_error(host.name, interp, exc) from None
+
+
+def call_error(name: str, interp: str, exc: RemoteScriptError) -> EaglepatchError:
+    """What a failed remote call means: the interpreter could not be run (exit 4, say so), or the program failed.
+    "No such file" counts only before the interpreter ran eaglepatch's code: after that it is the program's own
+    error (a FileNotFoundError's traceback), or a login shell's complaint kept in the process's stderr."""
+    if exc.result.rc == 127 or (not exc.started and b"No such file" in exc.result.stderr[:500]):
+        return Unsupported(f"{name}: cannot run {interp}: give the interpreter with --python")
+    return EaglepatchError(f"{name}: {exc}")
 
 
 def new_lock_owner() -> dict[str, Any]:

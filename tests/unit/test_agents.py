@@ -222,3 +222,34 @@ def test_the_agent_command_line_is_one_line_that_every_shell_passes_through():
     host = LocalHost()
     assert host.agents.call(PY, PROGRAM, {"op": "pid"})["exe"]
     host.close()
+
+
+def test_a_failure_after_the_interpreter_started_is_not_a_missing_interpreter(tmp_path):
+    """"No such file" in a failed call's stderr means "cannot run python" only when the interpreter never ran
+    eaglepatch's code: a login shell's complaint (kept in the agent's stderr) or a FileNotFoundError's traceback
+    after that is the program's failure, reported as such (exit 1), not as a wrong --python (exit 4)."""
+    from eaglepatch.errors import Unsupported
+    from eaglepatch.hosts.base import CommandResult
+    from eaglepatch.ops.core import call_error
+
+    class Grumpy(LocalHost):
+        def spawn(self, argv):
+            return super().spawn(["sh", "-c", 'echo "sh: /etc/gpu.rc: No such file or directory" >&2; exec "$0" "$@"',
+                                  *argv])
+
+    host = Grumpy()
+    with pytest.raises(RemoteScriptError) as died:
+        host.agents.call(PY, PROGRAM, {"op": "die", "rc": 3})
+    host.close()
+    assert died.value.started and b"No such file" in died.value.result.stderr
+    err = call_error("gpu1", PY, died.value)
+    assert not isinstance(err, Unsupported) and err.exit_code == 1 and "exited 3" in str(err)
+
+    missing = LocalHost()
+    with pytest.raises(RemoteScriptError) as nopy:
+        missing.agents.call(str(tmp_path / "no-python"), PROGRAM, {"op": "pid"})
+    missing.close()
+    assert not nopy.value.started
+    assert isinstance(call_error("gpu1", "py", nopy.value), Unsupported)
+    assert isinstance(call_error("gpu1", "py", RemoteScriptError("py", CommandResult(2, b"", b"py: No such file"))),
+                      Unsupported)
