@@ -524,10 +524,11 @@ def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, 
     if repeat < 2 and len(oks) > 1:
         notes.append("one launch per point: a host's speed drifts by tens of percent between launches, so "
                      "differences of that size decide nothing; use --repeat 3 or more")
-    waits = [r["client"]["seconds"] for r in runs_ok if isinstance((r.get("client") or {}).get("seconds"), (int, float))]
-    short = [w for w in waits if w < SHORT_LOAD_S]
+    windows = [(r.get("client") or {}).get("seconds") for r in runs_ok]
+    windows = [w for w in windows if isinstance(w, (int, float))]
+    short = [w for w in windows if w < SHORT_LOAD_S]
     if short:
-        notes.append(f"{len(short)} of {len(waits)} run(s) measured under {SHORT_LOAD_S:.0f} s of load (the shortest "
+        notes.append(f"{len(short)} of {len(windows)} run(s) measured under {SHORT_LOAD_S:.0f} s of load (the shortest "
                      f"{min(short):.1f} s): a start-up transient weighs heavily in so short a window; raise --requests "
                      "or --max-new-tokens")
     if oks and not any(docs[i]["phases_p50"] for i in oks):
