@@ -527,19 +527,23 @@ class SSHHost:
             return CommandResult(124, bytes(out), bytes(err) + b"\ntimed out")
         return CommandResult(rc, bytes(out), bytes(err))
 
+    def _open_session(self) -> tuple[Any, Any]:
+        """(transport, a new session channel on it); a lost connection or a refused channel as ConnectionFailed."""
+        transport = self._live_transport()
+        try:
+            return transport, transport.open_session(timeout=self._timeout)
+        except (SSHException, EOFError, OSError) as exc:
+            if not transport.is_active():
+                raise self._lost(exc) from exc
+            raise ConnectionFailed(f"cannot open a session on {self.name}: {exc}") from exc
+
     def spawn(self, argv: Sequence[str]) -> "_SSHProcess":
         """Start ``argv`` through the remote login shell on a channel of its own, stdin/stdout open to talk to it
         (``Agents``); a program that does not exist shows as exit status 127 when it is read."""
         argv = [a if isinstance(a, str) else os.fspath(a) for a in argv]
         if not argv:
             raise ValueError("argv is empty")
-        transport = self._live_transport()
-        try:
-            chan = transport.open_session(timeout=self._timeout)
-        except (SSHException, EOFError, OSError) as exc:
-            if not transport.is_active():
-                raise self._lost(exc) from exc
-            raise ConnectionFailed(f"cannot open a session on {self.name}: {exc}") from exc
+        transport, chan = self._open_session()
         try:
             chan.exec_command(f"exec {shlex.join(argv)}")
         except (SSHException, EOFError, OSError) as exc:
@@ -554,13 +558,7 @@ class SSHHost:
     ) -> tuple[int, bytearray, bytearray, bool]:
         """One session channel: run ``command`` (a shell command line), feed ``stdin``, collect both outputs;
         returns (rc, stdout, stderr, timed_out)."""
-        transport = self._live_transport()
-        try:
-            chan = transport.open_session(timeout=self._timeout)
-        except (SSHException, EOFError, OSError) as exc:
-            if not transport.is_active():
-                raise self._lost(exc) from exc
-            raise ConnectionFailed(f"cannot open a session on {self.name}: {exc}") from exc
+        transport, chan = self._open_session()
         try:
             return self._exec_channel(chan, transport, command, stdin, deadline)
         finally:
