@@ -464,15 +464,14 @@ def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, 
     overlaps the best point's: it may be as good), ``failed_runs``, and for a failed point ``log_tail``; and
     top-level ``repeat`` and ``notes``."""
     by_point: dict[str, list[Mapping[str, Any]]] = {}
-    runs_ok: list[Mapping[str, Any]] = []
     for r in runs:
         by_point.setdefault(r["point"], []).append(r)
-        if r.get("status") == "ok":
-            runs_ok.append(r)
     docs = []
+    windows: list[float] = []  # seconds of load of every run that counted
     for p in points:
         rs = by_point.get(p.key, [])
         ok = [r for r in rs if r.get("status") == "ok" and r.get("tokens_per_s") is not None]
+        windows += [w for w in ((r.get("client") or {}).get("seconds") for r in ok) if isinstance(w, (int, float))]
         bad = [r for r in rs if r.get("status") == "failed"]
         doc: dict[str, Any] = p.to_json()
         doc["label"] = p.label
@@ -524,8 +523,6 @@ def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, 
     if repeat < 2 and len(oks) > 1:
         notes.append("one launch per point: a host's speed drifts by tens of percent between launches, so "
                      "differences of that size decide nothing; use --repeat 3 or more")
-    windows = [(r.get("client") or {}).get("seconds") for r in runs_ok]
-    windows = [w for w in windows if isinstance(w, (int, float))]
     short = [w for w in windows if w < SHORT_LOAD_S]
     if short:
         notes.append(f"{len(short)} of {len(windows)} run(s) measured under {SHORT_LOAD_S:.0f} s of load (the shortest "

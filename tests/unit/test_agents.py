@@ -207,8 +207,17 @@ def test_what_a_login_shell_prints_before_the_interpreter_is_skipped():
     assert agents.call(PY, PROGRAM, {"op": "echo", "x": 1}) == {"op": "echo", "x": 1}
     assert agents.call(PY, PROGRAM, {"op": "echo", "x": 2}) == {"op": "echo", "x": 2}
     agents.close()
-    # without the marker, the banner is all there is: a clear failure, not a misread answer
-    assert MARKER not in b"welcome to gpu1\n42\n"
+
+    # a process that prints only a banner (digits included) and ends never had its answer read from that banner
+    class Impostor(LocalHost):
+        def spawn(self, argv):
+            return super().spawn(["sh", "-c", 'echo "welcome to gpu1"; echo 42; echo "{}"'])
+
+    impostor = Impostor()
+    with pytest.raises(RemoteScriptError) as failed:
+        impostor.agents.call(PY, PROGRAM, {"op": "pid"})
+    impostor.close()
+    assert not failed.value.started and MARKER not in failed.value.result.stdout
 
 
 def test_the_agent_command_line_is_one_line_that_every_shell_passes_through():
