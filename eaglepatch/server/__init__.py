@@ -3,7 +3,7 @@
 - ``find_servers(host)``: the running servers (``ServerProcess``), from /proc on the host, one round trip.
 - ``ServerProcess.launch_spec()`` -> ``LaunchSpec``: how to start it again (JSON, for the backup manifest).
 - ``restart(host, current=..., launch=..., options=RestartOptions(...))`` -> ``RestartResult``.
-- ``wait_ready(host, port, ...)`` -> bool (``wait_until_ready`` for the details).
+- ``wait_until_ready(host, port, ...)`` -> ``Readiness`` (``.ready``, the state, the last log line).
 
 Everything on the host runs as small standard-library programs (``_remote.py``) through ``Host.run``, so it works
 the same on ``LocalHost`` and over SSH, and never imports sglang.
@@ -22,7 +22,7 @@ from eaglepatch.server.process import (
     probe_address,
     select_server,
 )
-from eaglepatch.server.ready import Readiness, ReadyState, wait_ready, wait_until_ready
+from eaglepatch.server.ready import Readiness, ReadyState, wait_until_ready
 from eaglepatch.server.restart import NoServerRunning, RestartOptions, RestartResult, Strategy, restart
 
 __all__ = [
@@ -49,6 +49,5 @@ __all__ = [
     "select_server",
     "start_server",
     "stop_server",
-    "wait_ready",
     "wait_until_ready",
 ]

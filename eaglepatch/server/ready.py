@@ -115,20 +115,6 @@ def wait_until_ready(
         sleep(max(0.0, min(poll_interval, deadline - clock())))
 
 
-def wait_ready(
-    host: Host,
-    port: int,
-    hostaddr: str = "127.0.0.1",
-    timeout: float = 900.0,
-    progress: Progress | None = None,
-    log_path: str | None = None,
-    pid: int | None = None,
-    **kwargs,
-) -> bool:
-    """True when the server became ready within ``timeout``; see ``wait_until_ready`` for the details."""
-    return wait_until_ready(host, port, hostaddr, timeout, progress, log_path, pid, **kwargs).ready
-
-
 def _done(state: ReadyState, elapsed: float, last: dict, pid: int | None) -> Readiness:
     return Readiness(
         state=state,

@@ -30,7 +30,7 @@ from eaglepatch.server import (
     restart,
     select_server,
     stop_server,
-    wait_ready,
+    wait_until_ready,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -259,7 +259,8 @@ def test_stopping_a_crashed_launcher_stops_the_orphans_of_its_group(standins, wo
 def test_ready_endpoint_is_used_where_health_generate_does_not_exist(standins, tree, workdir):
     port = standins.port()
     proc = standins.launch(tree, workdir, port, "--ready-endpoint", "--startup-delay", "0.5")
-    assert wait_ready(LocalHost(), port, "0.0.0.0", 20, None, pid=proc.pid, python=PY, poll_interval=0.1)
+    assert wait_until_ready(LocalHost(), port, "0.0.0.0", 20, None, pid=proc.pid, python=PY,
+                            poll_interval=0.1).ready
 
 
 def test_starting_on_a_busy_port_is_refused(standins, tree, workdir):
