@@ -53,6 +53,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--ready-endpoint", action="store_true")
     p.add_argument("--accept-length", type=float, default=None)
+    p.add_argument("--fail-if-exists", metavar="PATH")
     # the simulated speed (milliseconds), see Speed
     p.add_argument("--sim-base-ms", type=float, default=5.0)
     p.add_argument("--sim-verify-ms", type=float, default=6.0)
@@ -356,6 +357,9 @@ def run_cycle(state: "State", extend: bool, produced: int, seconds: float) -> No
 def main(argv: list[str] | None = None) -> int:
     args, unknown = parse(sys.argv[1:] if argv is None else argv)
     log(f"starting pid={os.getpid()} port={args.port} tp={args.tp} cwd={os.getcwd()} argv={sys.argv!r}")
+    if args.fail_if_exists and os.path.exists(args.fail_if_exists):
+        log(f"RuntimeError: {args.fail_if_exists} exists: this server cannot start again")
+        return 1
     if unknown:
         log(f"ignoring flags: {' '.join(unknown)}")
     stop = threading.Event()
