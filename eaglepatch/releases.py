@@ -1,10 +1,16 @@
 """Fetch a released sglang wheel from PyPI into a local cache and lay out the part eaglepatch reads.
 
 ``release_site(version)`` returns a site-packages-like folder holding ``sglang/__init__.py``, ``version.py``,
-``_version.py``, the dist-info ``METADATA`` and ``sglang/srt/speculative/**`` of that release: what ``make demo``
-patches in its sandbox and what the tests check the transform against. sglang's source only ever lives in the cache
-(``$EAGLEPATCH_TEST_CACHE``, else ``~/.cache/eaglepatch``); made once, under a per-release file lock, published by
-renaming a finished temporary folder, so concurrent processes never see half a site.
+``_version.py``, the dist-info ``METADATA``, ``sglang/srt/speculative/**``, ``sglang/srt/server_args.py`` and
+``sglang/srt/arg_groups/**`` (where the release has it) of that release: what ``make demo`` patches in its sandbox,
+what the tests check the transform against, and where ``eaglepatch.server.flags`` reads the server's launch flags.
+sglang's source only ever lives in the cache (``$EAGLEPATCH_TEST_CACHE``, else ``~/.cache/eaglepatch``); made once,
+under a per-release file lock, published by renaming a finished temporary folder, so concurrent processes never see
+half a site.
+
+A site records the layout it was extracted with (``SITE_LAYOUT``, a line of its completion marker): a site of an
+older layout (one extracted before the site kept server_args.py, say) is extracted again from the cached wheel, never
+used with files missing.
 """
 
 from __future__ import annotations
@@ -23,9 +29,15 @@ from pathlib import Path
 from typing import Iterator
 
 # What a site keeps from a wheel (paths inside the wheel).
-_KEEP_FILES = ("sglang/__init__.py", "sglang/version.py", "sglang/_version.py", "sglang/srt/__init__.py")
-_KEEP_TREE = "sglang/srt/speculative/"
-_COMPLETE = ".eaglepatch-site-complete"
+_KEEP_FILES = (
+    "sglang/__init__.py", "sglang/version.py", "sglang/_version.py", "sglang/srt/__init__.py",
+    "sglang/srt/server_args.py",
+)
+_KEEP_TREES = ("sglang/srt/speculative/", "sglang/srt/arg_groups/")
+# The files a site holds, as a number: raise it whenever _KEEP_FILES or _KEEP_TREES change, so that sites extracted
+# before are extracted again. 1: __init__/version files, METADATA, speculative/**; 2: + server_args.py, arg_groups/**.
+SITE_LAYOUT = 2
+_COMPLETE = ".eaglepatch-site-complete"  # written last: the wheel's name, the count of files, "layout N"
 
 
 def cache_dir() -> Path:
@@ -118,22 +130,34 @@ def _wheel_version(site: Path) -> str | None:
     return None
 
 
+def _complete(site: Path) -> bool:
+    """Whether ``site`` was finished with this ``SITE_LAYOUT`` (its marker's last line says ``layout N``)."""
+    try:
+        lines = (site / _COMPLETE).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return False
+    return bool(lines) and lines[-1].strip() == f"layout {SITE_LAYOUT}"
+
+
 @functools.lru_cache(maxsize=None)
 def release_site(version: str) -> Path:
-    """``<cache>/sites/<version>``, a site-packages-like folder with the release's speculative package.
+    """``<cache>/sites/<version>``, a site-packages-like folder with the release's speculative package and its
+    server arguments (``server_args.py``, ``arg_groups/``).
 
-    Idempotent and safe under concurrent processes; raises ``ReleaseUnavailable`` when the wheel cannot be
-    fetched or does not hold ``sglang/srt/speculative/``.
+    Idempotent and safe under concurrent processes; a site of an older ``SITE_LAYOUT`` is extracted again from the
+    cached wheel. Raises ``ReleaseUnavailable`` when the wheel cannot be fetched or does not hold
+    ``sglang/srt/speculative/`` and ``sglang/srt/server_args.py``.
     """
     site = cache_dir() / "sites" / version
-    if (site / _COMPLETE).is_file():
+    if _complete(site):
         return site
     whl = wheel_path(version)
     with _locked(f"site-{version}"):
-        if (site / _COMPLETE).is_file():
+        if _complete(site):
             return site
         site.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=site.parent))
+        old: Path | None = None
         try:
             with zipfile.ZipFile(whl) as z:
                 kept = 0
@@ -143,7 +167,7 @@ def release_site(version: str) -> Path:
                         continue
                     if (
                         name in _KEEP_FILES
-                        or (name.startswith(_KEEP_TREE) and len(name) > len(_KEEP_TREE))
+                        or any(name.startswith(tree) and len(name) > len(tree) for tree in _KEEP_TREES)
                         or re.fullmatch(r"sglang-[^/]+\.dist-info/METADATA", name)
                     ):
                         dest = tmp.joinpath(*name.split("/"))
@@ -153,13 +177,20 @@ def release_site(version: str) -> Path:
                         kept += 1
             if not (tmp / "sglang" / "srt" / "speculative").is_dir():
                 raise ReleaseUnavailable(f"sglang=={version}: {whl.name} holds no sglang/srt/speculative/")
+            if not (tmp / "sglang" / "srt" / "server_args.py").is_file():
+                raise ReleaseUnavailable(f"sglang=={version}: {whl.name} holds no sglang/srt/server_args.py")
             got = _wheel_version(tmp)
             if got != version:
                 raise ReleaseUnavailable(f"sglang=={version}: {whl.name} says it is version {got!r}")
-            (tmp / _COMPLETE).write_text(f"{whl.name}\n{kept} files\n")
-            if site.exists():  # a half-made site from a killed run without the marker: replace it
-                shutil.rmtree(site)
+            (tmp / _COMPLETE).write_text(f"{whl.name}\n{kept} files\nlayout {SITE_LAYOUT}\n")
+            # A site without this layout's marker (half made by a killed run, or of an older layout): move it aside
+            # by renaming, publish the new one by renaming, then delete the old one.
+            if site.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".old-{version}-", dir=site.parent))
+                os.rename(site, old / "site")
             os.rename(tmp, site)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
     return site

@@ -5,7 +5,8 @@
 version from there or from the installed metadata), ``sglang-<ver>.dist-info/METADATA`` (so ``importlib.metadata``
 knows the version when the site is on ``sys.path``), ``sglang/srt/__init__.py`` if the wheel has one (no pinned
 release does: ``sglang.srt`` and ``sglang.srt.speculative`` are namespace packages, and the site keeps that layout;
-no ``__init__.py`` is invented) and ``sglang/srt/speculative/**``. ``worker_files(version)`` lists the speculative worker modules in it.
+no ``__init__.py`` is invented), ``sglang/srt/speculative/**``, and ``sglang/srt/server_args.py`` with
+``sglang/srt/arg_groups/**`` (the launch flags a release accepts: eaglepatch.server.flags). ``worker_files(version)`` lists the speculative worker modules in it.
 
 The cache is ``$EAGLEPATCH_TEST_CACHE`` (``make`` sets ``<repo>/.cache``, git-ignored; else ``~/.cache/eaglepatch``): ``wheels/<ver>/`` holds the wheel
 ``pip download`` fetched, ``sites/<ver>/`` the extracted files. Both are made once per cache, under a per-release
