@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 CACHE ?= $(CURDIR)/.cache
 export EAGLEPATCH_TEST_CACHE ?= $(CACHE)
 
-.PHONY: install sshd test test-fast demo bench clean
+.PHONY: install sshd test test-fast demo bench safety-table clean
 
 $(BIN)/eaglepatch: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -35,6 +35,11 @@ demo: install
 
 bench: install sshd
 	$(BIN)/python benchmarks/run_all.py --out docs/benchmarks.md
+
+# docs/safety.md's table of faults, as the crash tests observe them (eaglepatch killed at each step)
+safety-table: install sshd
+	EAGLEPATCH_SAFETY_TABLE=$(CACHE)/safety-rows.json $(BIN)/python -m pytest -q -p no:cacheprovider tests/e2e/test_crash_safety.py
+	$(BIN)/python tests/e2e/safety.py $(CACHE)/safety-rows.json docs/safety.md
 
 clean:
 	rm -rf $(VENV) $(CACHE) build *.egg-info

@@ -122,11 +122,19 @@ RecipeOpt = typer.Option(None, "--recipe", help="A recipe file replacing the bui
 RestartCmdOpt = typer.Option(None, "--restart-cmd", help="Restart with this shell command on the target.")
 UnitOpt = typer.Option(None, "--systemd-unit", help="Restart with systemctl restart NAME.")
 ReadyTimeoutOpt = typer.Option(900.0, "--timeout", help="Seconds to wait for the server to be ready.")
+ServerPortOpt = typer.Option([], "--server-port", help="Act only on the install's server on this port "
+                             "(repeatable); default: all of its servers.")
 
 
-def conn(identity, port, jump, python, sglang_path, connect_timeout, accept) -> actions.Connect:
+def conn(identity, port, jump, python, sglang_path, connect_timeout, accept,
+         server_ports: List[int] | None = None) -> actions.Connect:
+    for p in server_ports or ():
+        if not 0 < p < 65536:
+            raise UsageError(f"--server-port {p}: not a TCP port number")
     return actions.Connect(identity=identity, port=port, jump=jump, connect_timeout=connect_timeout,
-                           accept_new_host_key=accept, facts=FactsOptions(python=python, sglang_path=sglang_path))
+                           accept_new_host_key=accept,
+                           facts=FactsOptions(python=python, sglang_path=sglang_path,
+                                              server_ports=tuple(server_ports or ())))
 
 
 def _guard(fn: Callable[[], None]) -> None:
@@ -191,13 +199,14 @@ def apply(
     json_out: bool = typer.Option(False, "--json"),
     restart_cmd: Optional[str] = RestartCmdOpt, systemd_unit: Optional[str] = UnitOpt,
     timeout: float = ReadyTimeoutOpt,
+    server_port: List[int] = ServerPortOpt,
     identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
     python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
     connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
 ) -> None:
     """Instrument every supported worker file, back up the originals, restart the server, wait until ready."""
     def go() -> None:
-        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
+        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key, server_port)
         r = actions.load_recipe(recipe)
         ropts = RuntimeOptions(mode=mode, every=every, log_dir=log_dir)
         restart = None if no_restart else actions.restart_options(restart_cmd, systemd_unit, timeout)
@@ -215,13 +224,14 @@ def revert(
     json_out: bool = typer.Option(False, "--json"),
     restart_cmd: Optional[str] = RestartCmdOpt, systemd_unit: Optional[str] = UnitOpt,
     timeout: float = ReadyTimeoutOpt,
+    server_port: List[int] = ServerPortOpt,
     identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
     python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
     connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
 ) -> None:
     """Put back the original bytes, remove what apply added, restart."""
     def go() -> None:
-        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
+        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key, server_port)
         r = actions.load_recipe(None)
         restart = None if no_restart else actions.restart_options(restart_cmd, systemd_unit, timeout)
         actions.check_targets(targets, c)
@@ -253,13 +263,14 @@ def restart(
     restart_cmd: Optional[str] = RestartCmdOpt, systemd_unit: Optional[str] = UnitOpt,
     timeout: float = ReadyTimeoutOpt,
     json_out: bool = typer.Option(False, "--json"),
+    server_port: List[int] = ServerPortOpt,
     identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
     python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
     connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
 ) -> None:
     """Restart the server and wait until it is ready."""
     def go() -> None:
-        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
+        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key, server_port)
         ropts = actions.restart_options(restart_cmd, systemd_unit, timeout)
         actions.check_targets(targets, c)
         outcomes = for_each_target(targets, lambda t: actions.restart_target(t, c, ropts, say))
@@ -324,6 +335,7 @@ def bench(
     requests: int = RequestsOpt, concurrency: int = ConcurrencyOpt, input_len: int = InputLenOpt,
     max_new_tokens: int = MaxNewOpt, warmup: int = WarmupOpt, seed: int = SeedOpt, log_wait: float = LogWaitOpt,
     json_out: bool = typer.Option(False, "--json"),
+    server_port: List[int] = ServerPortOpt,
     identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
     python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
     connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
@@ -333,7 +345,7 @@ def bench(
     def go() -> None:
         from eaglepatch.ops import tuning
 
-        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
+        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key, server_port)
         opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait)
         actions.check_targets([target], c)
         finish(for_each_target([target], lambda t: tuning.bench(t, c, opts, say)), json_out, tuning.render_bench)
@@ -357,6 +369,7 @@ def sweep(
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds for each launch to be ready."),
     requests: int = RequestsOpt, concurrency: int = ConcurrencyOpt, input_len: int = InputLenOpt,
     max_new_tokens: int = MaxNewOpt, warmup: int = WarmupOpt, seed: int = SeedOpt, log_wait: float = LogWaitOpt,
+    server_port: List[int] = ServerPortOpt,
     identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
     python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
     connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
@@ -369,7 +382,7 @@ def sweep(
 
         if json_out and csv_out:
             raise UsageError("--json and --csv exclude each other: give one")
-        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
+        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key, server_port)
         opts = tuning.SweepOptions(
             grid=tuple(grid), env=tuple(env), allow=tuple(allow_flag), baseline=baseline, repeat=repeat,
             keep_best=keep_best, fresh=fresh, timeout=timeout,

@@ -99,8 +99,47 @@ def canonical_flag(name: str) -> str:
     return ALIASES.get(name, name)
 
 
-def parse_grid(items: Sequence[str], allow: Sequence[str] = ()) -> tuple[Axis, ...]:
-    """``--grid FLAG=v1,v2`` options into axes; raises UsageError naming what is wrong."""
+class HandFlags:
+    """The flag knowledge eaglepatch carries itself (``KNOWN_FLAGS``, ``BOOL_FLAGS``, ``ALIASES``), for a target
+    whose own ``server_args.py`` cannot be read; the same methods as ``server.flags.ServerFlags``, which a sweep
+    uses instead when it can (every flag that release's server takes, no other)."""
+
+    source = "eaglepatch's list of flags"
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (name.startswith(SPEC_PREFIX) or name in KNOWN_FLAGS)
+
+    def canonical(self, name: str) -> str:
+        return canonical_flag(name)
+
+    def takes_value(self, name: str) -> bool:
+        return name not in BOOL_FLAGS
+
+    def suggest(self, name: str) -> str | None:
+        import difflib
+
+        close = difflib.get_close_matches(name, sorted(KNOWN_FLAGS), n=1, cutoff=0.8)
+        return close[0] if close else None
+
+
+class AnyFlags(HandFlags):
+    """Every name counts as a flag: the syntax check of ``--grid`` before the target's own flags are read."""
+
+    def __contains__(self, name: object) -> bool:
+        return True
+
+
+HAND = HandFlags()
+ANY = AnyFlags()
+
+
+def parse_grid(items: Sequence[str], allow: Sequence[str] = (), flags: Any = HAND) -> tuple[Axis, ...]:
+    """``--grid FLAG=v1,v2`` options into axes; raises UsageError naming what is wrong.
+
+    ``flags``: what the server accepts (``server.flags.ServerFlags`` read from the target's own sglang; ``HAND``,
+    eaglepatch's list, when it could not be read; ``ANY`` for the syntax alone). ``--allow-flag NAME`` accepts a
+    name it does not know. A flag that takes no value takes on/off (present or absent).
+    """
     allowed = set()
     for a in allow:
         a = a[2:] if a.startswith("--") else a
@@ -118,15 +157,21 @@ def parse_grid(items: Sequence[str], allow: Sequence[str] = ()) -> tuple[Axis, .
                              "starting with a letter (e.g. speculative-num-steps=1,2,3)")
         if name in FORBIDDEN_FLAGS:
             raise UsageError(f"--grid {item!r}: --{name} cannot be swept: the sweep reaches the server by it")
-        if not (name.startswith(SPEC_PREFIX) or name in KNOWN_FLAGS or name in allowed):
-            raise UsageError(f"--grid {item!r}: --{name} is not a flag eaglepatch knows to sweep (speculative-*, "
-                             f"{', '.join(sorted(KNOWN_FLAGS)[:6])}, ...: see docs/tuning.md); if the server "
-                             f"takes it, say so with --allow-flag {name}")
-        key = canonical_flag(name)
+        if name not in flags and name not in allowed:
+            hint = flags.suggest(name)
+            if isinstance(flags, HandFlags):
+                raise UsageError(f"--grid {item!r}: --{name} is not a flag eaglepatch knows to sweep "
+                                 f"(speculative-*, {', '.join(sorted(KNOWN_FLAGS)[:6])}, ...: see docs/tuning.md)"
+                                 + (f"; did you mean --{hint}?" if hint else "")
+                                 + f"; if the server takes it, say so with --allow-flag {name}")
+            raise UsageError(f"--grid {item!r}: the target's sglang ({getattr(flags, 'source', 'its server_args.py')})"
+                             f" has no --{name}" + (f": did you mean --{hint}?" if hint else "")
+                             + f" (--allow-flag {name} if it is built in a way eaglepatch cannot read)")
+        key = flags.canonical(name)
         if key in seen:
             raise UsageError(f"--grid: --{name} is given twice (or under two spellings): give one --grid per flag")
         seen.add(key)
-        if name in BOOL_FLAGS:
+        if not flags.takes_value(name):
             bad = [v for v in values if v.lower() not in _ON + _OFF]
             if bad:
                 raise UsageError(f"--grid {item!r}: --{name} takes no value: its values are on/off, not {bad[0]!r}")
@@ -212,9 +257,9 @@ def _name_of(tok: str) -> str:
     return tok[2:].partition("=")[0]
 
 
-def _spans(args: list[str]) -> list[tuple[int, int, str]]:
+def _spans(args: list[str], flags: Any = HAND) -> list[tuple[int, int, str]]:
     """``(start, end, name)`` per flag of sglang's arguments: the flag and its values (every token up to the next
-    ``--flag``; none for a flag in ``BOOL_FLAGS`` or written ``--x=v``)."""
+    ``--flag``; none for a flag that takes no value or is written ``--x=v``)."""
     out = []
     i = 0
     while i < len(args):
@@ -224,7 +269,7 @@ def _spans(args: list[str]) -> list[tuple[int, int, str]]:
             continue
         name = _name_of(tok)
         j = i + 1
-        if "=" not in tok and name not in BOOL_FLAGS:
+        if "=" not in tok and flags.takes_value(name):
             while j < len(args) and not _is_flag(args[j]):
                 j += 1
         out.append((i, j, name))
@@ -232,13 +277,13 @@ def _spans(args: list[str]) -> list[tuple[int, int, str]]:
     return out
 
 
-def flag_value(args: Sequence[str], name: str) -> str | None:
+def flag_value(args: Sequence[str], name: str, flags: Any = HAND) -> str | None:
     """The last value of ``--name`` (any spelling) in sglang's arguments; "on" for a bare flag; None if absent."""
-    want = canonical_flag(name)
+    want = flags.canonical(name)
     args = list(args)
     value = None
-    for start, end, n in _spans(args):
-        if canonical_flag(n) != want:
+    for start, end, n in _spans(args, flags):
+        if flags.canonical(n) != want:
             continue
         tok = args[start]
         if "=" in tok:
@@ -250,13 +295,19 @@ def flag_value(args: Sequence[str], name: str) -> str | None:
     return value
 
 
-def set_flag(args: Sequence[str], name: str, value: str | None) -> list[str]:
+def flag_values(args: Sequence[str], flags: Any = HAND) -> dict[str, str]:
+    """Every flag of sglang's arguments with its last value (by the spelling written last)."""
+    return {n: v for n in {n for _s, _e, n in _spans(list(args), flags)}
+            if (v := flag_value(args, n, flags)) is not None}
+
+
+def set_flag(args: Sequence[str], name: str, value: str | None, flags: Any = HAND) -> list[str]:
     """sglang's arguments with ``--name`` (every spelling) set to ``value`` where it first stood (appended when
-    absent); ``None``, or "off" for a flag in ``BOOL_FLAGS``, removes it."""
-    want = canonical_flag(name)
+    absent); ``None``, or "off" for a flag that takes no value, removes it."""
+    want = flags.canonical(name)
     args = list(args)
-    spans = [(s, e) for s, e, n in _spans(args) if canonical_flag(n) == want]
-    if name in BOOL_FLAGS:
+    spans = [(s, e) for s, e, n in _spans(args, flags) if flags.canonical(n) == want]
+    if not flags.takes_value(name):
         new = [f"--{name}"] if value == "on" else []
     else:
         new = [] if value is None else [f"--{name}", value]
@@ -270,38 +321,41 @@ def set_flag(args: Sequence[str], name: str, value: str | None) -> list[str]:
     return out + args[prev:]
 
 
-def strip_speculative(args: Sequence[str]) -> list[str]:
+def strip_speculative(args: Sequence[str], flags: Any = HAND) -> list[str]:
     """sglang's arguments without any ``--speculative-*`` flag (and its values)."""
     args = list(args)
     out: list[str] = []
     prev = 0
-    for s, e, n in _spans(args):
+    for s, e, n in _spans(args, flags):
         if n.startswith(SPEC_PREFIX):
             out += args[prev:s]
             prev = e
     return out + args[prev:]
 
 
-def runs_speculation(args: Sequence[str]) -> bool:
-    return flag_value(args, "speculative-algorithm") not in (None, "", "None", "none")
+def runs_speculation(args: Sequence[str], flags: Any = HAND) -> bool:
+    return flag_value(args, "speculative-algorithm", flags) not in (None, "", "None", "none")
 
 
-def point_argv(argv: Sequence[str], args_index: int, point: Point) -> tuple[list[str], list[str]]:
+def point_argv(argv: Sequence[str], args_index: int, point: Point,
+               flags: Any = HAND) -> tuple[list[str], list[str]]:
     """The launch argv for ``point`` (the interpreter and module part kept), and notes on derived flags."""
     head, args = list(argv[:args_index]), list(argv[args_index:])
     notes: list[str] = []
     if point.baseline:
-        return head + strip_speculative(args), notes
+        return head + strip_speculative(args, flags), notes
     for name, value in point.flags:
-        args = set_flag(args, name, value)
-    given = {canonical_flag(n) for n, _ in point.flags}
-    if ({"speculative-num-steps", "speculative-eagle-topk"} & given) and "speculative-num-draft-tokens" not in given:
-        steps, topk = flag_value(args, "speculative-num-steps"), flag_value(args, "speculative-eagle-topk")
+        args = set_flag(args, name, value, flags)
+    given = {flags.canonical(n) for n, _ in point.flags}
+    steps_name, topk_name = flags.canonical("speculative-num-steps"), flags.canonical("speculative-eagle-topk")
+    if ({steps_name, topk_name} & given) and flags.canonical("speculative-num-draft-tokens") not in given:
+        steps = flag_value(args, "speculative-num-steps", flags)
+        topk = flag_value(args, "speculative-eagle-topk", flags)
         if steps is not None and steps.isdigit() and (topk is None or topk == "1"):
             draft = str(int(steps) + 1)
-            if flag_value(args, "speculative-num-draft-tokens") not in (None, draft):
+            if flag_value(args, "speculative-num-draft-tokens", flags) not in (None, draft):
                 notes.append(f"{point.label}: --speculative-num-draft-tokens {draft} (steps + 1, as top-k is 1)")
-                args = set_flag(args, "speculative-num-draft-tokens", draft)
+                args = set_flag(args, "speculative-num-draft-tokens", draft, flags)
     return head + args, notes
 
 
@@ -311,9 +365,9 @@ def point_env(env: Mapping[str, str], point: Point) -> dict[str, str]:
     return out
 
 
-def check_speculation(args: Sequence[str], flag_axes: Sequence[Axis]) -> None:
+def check_speculation(args: Sequence[str], flag_axes: Sequence[Axis], flags: Any = HAND) -> None:
     """A server that runs no speculation cannot be tuned by speculative flags alone: raise UsageError."""
-    if runs_speculation(args):
+    if runs_speculation(args, flags):
         return
     names = [a.name for a in flag_axes]
     spec = [n for n in names if n.startswith(SPEC_PREFIX)]
@@ -350,6 +404,8 @@ class StateFile:
         self.path = path
         self.header: dict[str, Any] | None = None
         self.runs: list[dict[str, Any]] = []
+        self.launches: list[dict[str, Any]] = []  # every server the sweep started: pid and start time
+        self.restore: dict[str, Any] | None = None  # how the server was put back, once it was
         self._lock_fd: int | None = None
         if os.path.exists(path):
             self._read()
@@ -367,6 +423,10 @@ class StateFile:
                     self.header = doc
                 elif doc.get("kind") == "run":
                     self.runs.append(doc)
+                elif doc.get("kind") == "launch":
+                    self.launches.append(doc)
+                elif doc.get("kind") == "restore":
+                    self.restore = doc
 
     def lock(self) -> None:
         """Hold an exclusive lock on the file while this sweep runs; Conflict when another sweep holds it."""
@@ -412,6 +472,22 @@ class StateFile:
         self._append(doc)
         self.runs.append(doc)
 
+    def add_launch(self, pid: int, start: int | None, port: int) -> None:
+        """Record a server the sweep started (before waiting for it: a sweep killed meanwhile knows it as its own)."""
+        doc = {"kind": "launch", "pid": pid, "start": start, "port": port, "t": round(time.time(), 3)}
+        self._append(doc)
+        self.launches.append(doc)
+
+    def launched(self) -> set[tuple[int, int | None]]:
+        """(pid, start time) of every server the sweep started."""
+        return {(int(d["pid"]), d.get("start")) for d in self.launches if isinstance(d.get("pid"), int)}
+
+    def add_restore(self, doc: Mapping[str, Any]) -> None:
+        """Record that the server was put back at the end: a finished sweep run again touches nothing."""
+        rec = dict(doc, kind="restore")
+        self._append(rec)
+        self.restore = rec
+
     def done(self) -> set[tuple[str, int]]:
         return {(r["point"], int(r["rep"])) for r in self.runs if "point" in r and "rep" in r}
 
@@ -423,7 +499,7 @@ class StateFile:
             os.remove(self.path)
         except FileNotFoundError:
             pass
-        self.header, self.runs = None, []
+        self.header, self.runs, self.launches, self.restore = None, [], [], None
 
 
 # ----------------------------------------------------------------------------------------------------------------

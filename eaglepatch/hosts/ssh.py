@@ -22,6 +22,7 @@ import errno
 import getpass
 import hashlib
 import importlib.util
+import logging
 import os
 import select
 import shlex
@@ -82,6 +83,14 @@ from eaglepatch.hosts.target import (  # noqa: E402
 )
 
 T = TypeVar("T")
+
+# paramiko logs a failed handshake from its transport thread with a traceback ("Exception (client): Error reading
+# SSH protocol banner"); with no handler configured, Python's last-resort handler prints it on stderr before
+# eaglepatch's own one-line error. The error reaches the user as a ConnectionFailed; the log only with
+# EAGLEPATCH_DEBUG.
+if not os.environ.get("EAGLEPATCH_DEBUG"):
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
+    logging.getLogger("paramiko").propagate = False
 
 _CHUNK = 1 << 15
 _PID_MARKER = b"@eaglepatch-pid:"

@@ -6,10 +6,12 @@ Shipped as source to the host's interpreter by ``eaglepatch.hosts.base.run_pytho
 """
 
 import base64
+import errno
 import hashlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -42,50 +44,13 @@ def _unb64(text):
 # facts
 
 
-def _sys_path_start(python, env, cwd):
-    """Start asking ``python`` for its sys.path as the server sees it (its environment and working directory);
-    ``_sys_path_wait`` gives the answer. None when it cannot even start."""
-    try:
-        return subprocess.Popen(
-            [python, "-c", "import sys,json;print(json.dumps(sys.path))"],
-            env=env,
-            cwd=cwd if cwd and os.path.isdir(cwd) else None,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
-    except Exception:
+def _package_of_python(python):
+    """The sglang package that ``python`` (run plainly, with this environment) imports, or "" when it has none;
+    None when it cannot run at all."""
+    answer = _query_wait(_query_start(python, [], "", None, None), time.time() + 60)  # noqa: F821 (server/_remote.py)
+    if answer is None:
         return None
-
-
-def _sys_path_wait(proc, deadline):
-    """The sys.path a ``_sys_path_start`` process printed, or None."""
-    if proc is None:
-        return None
-    try:
-        out, _ = proc.communicate(timeout=max(0.1, deadline - time.time()))
-        return json.loads(out.decode()) if proc.returncode == 0 else None
-    except Exception:
-        try:
-            proc.kill()
-            proc.wait()
-        except Exception:
-            pass
-        return None
-
-
-def _sys_path_of(python, env, cwd):
-    """sys.path of ``python`` as the server sees it (its environment and working directory), or None."""
-    return _sys_path_wait(_sys_path_start(python, env, cwd), time.time() + 60)
-
-
-def _find_package(paths, cwd):
-    for p in paths:
-        p = p or cwd or os.getcwd()
-        cand = os.path.join(p, "sglang")
-        if os.path.isfile(os.path.join(cand, "__init__.py")):
-            return os.path.realpath(cand)
-    return None
+    return package_of(answer, None) or ""  # noqa: F821
 
 
 def _package_from_hint(hint):
@@ -145,6 +110,19 @@ def _version(pkg):
     return None
 
 
+def _port_of(srv):
+    return parse_server_args(srv["argv"][srv["args_index"]:])["port"]  # noqa: F821 (server/_remote.py)
+
+
+def _user_name(uid):
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
+
+
 def _lock_info(path):
     try:
         return json.loads(_read(path).decode())
@@ -154,28 +132,14 @@ def _lock_info(path):
 
 def op_facts(payload):
     """Everything eaglepatch needs to decide: server, interpreter, package, worker files, manifest, lock."""
-    out = {"hostname": socket.gethostname(), "self_python": sys.executable, "servers": []}
+    out = {"hostname": socket.gethostname(), "self_python": sys.executable, "servers": [],
+           "user": _user_name(os.geteuid()), "euid": os.geteuid()}
     try:
-        servers = op_scan({})["servers"]  # noqa: F821 (from eaglepatch/server/_remote.py)
+        # every server with the sglang package its own interpreter imports, as it was launched
+        servers = op_scan({"identify": True})["servers"]  # noqa: F821 (from eaglepatch/server/_remote.py)
     except Exception as exc:  # a /proc we cannot read is not fatal for patching
         servers = []
         out["scan_error"] = str(exc)
-    # Which sglang each running server imports: its interpreter's sys.path, with its environment and directory.
-    # One interpreter per distinct (exe, PYTHONPATH, VIRTUAL_ENV, cwd), all asked at once.
-    keys, asked = [], {}
-    for srv in servers:
-        env = srv.get("env") or None
-        key = (srv.get("exe"), (env or {}).get("PYTHONPATH"), (env or {}).get("VIRTUAL_ENV"), srv.get("cwd"))
-        keys.append(key)
-        if key not in asked:
-            asked[key] = _sys_path_start(srv.get("exe"), env, srv.get("cwd")) if srv.get("exe") else None
-    deadline = time.time() + 60
-    seen = {}
-    for srv, key in zip(servers, keys):
-        if key not in seen:
-            paths = _sys_path_wait(asked[key], deadline)
-            seen[key] = _find_package(paths, srv.get("cwd")) if paths else None
-        srv["package_dir"] = seen[key]
     pkg = None
     if payload.get("sglang_path"):
         pkg = _package_from_hint(payload["sglang_path"])
@@ -183,24 +147,27 @@ def op_facts(payload):
             out["error"] = "no sglang package at %s" % payload["sglang_path"]
             return out
     elif payload.get("python"):
-        paths = _sys_path_of(payload["python"], None, None)
-        if paths is None:
+        pkg = _package_of_python(payload["python"])
+        if pkg is None:
             out["error"] = "cannot run %s on the host" % payload["python"]
             return out
-        pkg = _find_package(paths, None)
     else:
-        pkg = next((srv["package_dir"] for srv in servers if srv.get("package_dir")), None)
-        if pkg is None:
-            paths = _sys_path_of(sys.executable, None, None)
-            pkg = _find_package(paths or [], None)
+        serving = sorted({srv["package_dir"] for srv in servers if srv.get("package_dir")})
+        if len(serving) > 1:
+            # several installs serve here: guessing one could stop the wrong server
+            out["ambiguous"] = [{"package_dir": p, "servers": [{"pid": srv["pid"], "port": _port_of(srv)}
+                                                             for srv in servers if srv.get("package_dir") == p]}
+                                for p in serving]
+            return out
+        pkg = serving[0] if serving else _package_of_python(sys.executable)
     # Only a server that runs this very package is ours to report and restart.
-    mine = [srv for srv in servers if pkg is not None and srv.get("package_dir") == pkg]
+    mine = [srv for srv in servers if pkg and srv.get("package_dir") == pkg]
     out["servers"] = mine
-    out["other_servers"] = [{"pid": srv["pid"], "package_dir": srv.get("package_dir")} for srv in servers
-                            if srv not in mine]
-    out["python"] = payload.get("python") or (mine[0].get("exe") if mine else None) or sys.executable
-    out["package_dir"] = pkg
-    if pkg is None:
+    out["other_servers"] = [{"pid": srv["pid"], "port": _port_of(srv), "package_dir": srv.get("package_dir")}
+                            for srv in servers if srv not in mine]
+    out["python"] = payload.get("python") or (mine[0].get("interpreter") if mine else None) or sys.executable
+    out["package_dir"] = pkg or None
+    if not pkg:
         return out
     out["version"] = _version(pkg)
     spec = os.path.join(pkg, "srt", "speculative")
@@ -235,6 +202,7 @@ def op_facts(payload):
                         "mode": st.st_mode,
                         "uid": st.st_uid,
                         "gid": st.st_gid,
+                        "mtime": st.st_mtime,
                     }
                 )
     out["files"] = files
@@ -258,12 +226,17 @@ def op_facts(payload):
     runtime = os.path.join(spec, RUNTIME_NAME)
     try:
         out["runtime_sha256"] = _sha(_read(runtime))
+        out["runtime_mtime"] = os.stat(runtime).st_mtime
     except OSError:
         out["runtime_sha256"] = None
     out["runtime_path"] = runtime
     out["lock_path"] = os.path.join(spec, LOCK_NAME)
     out["lock"] = _lock_info(out["lock_path"])
     out["writable"] = os.access(spec, os.W_OK) if os.path.isdir(spec) else False
+    try:
+        out["owner"] = _user_name(os.stat(spec).st_uid)
+    except OSError:
+        out["owner"] = None
     return out
 
 
@@ -304,7 +277,8 @@ def op_lock(payload):
                 continue
             return {"ok": False, "held": held, "path": path}
         except OSError as exc:
-            return {"ok": False, "error": "cannot create %s: %s" % (path, exc.strerror)}
+            return {"ok": False, "error": "cannot create %s: %s" % (path, exc.strerror),
+                    "denied": exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)}
         with os.fdopen(fd, "w") as f:
             json.dump(dict(me, time=time.time()), f)
         return {"ok": True}
@@ -368,7 +342,7 @@ def _drop_bytecode(path):
 
 
 def _fault(payload, point):
-    """Test hook: die right here, as a cut connection would leave things (see tests/e2e)."""
+    """Test hook (``eaglepatch.failpoints``): die right here, as a killed helper would leave things."""
     if payload.get("fault") == point:
         os._exit(99)
 
@@ -396,12 +370,23 @@ def _drop_stale_temps(dirs):
 
 
 def op_execute(payload):
-    """``_execute``, then release the lock when asked (apply without a restart ends here: one round trip less)."""
+    """``_execute``, then release the lock when asked (apply without a restart ends here: one round trip less).
+
+    With ``then`` (``op_relaunch``'s payload), the servers are stopped and started right after a successful
+    execution, in the same request: a rollback puts the original files back and starts the original server with
+    nothing in between that depends on the client. SIGINT and SIGHUP are ignored until it is done.
+    """
+    saved = [(sig, signal.signal(sig, signal.SIG_IGN)) for sig in (signal.SIGINT, signal.SIGHUP)]
     try:
-        return _execute(payload)
+        out = _execute(payload)
+        if out.get("ok") and payload.get("then"):
+            out["then"] = op_relaunch(payload["then"])  # noqa: F821 (server/_remote.py)
+        return out
     finally:
         if payload.get("release"):
             op_unlock({"lock_path": payload["lock_path"], "token": payload["token"]})
+        for sig, old in saved:
+            signal.signal(sig, old)
 
 
 def _execute(payload):
@@ -518,7 +503,7 @@ def _execute(payload):
                     return {"ok": False, "kind": "compile", "path": w["path"],
                             "error": "%s (line %s)" % (exc.msg, exc.lineno), "python": sys.executable}
             staged.append((w, tmp))
-        _fault(payload, "after-upload")
+        _fault(payload, "execute:after-upload")
         # 3. Backups of the originals, then the manifest: before anything is replaced.
         for w in writes:
             b = w.get("backup")
@@ -543,11 +528,13 @@ def _execute(payload):
             _write_new(mtmp, json.dumps(man["data"], indent=1, sort_keys=True).encode(), None, 0o600)
             _replace(mtmp, man["path"])
             touched.append(man["path"])
-        _fault(payload, "before-rename")
+        _fault(payload, "execute:after-backup")
     except OSError as exc:
         return fail(exc)
     # 4. Swap in (and remove what the plan removes, the manifest last). A failure puts everything back.
-    for w, tmp in staged:
+    for n, (w, tmp) in enumerate(staged):
+        if n == 1:
+            _fault(payload, "execute:between-renames")
         try:
             if tmp is None:
                 if os.path.lexists(w["path"]):
@@ -607,4 +594,21 @@ def op_logs(payload):
     return {"files": files}
 
 
-OPS.update({"logs": op_logs, "facts": op_facts, "lock": op_lock, "unlock": op_unlock, "execute": op_execute})  # noqa: F821
+def op_read(payload):
+    """Text of files inside the sglang package's parent (``paths`` relative to it: ``sglang/srt/server_args.py``);
+    None for one that is absent. Nothing outside that folder is read."""
+    root = os.path.realpath(os.path.dirname(payload["package_dir"]))
+    out = {}
+    for rel in payload["paths"]:
+        path = os.path.realpath(os.path.join(root, rel))
+        if not path.startswith(root + os.sep):
+            out[rel] = None
+            continue
+        try:
+            out[rel] = _read(path).decode("utf-8", "replace")
+        except OSError:
+            out[rel] = None
+    return {"files": out}
+
+
+OPS.update({"read": op_read, "logs": op_logs, "facts": op_facts, "lock": op_lock, "unlock": op_unlock, "execute": op_execute})  # noqa: F821

@@ -10,9 +10,11 @@ import dataclasses
 import json
 import os
 import pathlib
+import time
 from typing import Any, Callable, Sequence
 
 from eaglepatch.errors import RestartFailed, Unsupported, UsageError
+from eaglepatch.failpoints import failpoint
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.local import LocalHost
 from eaglepatch.hosts.target import SSHOptions, TargetSpec, is_local_target, open_host, parse_target
@@ -58,6 +60,7 @@ def load_recipe(path: str | None) -> Recipe:
 
 
 def restart_options(restart_cmd: str | None, systemd_unit: str | None, timeout: float) -> Any:
+    """``RestartOptions`` from the command line's restart options (UsageError for bad ones)."""
     from eaglepatch.server.restart import RestartOptions
 
     return RestartOptions(restart_cmd=restart_cmd, systemd_unit=systemd_unit, timeout=timeout)
@@ -118,8 +121,7 @@ def show(text: str, c: Connect, recipe: Recipe) -> dict[str, Any]:
 
 def render_show(doc: dict[str, Any]) -> str:
     out = [f"{doc['target']}: sglang {doc['sglang_version'] or '?'} at {doc['package_dir']}"]
-    srv = doc.get("server")
-    out.append(f"server: pid {srv['pid']}: {' '.join(srv['argv'])}" if srv else "server: none running")
+    out.extend(_server_lines(doc))
     for f in doc["files"]:
         out.append(f"\n{f['path']}  [{f['state']}]")
         if f.get("refused"):
@@ -145,19 +147,50 @@ def render_show(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+_CODE = {"current": "runs the files on disk",
+         "stale": "STARTED BEFORE THE FILES LAST CHANGED: it runs the code from before; restart it",
+         "unknown": "whether it runs the files on disk is unknown"}
+
+
+def _server_lines(doc: dict[str, Any]) -> list[str]:
+    """One line per server of the install (pid, port, how it was launched, whether it runs the files on disk),
+    the servers of other installs, and a lock an interrupted run left."""
+    servers = doc.get("servers")
+    if servers is None:  # a document without the list: its one server
+        servers = [doc["server"]] if doc.get("server") else []
+    out = []
+    if not servers:
+        out.append("server: none running (of this install)")
+    for srv in servers:
+        head = f"server: pid {srv['pid']}" + (f" on :{srv['port']}" if srv.get("port") else "")
+        out.append(f"{head}: {' '.join(srv['argv'])}")
+        if srv.get("launched"):
+            out.append(f"  launched: {srv['launched']}" + (f"; in {srv['cwd']}" if srv.get("cwd") else ""))
+        if srv.get("code"):
+            out.append(f"  {_CODE.get(srv['code'], srv['code'])}")
+    for other in doc.get("other_servers") or ():
+        out.append(f"other server: pid {other['pid']} on :{other.get('port')} runs another install "
+                   f"({other.get('package_dir') or 'unknown'}): left alone")
+    lock = doc.get("lock")
+    if lock:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(lock.get("time") or 0)))
+        out.append(f"lock: an eaglepatch {lock.get('what') or 'run'} of {lock.get('user')} from "
+                   f"{lock.get('client_host')} (pid {lock.get('client_pid')}) holds it since {since}; if that run "
+                   "was killed, the next apply or revert from that machine takes it over")
+    return out
+
+
 def status(text: str, c: Connect, recipe: Recipe) -> dict[str, Any]:
     with _Target(text, c) as t:
         return describe(_facts(t, recipe), recipe)
 
 
 def render_status(doc: dict[str, Any]) -> str:
-    srv = doc.get("server")
-    head = f"{doc['target']}: sglang {doc['sglang_version'] or '?'}; server " + (
-        f"pid {srv['pid']}" if srv else "not running")
-    rows = [head]
+    rows = [f"{doc['target']}: sglang {doc['sglang_version'] or '?'} at {doc['package_dir']}"]
     for f in doc["files"]:
         phases = sorted({p for w in f["workers"] for p in w.get("phases", [])})
         rows.append(f"  {f['state']:<9} {f['path']}  ({', '.join(phases) or 'no phases'})")
+    rows.extend("  " + line for line in _server_lines(doc))
     return "\n".join(rows)
 
 
@@ -194,26 +227,36 @@ def render_change(doc: dict[str, Any]) -> str:
     return f"{doc['target']}: {verb}: {what} ({files}){tail}"
 
 
-def _launch_of(facts: HostFacts) -> Any:
-    if not facts.server:
-        return None
-    from eaglepatch.server.process import ServerProcess
+def _launch_of(facts: HostFacts, ports: Sequence[int] = ()) -> Any:
+    """The one server of the install to load or sweep (``--server-port`` picks among several), or None; raises
+    UsageError when several run and no port says which."""
+    from eaglepatch.server.process import select_server
 
-    return ServerProcess.from_scan(facts.server)
+    servers = lifecycle().chosen(facts, ports)
+    return select_server(servers)
+
+
+def lifecycle() -> Any:
+    """``eaglepatch.ops.lifecycle``, imported when a server is acted on (it imports the server package)."""
+    from eaglepatch.ops import lifecycle as lc
+
+    return lc
 
 
 def apply(text: str, c: Connect, recipe: Recipe, ropts: RuntimeOptions, restart: Any, dry_run: bool,
           say: Say) -> dict[str, Any]:
+    lc = lifecycle()
     with _Target(text, c) as t:
-        owner = None if dry_run else new_lock_owner()
+        owner = None if dry_run else new_lock_owner("apply")
         facts = _facts(t, recipe, owner)  # takes the lock in the same round trip (not for --dry-run)
         session = Session(t.host, facts.python, facts)
-        if owner is not None:
+        denied = facts.cannot_write()
+        if owner is not None and not denied:
             session.lock(owner)
         try:
-            server = _launch_of(facts)
-            launch = server.launch_spec().to_json() if server is not None else None
-            plan = plan_apply(facts, recipe, ropts, launch=launch)
+            everyone = lc.servers_of(facts)
+            servers = lc.chosen(facts, c.facts.server_ports)
+            plan = plan_apply(facts, recipe, ropts, servers=lc.manifest_record(everyone))
             for n in plan.notes:
                 say(f"note: {n}")
             if dry_run:
@@ -222,116 +265,220 @@ def apply(text: str, c: Connect, recipe: Recipe, ropts: RuntimeOptions, restart:
                 for s in steps or ["nothing to do: already patched"]:
                     say(f"plan: {s}")
                 if plan.changed:
-                    say(f"plan: back up originals to {facts.backup_dir}, then " +
-                        ("restart the server" if restart is not None else "no restart"))
+                    what = "no restart" if restart is None else (
+                        "restart " + (", ".join(f"the server on :{s.port} (pid {s.pid})" for s in servers)
+                                      or "nothing (no server of this install runs)"))
+                    say(f"plan: back up originals to {facts.backup_dir}, then {what}")
                 return _change_doc(t.spec.name, plan, False, False, dry_run=True, diff=plan.diff(), action="apply")
             if not plan.changed:
                 say(f"{t.spec.name}: already patched: nothing to change")
-                return _change_doc(t.spec.name, plan, False, False, action="apply")
+                behind = lc.stale(servers, facts) if restart is not None else []
+                restarted = False
+                if behind:
+                    # an apply cut off before its restart, or --no-restart: the servers still run the original code
+                    say(f"{t.spec.name}: " + ", ".join(f"the server on :{s.port} (pid {s.pid})" for s in behind)
+                        + " started before the files were patched: restarting it")
+                    lc.check_relaunchable(behind, restart)
+                    restarted = _restart_after_apply(t, recipe, session, behind, restart, say)
+                return _change_doc(t.spec.name, plan, False, restarted, action="apply")
+            if denied:
+                raise UsageError(denied)
+            if restart is not None:
+                lc.check_relaunchable(servers, restart)  # before anything changes
             # Without a restart, the lock is released by the same round trip that carries out the plan.
             session.execute(plan, release=restart is None)
+            failpoint("apply:after-execute")
             say(f"{t.spec.name}: patched {len(plan.files)} file(s); originals in {facts.backup_dir}")
             restarted = False
             if restart is not None:
-                restarted = _restart_after_apply(t, facts, recipe, session, server, restart, say)
+                restarted = _restart_after_apply(t, recipe, session, servers, restart, say)
+                for n in lc.left_alone_notes(everyone, servers, "apply"):
+                    say(f"note: {n}")
+            elif everyone:
+                say(f"note: not restarted (--no-restart): the running server(s) run the original code until they "
+                    "restart")
             return _change_doc(t.spec.name, plan, True, restarted, action="apply")
         finally:
             session.unlock()
 
 
 def _no_server_note(say: Say, name: str, verb: str) -> None:
-    say(f"{name}: {verb}; no sglang server is running, so nothing was restarted: start it "
+    say(f"{name}: {verb}; no sglang server of this install is running, so nothing was restarted: start it "
         "(python -m sglang.launch_server ...) and the patch takes effect")
 
 
-def _restart_after_apply(t: _Target, facts: HostFacts, recipe: Recipe, session: Session, server: Any,
-                         ropts: Any, say: Say) -> bool:
+def _restart_after_apply(t: _Target, recipe: Recipe, session: Session, servers: Sequence[Any], ropts: Any,
+                         say: Say) -> bool:
     from eaglepatch.server.restart import restart
 
-    if server is None and ropts.restart_cmd is None and ropts.systemd_unit is None:
+    lc = lifecycle()
+    facts = session.facts
+    if lc.custom(ropts):
+        # the user's command or unit restarts what it restarts: run it once, watch the first server
+        res = restart(t.host, current=servers[0] if servers else None, options=ropts, progress=say,
+                      python=facts.python)
+        if res.ready:
+            return True
+        raise lc.rollback(t, lambda: _facts(t, recipe), recipe, session, ropts, list(servers[:1]), res, say)
+    if not servers:
         _no_server_note(say, t.spec.name, "patched")
         return False
-    res = restart(t.host, current=server, options=ropts, progress=say, python=facts.python)
-    if res.ready:
+    done, failed = lc.restart_each(t.host, servers, ropts, facts.python, say)
+    if failed is None:
         return True
-    # The patched server did not come up: put the originals back and bring the original server back.
-    say(f"{t.spec.name}: the patched server is not ready ({res.message}); rolling back")
-    if res.log_tail:
-        say(res.log_tail)
-    fresh = _facts(t, recipe)
-    session.facts = fresh
-    session.execute(plan_revert(fresh, recipe, force=True))
-    launch = server.launch_spec() if server is not None else None
-    back = restart(t.host, current=None, launch=launch, options=ropts, progress=say, python=fresh.python) \
-        if (launch is not None or ropts.restart_cmd or ropts.systemd_unit) else None
-    up = back is not None and back.ready
-    raise RestartFailed(
-        f"{t.spec.name}: the patched server was not ready within {ropts.timeout:.0f} s; original files restored; "
-        + ("the original server is up again" if up else "the original server did NOT come back up: check it now"))
+    raise lc.rollback(t, lambda: _facts(t, recipe), recipe, session, ropts,
+                      [srv for srv, _ in done] + [failed[0]], failed[1], say)
 
 
 def revert(text: str, c: Connect, recipe: Recipe, force: bool, restart: Any, say: Say) -> dict[str, Any]:
+    lc = lifecycle()
     with _Target(text, c) as t:
-        owner = new_lock_owner()
+        owner = new_lock_owner("revert")
         # takes the lock in the same round trip; revert parses a file only when the manifest cannot vouch for it
         facts = _facts(t, recipe, owner, transform=False)
         session = Session(t.host, facts.python, facts)
-        session.lock(owner)
+        denied = facts.cannot_write()
+        if not denied:
+            session.lock(owner)
         try:
             plan = plan_revert(facts, recipe, force=force)
+            everyone = lc.servers_of(facts)
+            chosen = lc.chosen(facts, c.facts.server_ports)
+            # With code to put back, every chosen server restarts; without, only those still running the code from
+            # before the last change (a revert cut off before its restart, or --no-restart).
+            servers = chosen if plan.files else lc.stale(chosen, facts)
             if not plan.changed:
                 say(f"{t.spec.name}: not patched: nothing to revert")
-                return _change_doc(t.spec.name, plan, False, False, action="revert")
-            session.execute(plan, release=restart is None or not plan.files)
-            for n in plan.notes:
-                say(f"note: {n}")
-            say(f"{t.spec.name}: reverted {len(plan.files)} file(s)")
+                if restart is None or not servers:
+                    return _change_doc(t.spec.name, plan, False, False, action="revert")
+                say(f"{t.spec.name}: " + ", ".join(f"the server on :{s.port} (pid {s.pid})" for s in servers)
+                    + " started before the files last changed: restarting it")
+            elif denied:
+                raise UsageError(denied)
+            wants = restart is not None and (bool(plan.files) or bool(servers))
+            pairs, units = _revert_relaunches(t, facts, servers, c.facts.server_ports, restart, say,
+                                              recorded=bool(plan.files)) if wants else ([], [])
+            then = {"batch": [relaunch_payload(cur, spec, restart.grace, restart.port_timeout)
+                              for cur, spec in pairs]} if pairs else None
+            if plan.changed:
+                res = session.execute(plan, release=not wants, then=then)
+                failpoint("revert:after-execute")
+                for n in plan.notes:
+                    say(f"note: {n}")
+                say(f"{t.spec.name}: reverted {len(plan.files)} file(s)")
+            else:  # nothing to write: the relaunches alone, in one request
+                res = {"then": call_relaunch(t.host, facts.python, then, restart)} if then else {}
             restarted = False
-            if restart is not None and plan.files:
-                restarted = _restart_after_revert(t, facts, restart, say)
-            return _change_doc(t.spec.name, plan, True, restarted, action="revert")
+            if wants:
+                restarted = _restart_after_revert(t, facts, restart, pairs, units, res, say)
+                for n in lc.left_alone_notes(everyone, chosen, "revert"):
+                    say(f"note: {n}")
+            return _change_doc(t.spec.name, plan, plan.changed, restarted, action="revert")
         finally:
             session.unlock()
 
 
-def _restart_after_revert(t: _Target, facts: HostFacts, ropts: Any, say: Say) -> bool:
-    from eaglepatch.server.process import LaunchSpec
-    from eaglepatch.server.restart import restart
+def relaunch_payload(current: Any, spec: Any, grace: float, port_timeout: float) -> dict[str, Any]:
+    from eaglepatch.server.control import relaunch_payload as payload
 
-    server = _launch_of(facts)
-    launch = None
-    if server is None and facts.manifest and facts.manifest.get("server"):
-        launch = LaunchSpec.from_json(facts.manifest["server"])  # it crashed: start what apply recorded
-        say(f"{t.spec.name}: no server running; starting the one recorded at apply time")
-    if server is None and launch is None and ropts.restart_cmd is None and ropts.systemd_unit is None:
+    return payload(current, spec, grace, port_timeout)
+
+
+def call_relaunch(host: Host, python: str, then: dict[str, Any], ropts: Any) -> Any:
+    """A batch of relaunches in one request on the host (nothing to write with them)."""
+    from eaglepatch.server.control import relaunch_timeout
+    from eaglepatch.server.process import call_remote
+
+    n = max(1, len(then.get("batch") or ()))
+    return call_remote(host, python, "relaunch", then, timeout=n * relaunch_timeout(ropts.grace, ropts.port_timeout))
+
+
+def _revert_relaunches(t: _Target, facts: HostFacts, servers: Sequence[Any], ports: Sequence[int], ropts: Any,
+                       say: Say, recorded: bool) -> tuple[list[tuple[Any, Any]], list[Any]]:
+    """What revert restarts: ``(current, launch spec)`` pairs that the host relaunches in the same request as
+    the revert (with ``recorded``, a server apply recorded that is gone now is started from its recorded spec),
+    and the servers that systemd runs. Raises UsageError, before anything changes, for a server that cannot be
+    restarted."""
+    from eaglepatch.server.process import LaunchSpec
+
+    lc = lifecycle()
+    if lc.custom(ropts):
+        return [], []
+    lc.check_relaunchable(servers, ropts)
+    pairs = [(srv, srv.launch_spec()) for srv in servers if not srv.unit]
+    units = [srv for srv in servers if srv.unit]
+    running_ports = {srv.port for srv in lc.servers_of(facts)}
+    for rec in facts.manifest_servers() if recorded else ():
+        port = rec.get("port")
+        if rec.get("launch") and port not in running_ports and (not ports or port in ports):
+            say(f"{t.spec.name}: no server of this install runs on :{port}; starting the one recorded at apply time")
+            pairs.append((None, LaunchSpec.from_json(rec["launch"])))
+    return pairs, units
+
+
+def _restart_after_revert(t: _Target, facts: HostFacts, ropts: Any, pairs: Sequence[tuple[Any, Any]],
+                          units: Sequence[Any], res: dict[str, Any], say: Say) -> bool:
+    from eaglepatch.server.restart import after_relaunch, restart
+
+    lc = lifecycle()
+    results = []
+    if lc.custom(ropts):
+        servers = lc.servers_of(facts)
+        results.append(restart(t.host, current=servers[0] if servers else None, options=ropts, progress=say,
+                               python=facts.python))
+    answers = (res.get("then") or {}).get("batch") or []
+    for (cur, spec), answer in zip(pairs, answers):
+        results.append(after_relaunch(t.host, cur, spec, answer, options=ropts, progress=say, python=facts.python))
+    for srv in units:
+        results.append(restart(t.host, current=srv, options=ropts, progress=say, python=facts.python))
+    if not results:
         _no_server_note(say, t.spec.name, "reverted")
         return False
-    res = restart(t.host, current=server, launch=launch, options=ropts, progress=say, python=facts.python)
-    if not res.ready:
+    bad = [r for r in results if not r.ready]
+    if bad:
         raise RestartFailed(f"{t.spec.name}: files reverted, but the server was not ready within "
-                            f"{ropts.timeout:.0f} s: {res.message}\n{res.log_tail}".rstrip())
+                            f"{ropts.timeout:.0f} s: {bad[0].message}\n{bad[0].log_tail}".rstrip())
     return True
 
 
 def restart_target(text: str, c: Connect, ropts: Any, say: Say) -> dict[str, Any]:
-    from eaglepatch.server.process import find_servers, select_server
-    from eaglepatch.server.restart import restart
+    from eaglepatch.server.process import LaunchSpec
+    from eaglepatch.server.restart import NoServerRunning, restart
 
+    lc = lifecycle()
     with _Target(text, c) as t:
-        python = c.facts.python or "python3"
-        server = select_server(find_servers(t.host, python))
-        res = restart(t.host, current=server, options=ropts, progress=say,
-                      python=server.exe if server is not None and server.exe else python)
-        if not res.ready:
-            raise RestartFailed(f"{t.spec.name}: not ready within {ropts.timeout:.0f} s: {res.message}\n"
-                                f"{res.log_tail}".rstrip())
-        doc = res.to_json()
+        facts = _facts(t, builtin_recipe(), transform=False)
+        servers = lc.chosen(facts, c.facts.server_ports)
+        lc.check_relaunchable(servers, ropts)
+        jobs: list[tuple[Any, Any]] = [(srv, None) for srv in servers]
+        if not servers and not lc.custom(ropts):
+            # none runs: the ones apply recorded (the server crashed, or a run was killed between stop and start)
+            recorded = [rec for rec in facts.manifest_servers() if rec.get("launch")
+                        and (not c.facts.server_ports or rec.get("port") in c.facts.server_ports)]
+            if not recorded:
+                raise NoServerRunning(t.spec.name)
+            for rec in recorded:
+                say(f"{t.spec.name}: no server of this install runs on :{rec['port']}; starting the one recorded "
+                    "at apply time")
+                jobs.append((None, LaunchSpec.from_json(rec["launch"])))
+        if lc.custom(ropts):
+            jobs = jobs[:1] or [(None, None)]
+        results = []
+        for cur, launch in jobs:
+            res = restart(t.host, current=cur, launch=launch, options=ropts, progress=say, python=facts.python)
+            if not res.ready:
+                raise RestartFailed(f"{t.spec.name}: not ready within {ropts.timeout:.0f} s: {res.message}\n"
+                                    f"{res.log_tail}".rstrip())
+            results.append(res.to_json())
+        doc = dict(results[0])
         doc["target"] = t.spec.name
+        doc["servers"] = results
         return doc
 
 
 def render_restart(doc: dict[str, Any]) -> str:
-    return f"{doc['target']}: restarted ({doc['strategy']}), pid {doc['pid']}, ready in {doc['seconds']:.1f} s"
+    return "\n".join(f"{doc['target']}: restarted ({r['strategy']}), pid {r['pid']} on :{r['port']}, ready in "
+                     f"{r['seconds']:.1f} s" for r in doc.get("servers") or [doc])
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from eaglepatch import __version__
 from eaglepatch.errors import Conflict, ConnectionFailed, EaglepatchError, Unsupported, UsageError, ValidationFailed
+from eaglepatch.failpoints import failpoint, remote_fault
 from eaglepatch.hosts.base import Host, RemoteScriptError, run_python
 from eaglepatch.transform.marks import RUNTIME_MODULE, is_instrumented, strip_lines
 from eaglepatch.transform.recipe import Recipe
@@ -88,6 +89,7 @@ class FactsOptions:
 
     python: str | None = None
     sglang_path: str | None = None
+    server_ports: tuple[int, ...] = ()  # --server-port: act on these servers of the install only
 
 
 @functools.lru_cache(maxsize=1)
@@ -123,6 +125,7 @@ class WorkerFile:
     data: bytes
     sha256: str
     mode: int
+    mtime: float = 0.0
 
     @property
     def text(self) -> str:
@@ -150,10 +153,45 @@ class HostFacts:
     lock: dict[str, Any] | None
     lock_result: dict[str, Any] | None
     servers: tuple[dict[str, Any], ...]
+    other_servers: tuple[dict[str, Any], ...] = ()
+    user: str | None = None
+    owner: str | None = None
+    writable: bool = True
+    runtime_mtime: float | None = None
 
     @property
     def server(self) -> dict[str, Any] | None:
         return self.servers[0] if self.servers else None
+
+    @property
+    def code_mtime(self) -> float | None:
+        """When the code a server imports last changed on disk: the newest of the worker files and the runtime
+        module (apply and revert replace them). A server started before that runs older code."""
+        times = [f.mtime for f in self.files if f.mtime] + ([self.runtime_mtime] if self.runtime_mtime else [])
+        return max(times) if times else None
+
+    def manifest_servers(self) -> list[dict[str, Any]]:
+        """The servers ``apply`` recorded (``servers``: one entry each, with its launch spec; an older
+        manifest's single ``server`` spec reads as one entry)."""
+        m = self.manifest or {}
+        if isinstance(m.get("servers"), list):
+            return [s for s in m["servers"] if isinstance(s, dict)]
+        if isinstance(m.get("server"), dict):
+            return [{"port": m["server"].get("port"), "launch": m["server"]}]
+        return []
+
+    def cannot_write(self) -> str | None:
+        """Why this user cannot change the install (one line with what to do), or None when it can."""
+        result = self.lock_result or {}
+        if self.writable and not result.get("denied"):
+            return None
+        reason = str(result.get("error") or "").rpartition(": ")[2] or "Permission denied"
+        if self.owner and self.user and self.owner != self.user:
+            todo = (f"run eaglepatch as {self.owner}" + ("" if self.owner == "root" else " or root")
+                    + " (the install's owner), or give --python of an install you own")
+        else:
+            todo = "make it writable (a read-only file system or an immutable folder?), or use an install you can write"
+        return f"{self.target}: user {self.user or '?'} cannot write {self.spec_dir}: {reason}: {todo}"
 
     def manifest_entry(self, path: str) -> dict[str, Any] | None:
         """The manifest's record of a worker file (``path`` as read, sglang/srt/...), if any."""
@@ -189,6 +227,8 @@ def call(host: Host, interp: str, op: str, timeout: float | None = 120, **payloa
             return run_python(host, interp, remote_program(), dict(payload, op=op), timeout=timeout)
         return agents.call(interp, remote_program(), dict(payload, op=op), timeout=timeout)
     except RemoteScriptError as exc:
+        if payload.get("fault"):
+            failpoint(payload["fault"])  # the host's helper died at the armed failpoint: so does the client
         raise call_error(host.name, interp, exc) from None
 
 
@@ -201,10 +241,11 @@ def call_error(name: str, interp: str, exc: RemoteScriptError) -> EaglepatchErro
     return EaglepatchError(f"{name}: {exc}")
 
 
-def new_lock_owner() -> dict[str, Any]:
-    """Who takes a lock: a fresh token, this machine, this process (so a lock left by a dead run is known stale)."""
+def new_lock_owner(what: str = "") -> dict[str, Any]:
+    """Who takes a lock: a fresh token, this machine, this process (so a lock left by a dead run is known stale),
+    and what it does (``apply``, ``revert``, ``sweep``: status names it)."""
     return {"token": secrets.token_hex(8), "client_host": socket.gethostname(), "client_pid": os.getpid(),
-            "user": getpass.getuser(), "eaglepatch": __version__}
+            "user": getpass.getuser(), "eaglepatch": __version__, "what": what}
 
 
 def gather(host: Host, opts: FactsOptions, entry_names: Sequence[str],
@@ -215,6 +256,12 @@ def gather(host: Host, opts: FactsOptions, entry_names: Sequence[str],
     lock = {"owner": lock_owner, "ttl": ttl} if lock_owner else None
     raw = call(host, opts.python or "python3", "facts", python=opts.python, sglang_path=opts.sglang_path,
                pattern=pattern, lock=lock)
+    if raw.get("ambiguous"):
+        listing = "; ".join(f"{a['package_dir']} (" + ", ".join(f"pid {s['pid']} on :{s['port']}"
+                                                                  for s in a["servers"]) + ")"
+                            for a in raw["ambiguous"])
+        raise UsageError(f"{host.name}: servers of several sglang installs run here: {listing}: name the one to "
+                         "act on with --sglang-path DIR (or --python)")
     if raw.get("error"):
         hint = " (give --python or --sglang-path)" if not opts.sglang_path else ""
         raise Unsupported(f"{host.name}: {raw['error']}{hint}")
@@ -223,7 +270,7 @@ def gather(host: Host, opts: FactsOptions, entry_names: Sequence[str],
             f"{host.name}: no sglang package found for {raw.get('python')}: "
             "point at it with --sglang-path DIR (or --python for the server's interpreter)")
     files = tuple(
-        WorkerFile(f["path"], f["abs"], base64.b64decode(f["data"]), f["sha256"], f["mode"])
+        WorkerFile(f["path"], f["abs"], base64.b64decode(f["data"]), f["sha256"], f["mode"], f.get("mtime") or 0.0)
         for f in raw.get("files", [])
     )
     return HostFacts(
@@ -244,6 +291,11 @@ def gather(host: Host, opts: FactsOptions, entry_names: Sequence[str],
         lock=raw.get("lock"),
         lock_result=raw.get("lock_result"),
         servers=tuple(raw.get("servers") or ()),
+        other_servers=tuple(raw.get("other_servers") or ()),
+        user=raw.get("user"),
+        owner=raw.get("owner"),
+        writable=bool(raw.get("writable", True)),
+        runtime_mtime=raw.get("runtime_mtime"),
     )
 
 
@@ -280,8 +332,41 @@ def worker_json(w: WorkerInfo) -> dict[str, Any]:
 
 
 def server_json(facts: HostFacts) -> dict[str, Any] | None:
-    s = facts.server
-    return None if s is None else {"pid": s["pid"], "argv": s["argv"]}
+    """The contract's ``server`` (the first server of the install), or None."""
+    servers = servers_json(facts)
+    return servers[0] if servers else None
+
+
+def servers_json(facts: HostFacts) -> list[dict[str, Any]]:
+    """Every server of the install: pid, argv, port, cwd, launcher, how it was launched, its start, and ``code``:
+    ``current`` when it started after the code on disk last changed, ``stale`` when before (it still runs the
+    code from before the last apply or revert: restart it), ``unknown`` when that cannot be told."""
+    from eaglepatch.server.process import ServerProcess
+
+    mtime = facts.code_mtime
+    out = []
+    for item in facts.servers:
+        srv = ServerProcess.from_scan(item)
+        doc = srv.to_json()
+        if srv.started_at is None or mtime is None:
+            doc["code"] = "unknown"
+        else:
+            doc["code"] = "current" if srv.started_at >= mtime - CLOCK_SLACK_S else "stale"
+        out.append(doc)
+    return out
+
+
+# /proc's start time has 10 ms ticks and the boot time read with it 10 ms more: a server eaglepatch restarts
+# starts hundreds of milliseconds after its files changed
+CLOCK_SLACK_S = 0.05
+
+
+def interrupted_json(facts: HostFacts) -> dict[str, Any] | None:
+    """The lock an eaglepatch run holds (or left when it was killed), for status: who, from where, since when."""
+    lock = facts.lock
+    if not lock:
+        return None
+    return {k: lock.get(k) for k in ("user", "client_host", "client_pid", "time", "what") if k in lock}
 
 
 def analyze_all(facts: HostFacts, recipe: Recipe) -> dict[str, TransformResult]:
@@ -306,8 +391,10 @@ def describe(facts: HostFacts, recipe: Recipe,
         if isinstance(res, Refused):
             entry["refused"] = res.message()
         files.append(entry)
+    servers = servers_json(facts)
     return {"target": facts.target, "sglang_version": facts.version, "package_dir": facts.package_dir,
-            "files": files, "server": server_json(facts)}
+            "files": files, "server": servers[0] if servers else None, "servers": servers,
+            "other_servers": [dict(s) for s in facts.other_servers], "lock": interrupted_json(facts)}
 
 
 def _short(path: str) -> str:
@@ -393,10 +480,12 @@ def _backup_path(facts: HostFacts, f: WorkerFile) -> str:
     return facts.backup_dir + "/" + f.path.rsplit("/", 1)[-1] + ".orig"
 
 
-def plan_apply(facts: HostFacts, recipe: Recipe, opts: RuntimeOptions, *, launch: dict[str, Any] | None = None,
-               now: float | None = None) -> Plan:
+def plan_apply(facts: HostFacts, recipe: Recipe, opts: RuntimeOptions, *,
+               servers: Sequence[dict[str, Any]] | None = None, now: float | None = None) -> Plan:
     """Instrument every supported worker file; raises ``Unsupported`` (with file, class, line) when any file
-    of a supported family is refused, or when no file is supported at all."""
+    of a supported family is refused, or when no file is supported at all. ``servers``: the install's servers
+    for the manifest (``{"pid", "start", "port", "launch", "systemd_unit"}`` each), so that ``revert`` can start
+    one that is gone; None keeps what the manifest had."""
     writes: list[Write] = []
     notes: list[str] = []
     files: list[dict[str, Any]] = []
@@ -448,7 +537,7 @@ def plan_apply(facts: HostFacts, recipe: Recipe, opts: RuntimeOptions, *, launch
         "runtime": {"path": facts.runtime_path, "sha256": _sha(runtime), "mode": opts.mode, "every": opts.every,
                     "log_dir": opts.log_dir},
         "files": files,
-        "server": launch if launch is not None else old.get("server"),
+        "servers": list(servers) if servers is not None else facts.manifest_servers(),
     }
     return Plan(tuple(writes), manifest, tuple(notes), tuple(files))
 
@@ -551,18 +640,21 @@ class Session:
             pass
         self.token = None
 
-    def execute(self, plan: Plan, fault: str | None = None, release: bool = False) -> dict[str, Any]:
+    def execute(self, plan: Plan, release: bool = False, then: dict[str, Any] | None = None) -> dict[str, Any]:
         """Carry out ``plan`` on the host in one round trip (releasing the lock in it when ``release``); raises
-        typed errors, the target unchanged."""
+        typed errors, the target unchanged. ``then``: a relaunch (``server.control.relaunch_payload``, or a
+        ``{"batch": [...]}`` of them) that the host runs right after the plan succeeds, in the same request; its
+        answer is the result's ``then``."""
         payload = {
             "release": release,
             "token": self.token,
             "lock_path": self.facts.lock_path,
             "writes": [self._payload(w) for w in plan.writes],
             "manifest": {"path": self.facts.manifest_path, "data": plan.manifest},
-            "fault": fault or os.environ.get("EAGLEPATCH_TEST_FAULT"),
+            "fault": remote_fault(),
+            "then": then,
         }
-        res = call(self.host, self.python, "execute", timeout=300, **payload)
+        res = call(self.host, self.python, "execute", timeout=300 + (600 if then else 0), **payload)
         if release:
             self.token = None
         if res.get("ok"):

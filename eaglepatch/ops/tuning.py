@@ -25,8 +25,10 @@ from typing import Any, Callable, Sequence
 from eaglepatch.errors import ConnectionFailed, EaglepatchError, Unsupported, UsageError
 from eaglepatch.hosts.base import Host
 from eaglepatch.load import SHORT_LOAD_S, LoadFailed, LoadSpec, run_load, short_load_note
+from eaglepatch.failpoints import failpoint
 from eaglepatch.ops.actions import Connect, _facts, _launch_of, _Target, fetch_logs_from
-from eaglepatch.ops.core import Session
+from eaglepatch.ops.core import Session, new_lock_owner
+from eaglepatch.server.flags import check_speculative_point
 from eaglepatch.transform.recipe import builtin_recipe
 
 Say = Callable[[str], None]
@@ -171,7 +173,7 @@ def collect_timings(host: Host, name: str, python: str, log_dir: str, pids: set[
 def bench(text: str, c: Connect, opts: BenchOptions, say: Say) -> dict[str, Any]:
     with _Target(text, c) as t:
         facts = _facts(t, builtin_recipe())
-        server = _launch_of(facts)
+        server = _launch_of(facts, c.facts.server_ports)
         if server is None:
             raise _no_server(t.spec.name)
         return bench_on(t.host, t.spec.name, facts.python, server, _patched_log_dir(facts), opts, say)
@@ -249,17 +251,61 @@ class SweepOptions:
     timeout: float = 900.0
     bench: BenchOptions = BenchOptions()
 
-    def points(self) -> tuple[Any, Any, list[Any]]:
-        """(flag axes, env axes, points); raises UsageError for bad input, before any target is touched."""
+    def points(self, flags: Any = None) -> tuple[Any, Any, list[Any]]:
+        """(flag axes, env axes, points), the flag names checked against ``flags`` (what the target's sglang
+        accepts: ``server_flags``); without it, the syntax alone, before any target is touched. Raises
+        UsageError for bad input."""
         from eaglepatch import sweep as sw
 
         if self.repeat < 1:
             raise UsageError(f"--repeat must be 1 or more, not {self.repeat}")
         if not self.timeout > 0:
             raise UsageError("--timeout must be a positive number of seconds")
-        flag_axes = sw.parse_grid(self.grid, self.allow)
+        flag_axes = sw.parse_grid(self.grid, self.allow, sw.ANY if flags is None else flags)
         env_axes = sw.parse_env_grid(self.env)
         return flag_axes, env_axes, sw.make_points(flag_axes, env_axes, self.baseline)
+
+
+def server_flags(host: Host, python: str, package_dir: str, version: str | None, say: Say) -> Any:
+    """The launch flags the target's own sglang accepts (``server.flags.ServerFlags``, read from its
+    ``server_args.py`` and the modules that builds its parser from), or eaglepatch's own list (``sweep.HAND``)
+    with a note when they cannot be read."""
+    from eaglepatch import sweep as sw
+    from eaglepatch.ops.core import call
+    from eaglepatch.server import flags as fl
+
+    modules: dict[str, str] = {}
+    source = call(host, python, "read", package_dir=package_dir, paths=[fl.SERVER_ARGS_PATH])["files"].get(
+        fl.SERVER_ARGS_PATH)
+    parsed = fl.parse_server_flags(source, modules) if source else None
+    for _ in range(5):
+        if parsed is None or parsed.complete:
+            break
+        wanted = [fl.module_path(m) for m in parsed.missing if m not in modules]
+        got = call(host, python, "read", package_dir=package_dir, paths=wanted)["files"] if wanted else {}
+        new = {m: got[fl.module_path(m)] for m in parsed.missing if got.get(fl.module_path(m)) is not None}
+        if not new:
+            break
+        modules.update(new)
+        parsed = fl.parse_server_flags(source, modules)
+    if parsed is None or not parsed.complete:
+        say(f"note: cannot read the launch flags of sglang {version or '?'} at {package_dir} (its "
+            f"{fl.SERVER_ARGS_PATH}): checking --grid against eaglepatch's own list")
+        return sw.HAND
+    return _Named(parsed, f"{version or '?'} at {package_dir}")
+
+
+class _Named:
+    """A ServerFlags that says where it was read (for messages)."""
+
+    def __init__(self, flags: Any, where: str):
+        self._flags, self.source = flags, f"sglang {where}"
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._flags
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._flags, name)
 
 
 class _Throttled:
@@ -277,10 +323,54 @@ class _Throttled:
         self.say("  " + line)
 
 
-def _find(host: Host, python: str, port: int) -> Any:
-    from eaglepatch.server.process import find_servers, select_server
+class _Owned:
+    """Which servers of the install a sweep may stop: the one it recorded at its start (pid and start time), the
+    ones it launched itself (recorded as it launched them, or recognised by a point's exact command line), and
+    none else. Other servers of the install that ran beside it at the start may go on running; a new one means
+    the user started their own server meanwhile, and the sweep stops rather than stop it or start a second."""
 
-    return select_server(find_servers(host, python), port=port)
+    def __init__(self, host: Host, python: str, package_dir: str, state: Any, launches: Sequence[Any],
+                 original: Any, env_names: Sequence[str], ports: Sequence[int]):
+        self.host, self.python, self.package_dir, self.state = host, python, package_dir, state
+        self.launches, self.original, self.env_names, self.ports = list(launches), original, env_names, ports
+
+    def _ours(self, srv: Any) -> bool:
+        head = self.state.header or {}
+        first = head.get("server") or {}
+        if srv.pid == first.get("pid") and srv.start == first.get("start"):
+            return True
+        if (srv.pid, srv.start) in self.state.launched():
+            return True
+        return any(list(srv.argv) == list(spec.argv) and all((srv.env or {}).get(n) == spec.env.get(n)
+                                                            for n in self.env_names)
+                   for spec in [self.original, *self.launches])
+
+    def _beside(self, srv: Any) -> bool:
+        return any(srv.pid == o.get("pid") and srv.start == o.get("start")
+                   for o in (self.state.header or {}).get("beside") or ())
+
+    def current(self, port: int) -> Any:
+        """The server of the install on ``port`` that the sweep may stop (None when none runs); raises
+        Conflict when one runs there that the sweep did not record or start, or when a new server of the install
+        runs elsewhere (starting one here would put a second model server on the host)."""
+        from eaglepatch.errors import Conflict
+        from eaglepatch.server.process import find_servers
+
+        servers = find_servers(self.host, self.python, package_dir=self.package_dir)
+        here = [s for s in servers if s.port == port]
+        for srv in here:
+            if not self._ours(srv):
+                raise Conflict(f"the server on :{port} (pid {srv.pid}: {' '.join(srv.argv)}) is not the one this "
+                               "sweep recorded or started: it was not stopped; to sweep the server that runs now, "
+                               "run the sweep again with --fresh")
+        for srv in servers:
+            if srv.port != port and not self._ours(srv) and not self._beside(srv) and (
+                    not self.ports or srv.port in self.ports):
+                raise Conflict(f"a server of this install that this sweep did not start runs on :{srv.port} "
+                               f"(pid {srv.pid}); starting one on :{port} would put a second model server on "
+                               "the host: nothing was started; stop it, or run the sweep again with --fresh "
+                               f"--server-port {srv.port} to sweep it")
+        return here[0] if here else None
 
 
 def sweep(text: str, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]:
@@ -288,18 +378,27 @@ def sweep(text: str, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]
     from eaglepatch.server import _remote
     from eaglepatch.server.process import LaunchSpec
 
-    flag_axes, env_axes, points = opts.points()
+    opts.points()  # the syntax, before anything is read
     with _Target(text, c) as t:
         name = t.spec.name
         facts = _facts(t, builtin_recipe())
         python = facts.python
         host = t.host
+        flags = server_flags(host, python, facts.package_dir, facts.version, say)
+        flag_axes, env_axes, points = opts.points(flags)
         ident = sw.sweep_id(name, points, opts.repeat, opts.bench.load.to_json())
         state = sw.StateFile(sw.state_path(name, ident))
         if opts.fresh and state.header is not None:
             say(f"--fresh: starting over (forgetting {len(state.runs)} saved run(s) in {state.path})")
             state.remove()
-        server = _launch_of(facts)
+        plan = sw.plan_runs(points, opts.repeat, ident)
+        if state.header is not None and state.restore is not None and not _pending(state, points, plan):
+            # finished, and the server was put back: the table again, and nothing on the host is touched
+            say(f"{name}: this sweep is complete ({state.path}): nothing was started; --fresh runs it again")
+            summary = sw.summarize(name, points, state.runs, opts.baseline, opts.repeat)
+            summary.update(state_file=state.path, restore=dict(state.restore, restarted=False))
+            return summary
+        server = _launch_of(facts, c.facts.server_ports)
         if state.header is not None:
             original = LaunchSpec.from_json(state.header["original"])
             args_index = int(state.header["args_index"])
@@ -311,48 +410,75 @@ def sweep(text: str, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]
             if args_index < 0:
                 raise Unsupported(f"{name}: the server's command line is not one eaglepatch can rewrite: "
                                   f"{' '.join(original.argv)}")
-        sw.check_speculation(original.argv[args_index:], flag_axes)
+        sw.check_speculation(original.argv[args_index:], flag_axes, flags)
         launches = []
         notes: list[str] = []
+        refused: dict[str, str] = {}  # point key -> why sglang would not start with it
         for p in points:
-            argv, derived = sw.point_argv(original.argv, args_index, p)
+            argv, derived = sw.point_argv(original.argv, args_index, p, flags)
             notes.extend(derived)
             launches.append(dataclasses.replace(original, argv=argv, env=sw.point_env(original.env, p)))
-        if not sw.runs_speculation(original.argv[args_index:]) and opts.baseline:
+            why = None if p.baseline else check_speculative_point(sw.flag_values(argv[args_index:], flags))
+            if why:
+                refused[p.key] = why
+        if refused and len(refused) == sum(1 for p in points if not p.baseline):
+            raise UsageError(f"{name}: sglang would refuse every point of this grid at start: "
+                             + "; ".join(f"{p.label}: {refused[p.key]}" for p in points if p.key in refused))
+        for p in points:
+            if p.key in refused:
+                notes.append(f"not launched: {p.label}: {refused[p.key]}")
+        if not sw.runs_speculation(original.argv[args_index:], flags) and opts.baseline:
             notes.append("the server runs no speculation: the baseline is its own command line")
 
         state.lock()
         session = Session(host, python, facts)
         try:
-            session.lock(ttl=7 * 86400)
+            session.lock(new_lock_owner("sweep"), ttl=7 * 86400)
         except BaseException:
             state.unlock()
             raise
         try:
             if state.header is None:
+                beside = [s for s in _servers_of(facts) if server is None or s.pid != server.pid]
                 state.write_header({"version": 1, "target": name, "created": sw.now_iso(),
                                     "original": original.to_json(), "args_index": args_index,
+                                    "server": {"pid": server.pid, "start": server.start, "port": server.port},
+                                    "beside": [{"pid": s.pid, "start": s.start, "port": s.port} for s in beside],
                                     "points": [p.key for p in points], "repeat": opts.repeat,
                                     "load": opts.bench.load.to_json()})
+            env_names = [a.name for a in env_axes]
+            owned = _Owned(host, python, facts.package_dir, state, launches, original, env_names,
+                           c.facts.server_ports)
             return _run_sweep(host, name, python, facts, state, points, launches, original, opts, notes, say,
-                              env_names=[a.name for a in env_axes], ident=ident)
+                              env_names=env_names, plan=plan, owned=owned, refused=refused)
         finally:
             session.unlock()
             state.unlock()
 
 
+def _servers_of(facts: Any) -> list[Any]:
+    from eaglepatch.ops.lifecycle import servers_of
+
+    return servers_of(facts)
+
+
+def _pending(state: Any, points: Sequence[Any], plan: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The planned runs not done yet (a point that failed once is not launched again)."""
+    done, failed = state.done(), state.failed_points()
+    return [(i, r) for i, r in plan if (points[i].key, r) not in done and points[i].key not in failed]
+
+
 def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, points: list[Any],
                launches: list[Any], original: Any, opts: SweepOptions, notes: list[str], say: Say, *,
-               env_names: Sequence[str], ident: str) -> dict[str, Any]:
+               env_names: Sequence[str], plan: Sequence[tuple[int, int]], owned: _Owned,
+               refused: dict[str, str]) -> dict[str, Any]:
     from eaglepatch import sweep as sw
     from eaglepatch.server.restart import RestartOptions
 
     ropts = RestartOptions(timeout=opts.timeout, poll_interval=0.5)
     log_dir = _patched_log_dir(facts)
-    plan = sw.plan_runs(points, opts.repeat, ident)
-    done = state.done()
-    pending = [(i, r) for i, r in plan if (points[i].key, r) not in done]
-    if done:
+    pending = _pending(state, points, plan)
+    if state.done():
         say(f"resuming: {len(plan) - len(pending)} of {len(plan)} run(s) already done ({state.path})")
     else:
         say(f"sweep: {len(points)} point(s) x {opts.repeat} run(s), in shuffled order; results saved as they "
@@ -366,9 +492,15 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
             p, launch = points[i], launches[i]
             if p.key in state.failed_points():
                 continue  # it did not come up before: no more launches of it
+            if p.key in refused:
+                state.add_run({"point": p.key, "index": i, "rep": rep, "argv": list(launch.argv),
+                               "env": dict(p.env), "t": round(time.time(), 3), "status": "failed",
+                               "error": f"not launched: sglang would refuse it at start: {refused[p.key]}"})
+                continue
             say(f"run {len(plan) - len(pending) + n}/{len(plan)}: point #{i} ({p.label}), "
                 f"repetition {rep + 1}/{opts.repeat}")
-            state.add_run(_one_run(host, name, python, launch, ropts, log_dir, opts, i, rep, p, say))
+            state.add_run(_one_run(host, name, python, launch, ropts, log_dir, opts, i, rep, p, say, owned))
+            failpoint("sweep:after-run")
     except BaseException as exc:  # Ctrl-C, a lost connection, a bug: put the server back, then report it
         interrupted = exc
     summary = sw.summarize(name, points, state.runs, opts.baseline, opts.repeat)
@@ -379,7 +511,9 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
         else:
             notes.append("--keep-best: no point ran: the original command line is back")
     try:
-        restore_doc = _restore(host, python, target_launch, env_names, ropts, why, say)
+        restore_doc = _restore(host, python, target_launch, env_names, ropts, why, say, owned)
+        if interrupted is None and restore_doc.get("ready"):
+            state.add_restore(restore_doc)
     except BaseException as exc:  # noqa: BLE001
         if interrupted is None:
             raise
@@ -403,18 +537,20 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
 
 
 def _one_run(host: Host, name: str, python: str, launch: Any, ropts: Any, log_dir: str | None,
-             opts: SweepOptions, index: int, rep: int, point: Any, say: Say) -> dict[str, Any]:
+             opts: SweepOptions, index: int, rep: int, point: Any, say: Say, owned: _Owned) -> dict[str, Any]:
     from eaglepatch import sweep as sw
     from eaglepatch.server.restart import restart
 
     base = {"point": point.key, "index": index, "rep": rep, "argv": list(launch.argv),
             "env": dict(point.env), "t": round(time.time(), 3)}
-    current = _find(host, python, launch.port)
+    current = owned.current(launch.port)
     res = restart(host, current=current, launch=launch, options=ropts, progress=_Throttled(say), python=python)
+    if res.pid is not None:
+        owned.state.add_launch(res.pid, res.start, launch.port)
     if not res.ready:
         say(f"  failed: {res.message}")
         return dict(base, status="failed", error=res.message, log_tail=res.log_tail, pid=res.pid)
-    server = _find(host, python, launch.port)
+    server = owned.current(launch.port)
     if server is None or server.pid != res.pid:
         return dict(base, status="failed", error=f"the server on :{launch.port} was ready, then gone", pid=res.pid)
     try:
@@ -431,11 +567,11 @@ def _one_run(host: Host, name: str, python: str, launch: Any, ropts: Any, log_di
 
 
 def _restore(host: Host, python: str, launch: Any, env_names: Sequence[str], ropts: Any, why: str,
-             say: Say) -> dict[str, Any]:
+             say: Say, owned: _Owned) -> dict[str, Any]:
     """Leave ``launch`` running: restart into it unless what runs is already it."""
     from eaglepatch.server.restart import restart
 
-    current = _find(host, python, launch.port)
+    current = owned.current(launch.port)
     same = current is not None and list(current.argv) == list(launch.argv) and all(
         (current.env or {}).get(n) == launch.env.get(n) for n in env_names)
     if same:

@@ -217,31 +217,295 @@ def _launchers(procs):
     return top
 
 
+def resolve_launcher(argv0, cwd, env):
+    """The file ``argv0`` named when the process started: a path with a "/" (relative to ``cwd``), or a bare name
+    looked up on the process's own PATH, as its shell did; None when nothing executable is found there.
+
+    Not ``realpath``: a virtual environment's ``bin/python`` is a symlink to the base interpreter, and only the
+    link's own path makes Python find the venv (its ``pyvenv.cfg``). /proc/PID/exe is the resolved base binary.
+    """
+    if not argv0:
+        return None
+    if "/" in argv0:
+        cands = [argv0 if os.path.isabs(argv0) else os.path.join(cwd or "/", argv0)]
+    else:
+        path = (env or {}).get("PATH", os.defpath)
+        cands = [os.path.join(d if os.path.isabs(d) else os.path.join(cwd or "/", d), argv0)
+                 for d in path.split(os.pathsep)]
+    for cand in cands:
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return os.path.normpath(cand)
+    return None
+
+
+def _shebang(path):
+    """The interpreter (and its one argument) of a script's ``#!`` line, or None."""
+    raw = _proc_bytes(path)
+    if not raw or not raw.startswith(b"#!"):
+        return None
+    words = raw[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
+    return words or None
+
+
+# what asks an interpreter, as the server ran it, where `import sglang` comes from (without importing it)
+_PACKAGE_QUERY = (
+    "import sys,json\n"
+    "d=sys.argv[1] if len(sys.argv)>1 else ''\n"
+    "if d and sys.path and sys.path[0]=='':sys.path[0]=d\n"
+    "try:\n"
+    " import importlib.util as u;s=u.find_spec('sglang')\n"
+    "except Exception:\n"
+    " s=None\n"
+    "print(json.dumps({'origin':getattr(s,'origin',None),"
+    "'locations':list(getattr(s,'submodule_search_locations',None) or []),"
+    "'path':sys.path,'prefix':sys.prefix,'base_prefix':sys.base_prefix}))\n"
+)
+# CPython options that change where imports come from: kept when the interpreter is asked
+_PATH_OPTS = set("IEsSP")
+
+
+def _interpreter(argv, idx, launcher, exe, cwd):
+    """How to ask the server's interpreter: ``(interpreter, options, script_dir)``.
+
+    ``python [opts] -m sglang.launch_server``: argv[0] as launched, its import-relevant options, no script.
+    ``python [opts] /venv/bin/sglang serve`` and ``.../sglang/launch_server.py``: the same, with the script's folder
+    (sys.path[0] of a script). ``sglang serve`` started directly: the interpreter of its ``#!`` line.
+    """
+    if os.path.basename(argv[0]) == "sglang":
+        words = _shebang(launcher) if launcher else None
+        if words and os.path.basename(words[0]) != "env":
+            return words[0], [], os.path.dirname(launcher)
+        return exe, [], os.path.dirname(launcher) if launcher else ""
+    opts, script = [], ""
+    i = 1
+    while i < idx:
+        arg = argv[i]
+        if arg in _OPTS_WITH_VALUE:
+            i += 2
+            continue
+        if arg.startswith("-") and not arg.startswith("--"):
+            module = _MODULE_OPT_RE.match(arg)
+            keep = "".join(ch for ch in (arg[1:arg.index("m")] if module else arg[1:]) if ch in _PATH_OPTS)
+            if keep:
+                opts.append("-" + keep)
+            if module:
+                break
+        elif not arg.startswith("-"):
+            script = os.path.dirname(os.path.join(cwd or "/", arg))
+            break
+        i += 1
+    return launcher or exe, opts, script
+
+
+def _query_start(interp, opts, script_dir, env, cwd):
+    try:
+        return subprocess.Popen(
+            [interp] + opts + ["-c", _PACKAGE_QUERY, script_dir or ""],
+            env=env,
+            cwd=cwd if cwd and os.path.isdir(cwd) else None,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+    except Exception:
+        return None
+
+
+def _query_wait(proc, deadline):
+    if proc is None:
+        return None
+    try:
+        out, _ = proc.communicate(timeout=max(0.1, deadline - time.time()))
+        return json.loads(out.decode()) if proc.returncode == 0 else None
+    except Exception:
+        try:
+            proc.kill()
+            proc.wait()
+        except Exception:
+            pass
+        return None
+
+
+def package_of(answer, cwd):
+    """The realpath of the ``sglang`` package directory a ``_PACKAGE_QUERY`` answer found, or None."""
+    if not answer:
+        return None
+    origin = answer.get("origin")
+    if origin and os.path.basename(origin) == "__init__.py":
+        return os.path.realpath(os.path.dirname(origin))
+    for loc in answer.get("locations") or ():
+        if os.path.isfile(os.path.join(loc, "__init__.py")):
+            return os.path.realpath(loc)
+    return None
+
+
+def _venv_of(interp):
+    """The virtual environment whose ``bin/`` holds ``interp`` (it has a ``pyvenv.cfg``), or None."""
+    if not interp:
+        return None
+    root = os.path.dirname(os.path.dirname(interp))
+    return root if os.path.isfile(os.path.join(root, "pyvenv.cfg")) else None
+
+
+def _import_source(pkg, answer, env, cwd):
+    """Where the interpreter's ``import sglang`` comes from, in a word: PYTHONPATH, cwd, site-packages, editable
+    (an import hook or a .pth line), or None."""
+    if not pkg or not answer:
+        return None
+    parent = os.path.dirname(pkg)
+    real = lambda p: os.path.realpath(os.path.join(cwd or "/", p or "."))  # noqa: E731
+    for entry in ((env or {}).get("PYTHONPATH") or "").split(os.pathsep):
+        if entry and real(entry) == parent:
+            return "PYTHONPATH"
+    paths = [real(p) for p in answer.get("path") or ()]
+    if parent not in paths:
+        return "editable"  # a finder that an editable install put in a .pth
+    if cwd and os.path.realpath(cwd) == parent:
+        return "cwd"
+    base = os.path.basename(parent)
+    return "site-packages" if base in ("site-packages", "dist-packages") else "editable"
+
+
+def _systemd_unit(pid, env, procs):
+    """``{"unit", "user"}`` when systemd started this process as (part of) a service, else None.
+
+    A service's processes carry ``INVOCATION_ID`` (a login session's do not: sshd and login build their
+    environment anew) and sit in the unit's cgroup; ``SYSTEMD_EXEC_PID``, where systemd sets it, is the process
+    that ExecStart ran: this one or an ancestor (a wrapper script).
+    """
+    if not env or "INVOCATION_ID" not in env:
+        return None
+    exec_pid = env.get("SYSTEMD_EXEC_PID")
+    if exec_pid and exec_pid.isdigit():
+        p, seen = pid, set()
+        while p in procs and p not in seen and p != int(exec_pid):
+            seen.add(p)
+            p = procs[p]["ppid"]
+        if p != int(exec_pid):
+            return None
+    return parse_cgroup_unit((_proc_bytes("/proc/%d/cgroup" % pid) or b"").decode("utf-8", "replace"))
+
+
+def parse_cgroup_unit(text):
+    """The service unit of a /proc/PID/cgroup text (the systemd hierarchy: v2 ``0::``, v1 ``name=systemd``):
+    ``{"unit": "sglang.service", "user": False}``; ``user`` True inside a user manager (``user@UID.service``);
+    None when the process is in no service (a session scope, the root)."""
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3 or parts[1] not in ("", "name=systemd"):
+            continue
+        names = [n for n in parts[2].strip().split("/") if n]
+        services = [n for n in names if n.endswith(".service")]
+        if not services:
+            continue
+        unit = services[-1]
+        if unit.startswith("user@"):
+            return None  # the user manager itself, not a unit of it
+        return {"unit": unit, "user": any(n.startswith("user@") for n in services[:-1])}
+    return None
+
+
+def _boot_time():
+    """This machine's boot, on the wall clock (float seconds), from /proc/uptime read now."""
+    raw = _proc_bytes("/proc/uptime")
+    try:
+        return time.time() - float(raw.split()[0])
+    except (AttributeError, IndexError, ValueError):
+        return None
+
+
 def op_scan(payload):
-    """The top launcher processes of running sglang servers, with what relaunching one needs."""
+    """The top launcher processes of running sglang servers, with what relaunching one needs.
+
+    With ``identify``, each server also gets ``package_dir``: the sglang package its interpreter imports, asked
+    of that interpreter as it was launched (argv[0] resolved against the process's cwd and PATH, its
+    import-relevant options, its environment and working directory), one interpreter per distinct set-up, all
+    at once; and ``launch``: how it was launched (interpreter, venv, import source, systemd unit). With
+    ``package_dir`` too, only the servers of that package are returned.
+    """
     procs = _table()
     own_mnt = _readlink("/proc/self/ns/mnt")
+    boot = _boot_time()
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     servers = []
     for pid, (argv, idx) in sorted(_launchers(procs).items()):
         st = procs[pid]
         mnt = _readlink("/proc/%d/ns/mnt" % pid)
+        cwd = _readlink("/proc/%d/cwd" % pid)
+        env = _environ(pid)
         servers.append(
             {
                 "pid": pid,
                 "argv": argv,
                 "args_index": idx,
-                "cwd": _readlink("/proc/%d/cwd" % pid),
-                "env": _environ(pid),
+                "cwd": cwd,
+                "env": env,
                 "exe": _readlink("/proc/%d/exe" % pid),
+                "launcher": resolve_launcher(argv[0], cwd, env),
                 "children": _descendants(pid, procs),
                 "pgid": st["pgid"],
                 "sid": st["sid"],
                 "start": st["start"],
+                "started_at": None if boot is None else round(boot + st["start"] / float(hz), 3),
+                "uid": _uid(pid),
                 # a server inside a container shows in the host's /proc but cannot be relaunched from outside it
                 "same_mount_ns": None if mnt is None or own_mnt is None else mnt == own_mnt,
+                "systemd": _systemd_unit(pid, env, procs),
             }
         )
+    if payload.get("identify"):
+        identify(servers)
+        want = payload.get("package_dir")
+        if want:
+            servers = [s for s in servers if s.get("package_dir") == want]
     return {"servers": servers}
+
+
+def _uid(pid):
+    try:
+        return os.stat("/proc/%d" % pid).st_uid
+    except OSError:
+        return None
+
+
+def identify(servers, timeout=30.0):
+    """Fill in ``package_dir`` and ``launch`` of each server (see ``op_scan``), asking every distinct
+    interpreter set-up at once."""
+    keys, asked = [], {}
+    for srv in servers:
+        env = srv.get("env")
+        interp, opts, script_dir = _interpreter(srv["argv"], srv["args_index"], srv.get("launcher"), srv.get("exe"),
+                                                srv.get("cwd"))
+        srv["interpreter"] = interp
+        env_key = tuple((k, (env or {}).get(k)) for k in _IMPORT_ENV)
+        key = (interp, tuple(opts), script_dir, srv.get("cwd"), env_key)
+        keys.append(key)
+        if key not in asked:
+            asked[key] = _query_start(interp, opts, script_dir, env, srv.get("cwd")) if interp else None
+    deadline = time.time() + timeout
+    answers = {}
+    for srv, key in zip(servers, keys):
+        if key not in answers:
+            answers[key] = _query_wait(asked[key], deadline)
+        answer = answers[key]
+        pkg = package_of(answer, srv.get("cwd"))
+        srv["package_dir"] = pkg
+        venv = _venv_of(srv.get("interpreter"))
+        env = srv.get("env") or {}
+        srv["launch"] = {
+            "interpreter": srv.get("interpreter"),
+            "venv": venv,
+            "activated": bool(venv) and os.path.realpath(env.get("VIRTUAL_ENV") or "/nonexistent") == os.path.realpath(venv),
+            "imports": _import_source(pkg, answer, env, srv.get("cwd")),
+            "console_script": os.path.basename(srv["argv"][0]) == "sglang"
+            or (srv["args_index"] >= 2 and os.path.basename(srv["argv"][srv["args_index"] - 2]) == "sglang"),
+        }
+    return servers
+
+
+# environment variables that change where an interpreter imports from
+_IMPORT_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONSAFEPATH", "HOME",
+               "VIRTUAL_ENV")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -377,6 +641,12 @@ def op_start(payload):
     output begins.
     """
     argv, cwd, env, log_path = payload["argv"], payload["cwd"], payload["env"], payload["log_path"]
+    want = payload.get("launcher")
+    if want and os.path.isdir(cwd):
+        got = resolve_launcher(argv[0], cwd, env)
+        if got != want:
+            return {"error": "%s now names %s, not %s as when the server was read: nothing was started"
+                    % (argv[0], got or "no executable file", want)}
     log_dir = os.path.dirname(log_path)
     if log_dir:
         try:
@@ -417,6 +687,37 @@ def op_start(payload):
             return {"error": "could not start the server: %s" % what, "offset": offset}
     st = _stat(proc.pid)
     return {"pid": proc.pid, "start": st["start"] if st else None, "offset": offset}
+
+
+def op_relaunch(payload):
+    """Stop a server (``stop``: op_stop's payload, or None) and start one (``start``: op_start's payload) in one
+    request, so that nothing between the two depends on the client: a client killed or cut off meanwhile leaves
+    the host with the new server starting, never with none. With ``check_port``, nothing starts while something
+    else listens on the port. A list ``batch`` of such requests runs one after the other (answers in order).
+
+    SIGINT and SIGHUP are ignored meanwhile: a Ctrl-C in the client's terminal (a local target's helper shares
+    its process group) or a hang-up must not stop the host halfway.
+    """
+    if "batch" in payload:
+        return {"batch": [op_relaunch(p) for p in payload["batch"]]}
+    saved = [(sig, signal.signal(sig, signal.SIG_IGN)) for sig in (signal.SIGINT, signal.SIGHUP)]
+    try:
+        out = {}
+        stop = payload.get("stop")
+        if stop:
+            out["stop"] = op_stop(stop)
+            res = out["stop"]
+            if res.get("remaining") or not res.get("port_free", True):
+                return out  # not stopped: starting another beside it would make two
+        start = payload["start"]
+        if payload.get("check_port") and _listening(payload["port"]):
+            out["busy"] = True
+            return out
+        out["start"] = op_start(start)
+        return out
+    finally:
+        for sig, old in saved:
+            signal.signal(sig, old)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -503,7 +804,8 @@ def op_probe(payload):
     return out
 
 
-OPS = {"scan": op_scan, "port": op_port, "stop": op_stop, "start": op_start, "tail": op_tail, "probe": op_probe}
+OPS = {"scan": op_scan, "port": op_port, "stop": op_stop, "start": op_start, "tail": op_tail, "probe": op_probe,
+       "relaunch": op_relaunch}
 
 
 def main(payload):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from eaglepatch.hosts.base import Host
 from eaglepatch.server.process import LaunchSpec, ServerProcess, call_remote
@@ -50,24 +51,29 @@ def stop_server(
     Never raises for a process that is already gone (that is success; orphans of a group it led are stopped);
     a permission error is reported in the result, with the server left running.
     """
-    out = call_remote(
-        host,
-        python,
-        "stop",
-        {
-            "pid": server.pid,
-            "start": server.start,
-            "children": list(server.children),
-            "grace": grace,
-            "port": server.port,
-            "port_timeout": port_timeout,
-            # it started its own group/session (as eaglepatch starts servers): leftovers of it may be stopped
-            "leader": server.pgid == server.pid or server.sid == server.pid,
-        },
-        timeout=grace + port_timeout + 60,
-    )
+    out = call_remote(host, python, "stop", stop_payload(server, grace, port_timeout),
+                      timeout=grace + port_timeout + 60)
+    return stop_result(server.pid, out)
+
+
+def stop_payload(server: ServerProcess, grace: float, port_timeout: float) -> dict[str, Any]:
+    """What ``_remote.op_stop`` takes to stop ``server`` (and only it: its pid with its start time)."""
+    return {
+        "pid": server.pid,
+        "start": server.start,
+        "children": list(server.children),
+        "grace": grace,
+        "port": server.port,
+        "port_timeout": port_timeout,
+        # it started its own group/session (as eaglepatch starts servers): leftovers of it may be stopped
+        "leader": server.pgid == server.pid or server.sid == server.pid,
+    }
+
+
+def stop_result(pid: int, out: dict[str, Any]) -> StopResult:
+    """``op_stop``'s answer as a StopResult."""
     return StopResult(
-        pid=server.pid,
+        pid=pid,
         already_gone=bool(out.get("already_gone")),
         stopped=tuple(out.get("stopped") or ()),
         killed=tuple(out.get("killed") or ()),
@@ -94,11 +100,33 @@ def start_server(host: Host, spec: LaunchSpec, *, python: str = "python3") -> St
     Returns at once, without waiting for readiness; ``error`` says why nothing started (missing directory or
     interpreter, log not writable).
     """
-    payload = {"argv": list(spec.argv), "cwd": spec.cwd, "env": dict(spec.env), "log_path": spec.log_path}
-    out = call_remote(host, python, "start", payload, timeout=60)
+    return started_result(call_remote(host, python, "start", start_payload(spec), timeout=60))
+
+
+def start_payload(spec: LaunchSpec) -> dict[str, Any]:
+    """What ``_remote.op_start`` takes to start ``spec``."""
+    return {"argv": list(spec.argv), "cwd": spec.cwd, "env": dict(spec.env), "log_path": spec.log_path,
+            "launcher": spec.launcher}
+
+
+def started_result(out: dict[str, Any]) -> Started:
+    """``op_start``'s answer as a Started."""
     return Started(
         pid=out.get("pid"), start=out.get("start"), log_offset=int(out.get("offset") or 0), error=out.get("error")
     )
+
+
+def relaunch_payload(current: ServerProcess | None, spec: LaunchSpec, grace: float = 30.0,
+                     port_timeout: float = 60.0) -> dict[str, Any]:
+    """What ``_remote.op_relaunch`` takes to stop ``current`` (if any) and start ``spec`` in one request."""
+    return {"stop": stop_payload(current, grace, port_timeout) if current is not None else None,
+            "start": start_payload(spec), "port": spec.port,
+            "check_port": current is None or current.port != spec.port}
+
+
+def relaunch_timeout(grace: float, port_timeout: float) -> float:
+    """How long one relaunch request may take on the host (the stop's grace and port wait, the start)."""
+    return grace + port_timeout + 120
 
 
 def port_in_use(host: Host, port: int, *, python: str = "python3") -> bool:

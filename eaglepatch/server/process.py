@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import pathlib
+import shlex
 from typing import Any, Mapping, Sequence
 
 from eaglepatch.errors import UsageError
@@ -66,6 +67,7 @@ class LaunchSpec:
     port: int = DEFAULT_PORT
     host: str = DEFAULT_HOST
     log_path: str = ""
+    launcher: str | None = None  # what argv[0] resolved to when it was read: a relaunch must find the same file
 
     def __post_init__(self) -> None:
         if not self.log_path:
@@ -87,6 +89,7 @@ class LaunchSpec:
             "port": self.port,
             "host": self.host,
             "log_path": self.log_path,
+            "launcher": self.launcher,
         }
 
     @classmethod
@@ -108,7 +111,15 @@ class LaunchSpec:
         log_path = data.get("log_path") or ""
         if not isinstance(host, str) or not isinstance(log_path, str):
             raise ValueError("launch spec: 'host' and 'log_path' must be strings")
-        return cls(argv=list(argv), cwd=data["cwd"], env=dict(env), port=port, host=host, log_path=log_path)
+        launcher = data.get("launcher")
+        if launcher is not None and not isinstance(launcher, str):
+            raise ValueError("launch spec: 'launcher' must be a path")
+        return cls(argv=list(argv), cwd=data["cwd"], env=dict(env), port=port, host=host, log_path=log_path,
+                   launcher=launcher)
+
+    def command_line(self) -> str:
+        """The shell line that starts it by hand: ``cd CWD && ARGV`` (the environment is the one it had)."""
+        return f"cd {shlex.quote(self.cwd)} && {shlex.join(self.argv)}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +128,11 @@ class ServerProcess:
 
     ``env`` is None and ``cwd`` None when /proc would not tell (another user's process); ``children`` are all its
     descendants (TP ranks, scheduler, detokenizer). ``host`` is the ``--host`` it was given; ``probe_host`` is
-    where to connect to it. ``start`` is the kernel's start time of the process (with the pid, its identity).
+    where to connect to it. ``start`` is the kernel's start time of the process (with the pid, its identity);
+    ``started_at`` the same on the wall clock. ``launcher`` is the file argv[0] named (resolved against the
+    process's cwd and PATH: a venv's ``bin/python`` stays itself, where ``exe`` is the base interpreter it links
+    to); ``interpreter`` what runs the server's Python; ``package_dir`` the sglang package it imports (None when
+    not asked or not found); ``launch`` how it was launched (``describe_launch``); ``systemd`` its service unit.
     """
 
     pid: int
@@ -132,6 +147,13 @@ class ServerProcess:
     sid: int = 0
     start: int | None = None
     same_mount_ns: bool | None = True
+    launcher: str | None = None
+    interpreter: str | None = None
+    package_dir: str | None = None
+    started_at: float | None = None
+    uid: int | None = None
+    launch: Mapping[str, Any] | None = None
+    systemd: Mapping[str, Any] | None = None
 
     @property
     def probe_host(self) -> str:
@@ -141,16 +163,30 @@ class ServerProcess:
     def api_key(self) -> str | None:
         return parse_server_args(self.argv).api_key
 
+    @property
+    def unit(self) -> str | None:
+        """The systemd service that runs it (a system unit), else None."""
+        return self.systemd["unit"] if self.systemd and not self.systemd.get("user") else None
+
+    def describe_launch(self) -> str:
+        """How it was launched, in a few words: ``systemd unit sglang.service; /opt/venv/bin/python -m
+        sglang.launch_server (venv /opt/venv, not activated); sglang from site-packages``."""
+        return describe_launch(self)
+
     def to_json(self) -> dict[str, Any]:
-        """The ``server`` object of ``status --json`` / ``show --json``."""
-        return {"pid": self.pid, "argv": list(self.argv)}
+        """The ``server`` object of ``status --json`` / ``show --json``: pid and argv (CONTRACT.md), plus the port,
+        working directory, what argv[0] resolved to, how it was launched, and its start on the wall clock."""
+        return {"pid": self.pid, "argv": list(self.argv), "port": self.port, "cwd": self.cwd,
+                "launcher": self.launcher, "launched": self.describe_launch(), "started_at": self.started_at,
+                "systemd_unit": self.systemd["unit"] if self.systemd else None}
 
     def launch_spec(self, log_path: str | None = None) -> LaunchSpec:
         """What starting this server again takes.
 
         Raises UsageError when it cannot be relaunched from here: its working directory or environment is not
-        readable (another user's process: run as that user or root), or it runs in another mount namespace
-        (a container). Either way ``--restart-cmd`` or ``--systemd-unit`` says how to restart it instead.
+        readable (another user's process: run as that user or root), it runs in another mount namespace
+        (a container), or systemd runs it (relaunching it behind systemd's back would start a second one).
+        ``--restart-cmd`` or ``--systemd-unit`` says how to restart it instead.
         """
         how = "pass --restart-cmd CMD or --systemd-unit NAME to say how to restart it"
         if self.cwd is None or self.env is None:
@@ -163,6 +199,13 @@ class ServerProcess:
                 f"the sglang server (pid {self.pid}) runs in a container (another mount namespace), "
                 f"so eaglepatch cannot start it again from the host: {how} (e.g. 'docker restart NAME')"
             )
+        if self.systemd:
+            unit = self.systemd["unit"]
+            cmd = f"systemctl --user restart {unit}" if self.systemd.get("user") else f"systemctl restart {unit}"
+            raise UsageError(
+                f"the sglang server (pid {self.pid}) runs under systemd ({unit}): starting its command line "
+                f"by hand would race systemd; it is restarted with '{cmd}' (or {how})"
+            )
         return LaunchSpec(
             argv=list(self.argv),
             cwd=self.cwd,
@@ -170,6 +213,7 @@ class ServerProcess:
             port=self.port,
             host=self.host,
             log_path=log_path or default_log_path(self.port),
+            launcher=self.launcher,
         )
 
     @classmethod
@@ -189,7 +233,38 @@ class ServerProcess:
             sid=int(item.get("sid") or 0),
             start=item.get("start"),
             same_mount_ns=item.get("same_mount_ns"),
+            launcher=item.get("launcher"),
+            interpreter=item.get("interpreter"),
+            package_dir=item.get("package_dir"),
+            started_at=item.get("started_at"),
+            uid=item.get("uid"),
+            launch=item.get("launch"),
+            systemd=item.get("systemd"),
         )
+
+
+def describe_launch(server: ServerProcess) -> str:
+    """See ``ServerProcess.describe_launch``."""
+    parts = []
+    if server.systemd:
+        parts.append(("systemd user unit " if server.systemd.get("user") else "systemd unit ")
+                     + str(server.systemd["unit"]))
+    launch = server.launch or {}
+    idx = _remote.launcher_args_index(list(server.argv))
+    head = " ".join(server.argv[:idx]) if idx > 0 else (server.argv[0] if server.argv else "?")
+    venv = launch.get("venv")
+    where = ""
+    if venv:
+        where = f" (venv {venv}, {'activated' if launch.get('activated') else 'not activated'})"
+    elif server.launcher and server.argv and server.launcher != server.argv[0]:
+        where = f" ({server.argv[0]} is {server.launcher})"
+    parts.append(("console script: " if launch.get("console_script") else "") + head + where)
+    imports = launch.get("imports")
+    if imports:
+        parts.append({"PYTHONPATH": "sglang from PYTHONPATH", "editable": "sglang as an editable install",
+                      "cwd": "sglang from its working directory",
+                      "site-packages": "sglang from site-packages"}.get(imports, f"sglang from {imports}"))
+    return "; ".join(parts)
 
 
 @functools.lru_cache(maxsize=1)
@@ -203,13 +278,35 @@ def call_remote(host: Host, python: str, op: str, payload: Mapping[str, Any], ti
     return run_python(host, python, remote_program(), dict(payload, op=op), timeout=timeout)
 
 
-def find_servers(host: Host, python: str = "python3") -> list[ServerProcess]:
+def find_servers(host: Host, python: str = "python3", package_dir: str | None = None,
+                 identify: bool = True) -> list[ServerProcess]:
     """The running sglang servers on ``host`` (launcher processes only), by pid; one round trip.
 
-    Raises ``RemoteScriptError`` when ``python`` cannot run there, ``ConnectionFailed`` when the connection breaks.
+    With ``identify`` each carries the sglang package its own interpreter imports (``package_dir``) and how it
+    was launched; with ``package_dir`` only the servers of that package are returned: the servers of a target's
+    install, the only ones eaglepatch may stop or start. Raises ``RemoteScriptError`` when ``python`` cannot run
+    there, ``ConnectionFailed`` when the connection breaks.
     """
-    result = call_remote(host, python, "scan", {}, timeout=60)
+    payload: dict[str, Any] = {"identify": identify or package_dir is not None}
+    if package_dir is not None:
+        payload["package_dir"] = package_dir
+    result = call_remote(host, python, "scan", payload, timeout=90)
     return [ServerProcess.from_scan(item) for item in result["servers"]]
+
+
+def select_servers(servers: Sequence[ServerProcess], ports: Sequence[int] = ()) -> list[ServerProcess]:
+    """The servers to act on: all of ``servers``, or those listening on ``ports`` (``--server-port``).
+
+    Raises UsageError naming the servers that do run when a port in ``ports`` has none of them.
+    """
+    if not ports:
+        return list(servers)
+    missing = [p for p in ports if not any(s.port == p for s in servers)]
+    if missing:
+        have = ", ".join(f":{s.port} (pid {s.pid})" for s in servers) or "none"
+        raise UsageError(f"--server-port {missing[0]}: no server of this sglang install listens there "
+                         f"(its servers: {have})")
+    return [s for s in servers if s.port in ports]
 
 
 def select_server(servers: Sequence[ServerProcess], port: int | None = None) -> ServerProcess | None:
@@ -220,5 +317,5 @@ def select_server(servers: Sequence[ServerProcess], port: int | None = None) -> 
     chosen = [s for s in servers if port is None or s.port == port]
     if len(chosen) > 1:
         listing = ", ".join(f"pid {s.pid} on :{s.port}" for s in chosen)
-        raise UsageError(f"several sglang servers run ({listing}); say which one")
+        raise UsageError(f"several sglang servers of this install run ({listing}): pick one with --server-port N")
     return chosen[0] if chosen else None

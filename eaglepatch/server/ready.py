@@ -19,6 +19,8 @@ Progress = Callable[[str], None]
 
 # a single /health_generate runs a 1-token generation: on a busy server it may take a while
 HTTP_TIMEOUT = 20.0
+# the first pause between polls; each later one doubles, up to the poll interval
+FIRST_POLL_S = 0.125
 
 
 class ReadyState(enum.Enum):
@@ -66,6 +68,7 @@ def wait_until_ready(
 ) -> Readiness:
     """Poll until the server on ``hostaddr:port`` (as seen from the host) is ready; return how that ended.
 
+    Polls come after 0.125 s, then 0.25, 0.5, ... up to ``poll_interval`` apart.
     Ready: ``GET /health_generate`` answers 200 (or ``/ready`` answers 200 when ``/health_generate`` is 404).
     503, a refused connection or a slow answer mean still starting. When ``pid`` is given and that process is
     gone, waiting stops at once (DIED). While ``old_pid`` (the server being replaced) still runs, its answers do
@@ -78,6 +81,7 @@ def wait_until_ready(
     deadline = t0 + timeout
     addr = probe_address(hostaddr)
     last: dict = {}
+    polls = 0
     while True:
         now = clock()
         http_timeout = max(1.0, min(HTTP_TIMEOUT, deadline - now))
@@ -112,7 +116,10 @@ def wait_until_ready(
         if clock() >= deadline:
             state = ReadyState.OLD_RUNNING if last.get("old_alive") else ReadyState.TIMEOUT
             return _done(state, elapsed, last, pid)
-        sleep(max(0.0, min(poll_interval, deadline - clock())))
+        # Quick polls first (a server that restarts in a second is not kept waiting for a 2 s tick), then
+        # doubling up to poll_interval: a model that loads for minutes is asked every poll_interval.
+        sleep(max(0.0, min(FIRST_POLL_S * 2 ** polls, poll_interval, deadline - clock())))
+        polls += 1
 
 
 def _done(state: ReadyState, elapsed: float, last: dict, pid: int | None) -> Readiness:

@@ -18,12 +18,21 @@ from typing import Any, Callable
 
 from eaglepatch.errors import RestartFailed, UsageError
 from eaglepatch.hosts.base import Host
-from eaglepatch.server.control import port_in_use, read_log_tail, start_server, stop_server
+from eaglepatch.server.control import (
+    read_log_tail,
+    relaunch_payload,
+    relaunch_timeout,
+    started_result,
+    stop_result,
+    stop_server,
+)
+from eaglepatch.failpoints import failpoint
 from eaglepatch.server.process import (
     DEFAULT_HOST,
     DEFAULT_PORT,
     LaunchSpec,
     ServerProcess,
+    call_remote,
     default_log_path,
     find_servers,
 )
@@ -58,8 +67,9 @@ class RestartOptions:
 
     ``timeout``: seconds for the server to become ready (big models load for minutes). ``grace``: seconds between
     SIGTERM and SIGKILL when stopping. ``port_timeout``: how long a stopped server's port may stay busy.
-    ``stop_on_failure``: a server eaglepatch started that is still not ready at the timeout is stopped, so the
-    port is free for a rollback. Raises UsageError for contradictory or out-of-range values.
+    ``stop_on_failure``: a server eaglepatch started that is still not ready at the timeout is stopped (off by
+    default: a slow server is left to finish loading, and a rollback stops it itself, in the same request that
+    starts the original). Raises UsageError for contradictory or out-of-range values.
     """
 
     restart_cmd: str | None = None
@@ -68,7 +78,7 @@ class RestartOptions:
     grace: float = 30.0
     poll_interval: float = 2.0
     port_timeout: float = 60.0
-    stop_on_failure: bool = True
+    stop_on_failure: bool = False
 
     def __post_init__(self) -> None:
         if self.restart_cmd is not None and self.systemd_unit is not None:
@@ -108,6 +118,7 @@ class RestartResult:
     state: ReadyState | None = None
     stopped_pid: int | None = None
     stopped_failed: bool = False
+    start: int | None = None  # the kernel's start time of ``pid`` (with it, the process's identity)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -147,10 +158,30 @@ def restart(
         return run.by_command(options.restart_cmd, current, launch)
     if options.systemd_unit is not None:
         return run.by_systemd(options.systemd_unit, current, launch)
+    if launch is None and current is not None and current.unit:
+        return run.by_systemd(current.unit, current, None)  # systemd runs it: restarting by hand would race it
     if current is None and launch is None:
         raise NoServerRunning(host.name)
     spec = launch if launch is not None else current.launch_spec()  # type: ignore[union-attr]
     return run.relaunch(current, spec)
+
+
+def after_relaunch(
+    host: Host,
+    current: ServerProcess | None,
+    spec: LaunchSpec,
+    answer: dict[str, Any],
+    *,
+    options: RestartOptions = RestartOptions(),
+    progress: Progress | None = None,
+    python: str = "python3",
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> RestartResult:
+    """Wait for a server whose stop and start already ran on the host (``_remote.op_relaunch``'s ``answer``, as
+    part of another request: a rollback's), as ``restart`` would have; same result."""
+    run = _Run(host, options, progress, python, clock, sleep)
+    return run.finish(current, spec, answer)
 
 
 class _Run:
@@ -196,17 +227,26 @@ class _Run:
     # -- default: relaunch what ran (or start a known spec) --------------------------------------------------------
 
     def relaunch(self, current: ServerProcess | None, spec: LaunchSpec) -> RestartResult:
+        if current is not None:
+            self.say(
+                f"stopping sglang (pid {current.pid}) on :{current.port}: SIGTERM, SIGKILL after "
+                f"{self.options.grace:.0f} s; then starting it again"
+            )
+        self.say(f"starting sglang on :{spec.port}: {shlex.join(spec.argv)} (in {spec.cwd}; log: {spec.log_path})")
+        # The stop and the start are one request: nothing between them waits on this client.
+        answer = call_remote(self.host, self.python, "relaunch",
+                             relaunch_payload(current, spec, self.options.grace, self.options.port_timeout),
+                             timeout=relaunch_timeout(self.options.grace, self.options.port_timeout))
+        failpoint("restart:after-relaunch")
+        return self.finish(current, spec, answer)
+
+    def finish(self, current: ServerProcess | None, spec: LaunchSpec, answer: dict[str, Any]) -> RestartResult:
+        """Read a relaunch's answer and wait for the new server; see ``relaunch``."""
         strategy = Strategy.RELAUNCH if current is not None else Strategy.START
         base = dict(strategy=strategy, port=spec.port, log_path=spec.log_path)
         stopped_pid = None
         if current is not None:
-            self.say(
-                f"stopping sglang (pid {current.pid}) on :{current.port}: SIGTERM, SIGKILL after "
-                f"{self.options.grace:.0f} s"
-            )
-            stop = stop_server(
-                self.host, current, grace=self.options.grace, port_timeout=self.options.port_timeout, python=self.python
-            )
+            stop = stop_result(current.pid, answer.get("stop") or {})
             if not stop.ok:
                 return RestartResult(
                     pid=None if stop.already_gone else current.pid,
@@ -220,7 +260,7 @@ class _Run:
                 self.say(f"stopped (SIGKILL needed for pid {', '.join(map(str, stop.killed))})")
             else:
                 self.say(f"stopped in {stop.seconds:.1f} s")
-        if (current is None or current.port != spec.port) and port_in_use(self.host, spec.port, python=self.python):
+        if answer.get("busy"):
             return RestartResult(
                 pid=None,
                 ready=False,
@@ -229,8 +269,7 @@ class _Run:
                 stopped_pid=stopped_pid,
                 **base,
             )
-        self.say(f"starting sglang on :{spec.port}: {shlex.join(spec.argv)} (in {spec.cwd}; log: {spec.log_path})")
-        started = start_server(self.host, spec, python=self.python)
+        started = started_result(answer.get("start") or {"error": "the server did not start"})
         if started.error or started.pid is None:
             return RestartResult(
                 pid=None,
@@ -259,12 +298,13 @@ class _Run:
                 message=f"sglang is ready on :{spec.port} (pid {started.pid}) after {readiness.seconds:.0f} s",
                 state=readiness.state,
                 stopped_pid=stopped_pid,
+                start=started.start,
                 **base,
             )
         log_tail = self.tail(spec.log_path, started.log_offset)
-        # What eaglepatch started and is not ready is stopped: after a crash, its orphaned children (TP ranks
-        # holding GPU memory); after a timeout (unless told otherwise), the whole server, so that the port is
-        # free for a rollback.
+        # What eaglepatch started and is not ready: after a crash, its orphaned children (TP ranks holding GPU
+        # memory) are stopped; after a timeout it is left loading unless told otherwise (a rollback stops it in
+        # the same request that starts the original).
         failed = ServerProcess(
             pid=started.pid, argv=list(spec.argv), cwd=spec.cwd, env=None, exe=None, port=spec.port,
             host=spec.host, pgid=started.pid, sid=started.pid, start=started.start,
@@ -295,6 +335,7 @@ class _Run:
             state=readiness.state,
             stopped_pid=stopped_pid,
             stopped_failed=stopped_failed,
+            start=started.start,
             **base,
         )
 

@@ -260,7 +260,7 @@ class Via:
 
     def __init__(self, env: dict[str, str], cwd: Path):
         self.env = dict(env)
-        self.env.pop("EAGLEPATCH_TEST_FAULT", None)
+        self.env.pop("EAGLEPATCH_FAILPOINT", None)
         self.env.pop("EAGLEPATCH_DEBUG", None)
         self.cwd = cwd
 
@@ -719,21 +719,23 @@ def scenario_compile_fails(via: Via, tree: Tree) -> None:
 
 
 def scenario_cut_connection(via: Via, tree: Tree, workdir: Path) -> None:
-    """The remote side dies between writing its temp files and renaming them (EAGLEPATCH_TEST_FAULT), the way a
-    cut connection leaves it, lock included; the original stays, and a re-run succeeds and is correct."""
+    """eaglepatch and its helper on the host are killed between writing the temp files and renaming them
+    (failpoint execute:after-upload): the originals stay, the temp files and the lock (held by a client that is
+    gone) are left; status names the lock, and a re-run takes it over, succeeds and is correct."""
     before = snapshot(tree.root)
     originals = {n: tree.worker(n).read_bytes() for n in tree.patched_names}
-    r = via.run("apply", "--no-restart", target=tree.root, env={"EAGLEPATCH_TEST_FAULT": "after-upload"})
-    assert r.rc in (1, 3), f"expected a failure:\n{r}"
-    r.error_line()
+    r = via.run("apply", "--no-restart", target=tree.root, env={"EAGLEPATCH_FAILPOINT": "execute:after-upload"})
+    assert r.rc == -9, f"expected eaglepatch to be killed at the failpoint:\n{r}"
     for n, data in originals.items():
         assert tree.worker(n).read_bytes() == data, f"{n} changed by the interrupted apply"
     assert not tree.runtime.exists() and not tree.backup_dir.exists()
     temps = [p for p in leftovers(tree.root) if TMP_TAG in p]
     assert temps, "the fault hook left no temp file: it did not fire where expected"
-    # A cut connection also leaves the lock behind, held by a client that is gone.
-    tree.lock.write_text(json.dumps({"token": secrets.token_hex(8), "client_host": socket.gethostname(),
-                                     "client_pid": dead_pid(), "user": "someone", "time": time.time()}))
+    held = json.loads(tree.lock.read_text())
+    assert (held["what"], held["client_host"]) == ("apply", socket.gethostname()), held
+    doc = via.run("status", "--json", target=tree.root).expect(0).json()
+    assert doc["lock"]["client_pid"] == held["client_pid"] and doc["lock"]["what"] == "apply", doc["lock"]
+    assert {f["state"] for f in doc["files"]} == {"pristine"}
     only_originals = {k: v for k, v in snapshot(tree.root).items() if TMP_TAG not in k and not k.endswith(LOCK)}
     assert_same(only_originals, before, "after the interrupted apply (temp files and lock aside)")
 
@@ -752,9 +754,10 @@ def scenario_refused_dir(via: Via, tree: Tree) -> None:
         if u.skip_reason:
             pytest.skip(u.skip_reason)
         r = via.run("apply", "--no-restart", target=tree.root)
-        assert r.rc == 1, f"expected exit 1 (internal error, unchanged):\n{r}"
+        assert r.rc == 2, f"expected exit 2 (usage: an install this user cannot write, unchanged):\n{r}"
         line = r.error_line()
         assert "not permitted" in line or "denied" in line or "Read-only" in line, line
+        assert "cannot write" in line and "make it writable" in line, line
         assert_same(snapshot(tree.root), before, f"apply into a folder that refuses writes ({u.how})")
     via.run("apply", "--no-restart", target=tree.root).expect(0)
 

@@ -32,7 +32,8 @@ _spec.loader.exec_module(H)  # type: ignore[union-attr]
 
 PY = sys.executable
 WORKER = H.V1_WORKER
-SPEC_ARGS = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--startup-delay", "0.2",
+SPEC_ARGS = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+             "--startup-delay", "0.2",
              "--tp", "1")
 # a small load: 6 requests, 2 at a time, 16 tokens in, 32 out (1 from prefill, 31 in decode cycles)
 LOAD = ["--requests", "6", "--concurrency", "2", "--input-len", "16", "--max-new-tokens", "32", "--warmup", "2"]
@@ -286,13 +287,16 @@ def test_sweep_finds_the_known_best_with_repeats_and_restores_the_server(standin
     assert argv == before_argv and pid != before_pid
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     state = [json.loads(line) for line in Path(doc["state_file"]).read_text().splitlines()]
-    assert [s["kind"] for s in state] == ["sweep"] + ["run"] * 8
+    # each launch is recorded before it is waited for (a sweep killed meanwhile knows the server as its own),
+    # and the end records that the server was put back
+    assert [s["kind"] for s in state] == ["sweep"] + ["launch", "run"] * 8 + ["restore"]
     assert state[0]["original"]["argv"] == before_argv
+    assert state[0]["server"] == {"pid": before_pid, "start": state[0]["server"]["start"], "port": srv.port}
 
     # the same command again: every run is done, nothing restarts; CSV this time
     r = local.run("sweep", srv.tree, *args, "--csv")
     assert r.returncode == 0, r.stderr
-    assert "resuming: 8 of 8 run(s) already done" in r.stderr and "starting sglang" not in r.stderr
+    assert "this sweep is complete" in r.stderr and "starting sglang" not in r.stderr
     assert srv.running()[0] == pid
     lines = r.stdout.splitlines()
     assert lines[0].startswith("index,label,status,runs,accept_len") and len(lines) == 5

@@ -8,6 +8,7 @@ ports, and kills whatever it started when it ends.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import shlex
@@ -94,7 +95,11 @@ def test_find_servers_sees_argv_cwd_env_children_and_the_port(standins, tree, wo
     assert len(server.children) == 2 and all(harness.alive(c) for c in server.children)
     assert server.pgid == server.pid  # launched in its own group, as from an interactive shell
     assert server.exe and Path(server.exe).name.startswith("python")
-    assert server.to_json() == {"pid": server.pid, "argv": server.argv}
+    doc = server.to_json()
+    assert (doc["pid"], doc["argv"], doc["port"], doc["cwd"]) == (server.pid, server.argv, port, str(workdir))
+    assert doc["launcher"] == PY  # argv[0] as launched, not /proc/PID/exe's resolved binary
+    assert server.package_dir == str((tree / "sglang").resolve())
+    assert "sglang from PYTHONPATH" in doc["launched"]
     # the TP children are not servers of their own, and the helper program that scans is not either
     assert [s.pid for s in find_servers(LocalHost(), PY) if s.port == port] == [proc.pid]
 
@@ -135,7 +140,9 @@ def test_relaunch_gives_a_new_process_with_the_same_argv_cwd_and_env(standins, t
     assert "The server is fired up and ready to roll!" in log
 
 
-def test_not_ready_within_the_timeout_returns_the_log_tail_and_stops_what_it_started(standins, tree, workdir):
+def test_not_ready_within_the_timeout_returns_the_log_tail_and_leaves_it_loading(standins, tree, workdir):
+    """A server that is only slow is left to finish loading (stopping it would leave the host without one);
+    stop_on_failure stops it, for the callers that need the port back."""
     port = standins.port()
     spec = LaunchSpec(
         argv=standins.argv(port, "--startup-delay", "60", "--tp", "1"),
@@ -151,8 +158,13 @@ def test_not_ready_within_the_timeout_returns_the_log_tail_and_stops_what_it_sta
     assert "loading weights" in result.log_tail
     assert "GET /health" not in result.log_tail  # our own polls are not news
     assert "not ready after 2 s" in result.message
-    assert result.stopped_failed and not harness.alive(result.pid)
-    assert harness.launcher_pids(port) == []
+    assert not result.stopped_failed and harness.alive(result.pid)
+    other = standins.port()
+    stopped = restart(LocalHost(), current=None,
+                      launch=dataclasses.replace(spec, port=other, argv=standins.argv(other, "--startup-delay", "60")),
+                      options=RestartOptions(timeout=2, stop_on_failure=True, **FAST), python=PY)
+    assert stopped.stopped_failed and not harness.alive(stopped.pid)
+    assert harness.launcher_pids(other) == [] and harness.launcher_pids(port) == [result.pid]
 
 
 def test_a_broken_worker_crashes_the_server_it_returns_early_then_the_original_starts_again(standins, tree, workdir):

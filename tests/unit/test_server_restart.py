@@ -58,6 +58,8 @@ class FakeHost:
         if len(argv) == 3 and argv[1] == "-c" and "eaglepatch-remote" in argv[2]:
             payload = json.loads(stdin)["payload"]
             op = payload["op"]
+            if op == "relaunch" and "relaunch" not in self.ops:
+                return CommandResult(0, json.dumps(self._relaunch(payload)).encode(), b"")
             self.calls.append((op, payload))
             assert op in self.ops, f"undeclared helper op {op!r}"
             out = self.ops[op](payload)
@@ -67,6 +69,31 @@ class FakeHost:
         self.calls.append(("cmd", argv))
         assert argv[0] in self.commands, f"undeclared command {argv!r}"
         return self.commands[argv[0]](argv)
+
+    def _relaunch(self, payload):
+        """``_remote.op_relaunch`` in terms of the declared stop, port and start ops (each recorded as a call):
+        stop, then (when asked) the port check, then start; nothing starts after a failed stop or on a busy
+        port."""
+        out = {}
+        for name, sub in (("stop", payload.get("stop")), ("port", payload if payload.get("check_port") else None),
+                          ("start", payload["start"])):
+            if sub is None:
+                continue
+            sub = dict(sub, op=name)
+            self.calls.append((name, sub))
+            assert name in self.ops, f"undeclared helper op {name!r}"
+            res = self.ops[name](sub)
+            if name == "stop":
+                out["stop"] = res
+                if res.get("remaining") or not res.get("port_free", True):
+                    return out
+            elif name == "port":
+                if res["listening"]:
+                    out["busy"] = True
+                    return out
+            else:
+                out["start"] = res
+        return out
 
     def stat(self, path):
         self.calls.append(("stat", path))
@@ -111,7 +138,7 @@ STOPPED = {"already_gone": False, "stopped": [100, 101, 102], "killed": [], "rem
 def test_default_options_wait_long_enough_for_a_big_model():
     opts = RestartOptions()
     assert (opts.restart_cmd, opts.systemd_unit, opts.timeout, opts.grace) == (None, None, 900.0, 30.0)
-    assert opts.stop_on_failure
+    assert not opts.stop_on_failure  # a slow server is left loading; a rollback stops it in its own request
 
 
 @pytest.mark.parametrize(
@@ -161,7 +188,7 @@ def test_ready_after_503s_with_one_progress_line_per_poll():
     assert r.ready and r.state is ReadyState.READY and r.status == 200
     assert len(lines) == 3
     assert lines[0] == "waiting for sglang on :30000 (0 s) connection refused"
-    assert lines[1] == "waiting for sglang on :30000 (2 s) last log: Load weight begin"
+    assert lines[1] == "waiting for sglang on :30000 (0 s) last log: Load weight begin"  # 0.125 s later
     payload = host.calls[0][1]
     assert (payload["host"], payload["port"], payload["pid"], payload["log_path"]) == ("127.0.0.1", 30000, 7, "/l")
 
@@ -180,7 +207,8 @@ def test_timeout_never_sleeps_past_the_deadline():
     host = FakeHost({"probe": probes(STARTING)})
     r = wait_until_ready(host, 30000, timeout=5, poll_interval=2.0, clock=clock, sleep=clock.sleep)
     assert r.state is ReadyState.TIMEOUT
-    assert clock.slept == [2.0, 2.0, 1.0]
+    # quick polls first, doubling up to the interval, and the last one cut at the deadline
+    assert clock.slept == [0.125, 0.25, 0.5, 1.0, 2.0, 1.125]
     assert r.seconds == 5.0
 
 
@@ -290,11 +318,11 @@ def test_a_crash_at_startup_returns_early_with_the_log_tail_and_stops_what_it_le
     assert "exited during startup" in r.message
 
 
-def test_a_timeout_stops_the_server_it_started_so_a_rollback_finds_the_port_free():
+def test_a_timeout_stops_the_server_it_started_when_asked():
     clock = Clock()
     host = relaunch_host(STARTING, clock=clock)
-    r = restart(host, current=CURRENT, options=RestartOptions(timeout=10, poll_interval=2), clock=clock,
-                sleep=clock.sleep)
+    r = restart(host, current=CURRENT, options=RestartOptions(timeout=10, poll_interval=2, stop_on_failure=True),
+                clock=clock, sleep=clock.sleep)
     assert (r.ready, r.state, r.stopped_failed) == (False, ReadyState.TIMEOUT, True)
     assert r.log_tail == "line 1\nline 2"
     stops = [c[1] for c in host.calls if c[0] == "stop"]
@@ -302,11 +330,10 @@ def test_a_timeout_stops_the_server_it_started_so_a_rollback_finds_the_port_free
     assert "stopped it" in r.message
 
 
-def test_a_timeout_leaves_the_server_running_when_asked():
+def test_a_timeout_leaves_the_server_running_by_default():
     clock = Clock()
     host = relaunch_host(STARTING, clock=clock)
-    r = restart(host, current=CURRENT, options=RestartOptions(timeout=10, stop_on_failure=False), clock=clock,
-                sleep=clock.sleep)
+    r = restart(host, current=CURRENT, options=RestartOptions(timeout=10), clock=clock, sleep=clock.sleep)
     assert not r.ready and not r.stopped_failed
     assert host.ops_called().count("stop") == 1
 

@@ -36,8 +36,28 @@ def test_scan_item_becomes_a_server_process():
 
 
 def test_to_json_is_the_server_object_of_status_and_show():
-    proc = ServerProcess.from_scan(SCAN_ITEM)
-    assert proc.to_json() == {"pid": 4242, "argv": SCAN_ITEM["argv"]}
+    """The contract's pid and argv, plus where it listens, runs from, and how it was launched."""
+    proc = ServerProcess.from_scan(dict(SCAN_ITEM, launcher="/venv/bin/python3", interpreter="/venv/bin/python3",
+                                        launch={"venv": "/venv", "activated": False, "imports": "site-packages"},
+                                        started_at=1764500000.25))
+    assert proc.to_json() == {
+        "pid": 4242, "argv": SCAN_ITEM["argv"], "port": 30007, "cwd": "/srv/dir with spaces",
+        "launcher": "/venv/bin/python3", "started_at": 1764500000.25, "systemd_unit": None,
+        "launched": "/venv/bin/python3 -m sglang.launch_server (venv /venv, not activated); sglang from "
+                    "site-packages"}
+
+
+def test_a_systemd_server_is_described_and_not_relaunched_by_hand():
+    """systemd would start a second server behind a hand relaunch: launch_spec refuses and names the unit."""
+    proc = ServerProcess.from_scan(dict(SCAN_ITEM, systemd={"unit": "sglang.service", "user": False}))
+    assert proc.unit == "sglang.service"
+    assert proc.describe_launch().startswith("systemd unit sglang.service; ")
+    with pytest.raises(UsageError, match="systemctl restart sglang.service"):
+        proc.launch_spec()
+    user = ServerProcess.from_scan(dict(SCAN_ITEM, systemd={"unit": "llm.service", "user": True}))
+    assert user.unit is None  # a user unit: eaglepatch does not restart it by itself
+    with pytest.raises(UsageError, match="systemctl --user restart llm.service"):
+        user.launch_spec()
 
 
 def test_launch_spec_takes_argv_cwd_env_port_and_a_default_log():

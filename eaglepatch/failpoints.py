@@ -1,0 +1,43 @@
+"""Failpoints: named places where the tests kill eaglepatch, to prove what a crash there leaves behind.
+
+``EAGLEPATCH_FAILPOINT=NAME`` makes the client SIGKILL itself when it reaches ``failpoint(NAME)``: no ``finally``
+runs, no lock is released, nothing is cleaned up, exactly as a ``kill -9`` or a lost laptop would leave it. Names
+that happen on the target (``execute:after-backup``, ``execute:between-renames``, ``execute:after-upload``) are
+sent with the request: the helper program on the host dies there (``os._exit``), and the client, seeing that
+answer never come, kills itself too. Unset (always, outside the tests) this costs one dictionary lookup.
+
+The names, in the order a command meets them:
+
+- ``execute:after-upload``, ``execute:after-backup``, ``execute:between-renames`` (on the host, in a plan's
+  execution: apply, revert, a rollback), ``apply:after-execute`` (files patched, no restart yet),
+- ``restart:after-relaunch`` (the old server stopped and the new one started, not yet ready),
+- ``rollback:before`` (the patched server was not ready; nothing rolled back yet), ``rollback:after-relaunch``
+  (files restored and the original server started, not yet ready),
+- ``revert:after-execute``, ``sweep:after-run`` (a sweep point measured and saved).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "EAGLEPATCH_FAILPOINT"
+# Where the host's helper program dies instead (it gets the name in its request).
+REMOTE = ("execute:after-upload", "execute:after-backup", "execute:between-renames")
+
+
+def armed() -> str | None:
+    """The failpoint the tests armed, if any."""
+    return os.environ.get(ENV) or None
+
+
+def remote_fault() -> str | None:
+    """The armed failpoint when it is one of the host's (to send with a request), else None."""
+    name = armed()
+    return name if name in REMOTE else None
+
+
+def failpoint(name: str) -> None:
+    """SIGKILL this process when ``name`` is the armed failpoint."""
+    if os.environ.get(ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)

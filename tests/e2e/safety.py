@@ -1,0 +1,176 @@
+"""Shared by the server-safety tests (test_server_identity.py, test_crash_safety.py): the installed CLI over the
+real sshd of conftest.py (or on a local path), stand-in sglang servers launched the ways people launch them, and
+what a host looks like before and after (every byte of the install, every server of it with its pid, argv[0],
+argv, cwd and environment).
+
+``FaultTable`` collects one row per fault the crash tests inject: what was done, what eaglepatch did, the state
+after. With ``EAGLEPATCH_SAFETY_TABLE=FILE`` set, the rows are written there as JSON at the end of the session, and
+``python tests/e2e/safety.py FILE docs/safety.md`` renders them (``make safety-table`` does both).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+_spec = importlib.util.spec_from_file_location(
+    "standin_harness", Path(__file__).resolve().parents[1] / "stubs" / "stand_in_sglang" / "standin_harness.py"
+)
+H = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(H)  # type: ignore[union-attr]
+
+PY = sys.executable
+_BIN = Path(PY).with_name("eaglepatch")
+EAGLEPATCH = [str(_BIN)] if _BIN.is_file() else [PY, "-m", "eaglepatch"]
+WORKER = H.V1_WORKER
+# Appended to make a worker that imports fine as shipped but not once eaglepatch has patched it.
+REJECTS_PATCH = '''
+
+if "_eaglepatch" in globals():
+    raise RuntimeError("this server cannot run the patched worker")
+'''
+
+
+@dataclasses.dataclass
+class Result:
+    argv: list[str]
+    rc: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+    def expect(self, rc: int) -> "Result":
+        assert self.rc == rc, f"expected exit {rc}:\n{self}"
+        return self
+
+    def __str__(self) -> str:
+        return f"$ {' '.join(self.argv)}\nexit {self.rc}\n--- stdout\n{self.out[-3000:]}\n--- stderr\n{self.err[-3000:]}"
+
+
+class CLI:
+    """The installed CLI, reaching an install either as a local path or over SSH (``--sglang-path``)."""
+
+    def __init__(self, kind: str, env: dict[str, str], ssh: list[str] | None = None):
+        self.kind, self.env, self.ssh = kind, env, ssh
+
+    def target(self, pkg: Path) -> list[str]:
+        return [str(pkg)] if self.ssh is None else [*self.ssh, "--sglang-path", str(pkg)]
+
+    def run(self, cmd: str, pkg: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 200,
+            prefix: list[str] | None = None) -> Result:
+        argv = [*(prefix or []), *EAGLEPATCH, cmd, *self.target(pkg), *args]
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=dict(self.env, **(env or {})),
+                           stdin=subprocess.DEVNULL)
+        return Result(argv, p.returncode, p.stdout, p.stderr)
+
+
+def cli_env(tmp_path: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(base or os.environ)
+    env["XDG_CACHE_HOME"] = str(tmp_path / "client cache")  # sweep state and fetched logs of this test only
+    for name in ("EAGLEPATCH_DEBUG", "EAGLEPATCH_FAILPOINT"):
+        env.pop(name, None)
+    return env
+
+
+def digest(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` (bytecode caches aside)."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+def identity(pid: int) -> dict[str, Any]:
+    """What must survive a relaunch: argv (argv[0] included), cwd, environment."""
+    ident = H.proc_identity(pid)
+    return {"argv": ident["argv"], "cwd": ident["cwd"], "env": ident["env"]}
+
+
+@dataclasses.dataclass
+class Install:
+    """One sglang install on the "host" and how its servers are launched."""
+
+    kind: str  # pythonpath, venv-by-path, activated-venv, console-script, editable
+    pkg: Path  # the sglang package directory
+    launch: Callable[..., subprocess.Popen]  # (cwd, port, *args) -> Popen
+
+    @property
+    def worker(self) -> Path:
+        return self.pkg / "srt" / "speculative" / "eagle_worker.py"
+
+
+def make_install(standins: Any, root: Path, kind: str, worker: str = WORKER) -> Install:
+    """An install of the stand-in sglang under ``root``, launched the ``kind`` way."""
+    if kind == "pythonpath":
+        tree = H.make_tree(root / "checkout", worker)
+        return Install(kind, tree / "sglang", lambda cwd, port, *a, **e: standins.launch(tree, cwd, port, *a, **e))
+    if kind == "editable":
+        venv, checkout = H.make_editable(root, worker)
+        return Install(kind, checkout / "python" / "sglang",
+                       lambda cwd, port, *a, **e: standins.launch_editable(venv, cwd, port, *a, **e))
+    venv = H.make_venv(root / "venv", worker)
+    launch = {"venv-by-path": standins.launch_venv_by_path, "activated-venv": standins.launch_activated_venv,
+              "console-script": standins.launch_console_script}[kind]
+    return Install(kind, H.site_packages(venv) / "sglang", lambda cwd, port, *a, **e: launch(venv, cwd, port, *a, **e))
+
+
+def up(install: Install, standins: Any, cwd: Path, *args: str, port: int | None = None, **env: str):
+    """Launch a server of ``install`` and wait until it answers; returns (port, Popen)."""
+    port = port or standins.port()
+    proc = install.launch(cwd, port, "--startup-delay", "0.3", "--tp", "1", *args, **env)
+    H.wait_http(port, timeout=30)
+    return port, proc
+
+
+def servers(cli: CLI, pkg: Path) -> list[dict[str, Any]]:
+    """``status --json``'s servers of the install."""
+    return cli.run("status", pkg, "--json").expect(0).json()["servers"]
+
+
+def the_launcher(port: int) -> int:
+    """The one launcher process on ``port`` (any owner: the product's relaunches carry the test's token)."""
+    pids = H.launcher_pids(port)
+    assert len(pids) == 1, f"expected one server on :{port}, found {pids}"
+    return pids[0]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The fault table
+
+
+class FaultTable:
+    """Rows of docs/safety.md, as the crash tests observed them."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, str]] = []
+
+    def add(self, **row: str) -> None:
+        self.rows.append(row)
+
+    def write(self, path: str) -> None:
+        Path(path).write_text(json.dumps(sorted(self.rows, key=lambda r: r["order"]), indent=1) + "\n")
+
+
+def render(rows: list[dict[str, str]]) -> str:
+    head = ("| # | command | killed (SIGKILL) | what eaglepatch had done | state right after (`status`) | "
+            "then | state after that |\n|---|---|---|---|---|---|---|\n")
+    body = "".join(f"| {i} | `{r['command']}` | {r['fault']} | {r['did']} | {r['after']} | `{r['then']}` | "
+                   f"{r['final']} |\n" for i, r in enumerate(rows, 1))
+    return head + body
+
+
+if __name__ == "__main__":  # python tests/e2e/safety.py ROWS.json docs/safety.md
+    rows = json.loads(Path(sys.argv[1]).read_text())
+    doc = Path(sys.argv[2])
+    text = doc.read_text()
+    start, end = "<!-- fault-table:start -->\n", "<!-- fault-table:end -->"
+    a, b = text.index(start) + len(start), text.index(end)
+    doc.write_text(text[:a] + render(rows) + text[b:])
+    print(f"{len(rows)} rows written to {doc}")

@@ -1,0 +1,158 @@
+"""eaglepatch killed (SIGKILL) at each step of apply, revert and sweep, over the real sshd: the next ``status`` tells
+the truth, and ``revert`` (or the sweep run again) leaves every byte as it was and the original server running,
+exactly as it was launched.
+
+Each kill is a failpoint (``EAGLEPATCH_FAILPOINT``, eaglepatch/failpoints.py): the client SIGKILLs itself there,
+and for the steps that happen on the host (inside a plan's execution) the helper program there dies too, so nothing
+of eaglepatch's own clean-up runs. The rows of docs/safety.md are these cases, as observed here (``make
+safety-table`` writes them).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from safety import (
+    CLI,
+    PY,
+    REJECTS_PATCH,
+    WORKER,
+    FaultTable,
+    H,
+    cli_env,
+    digest,
+    identity,
+    make_install,
+    up,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+TABLE = FaultTable()
+BROKEN = WORKER + REJECTS_PATCH
+GRID = ["--grid", "speculative-num-steps=1,2", "--requests", "2", "--concurrency", "1", "--input-len", "8",
+        "--max-new-tokens", "8", "--warmup", "0", "--log-wait", "0", "--timeout", "60"]
+SPEC = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1")
+
+# (command, failpoint, worker, what eaglepatch had done when it was killed)
+FAULTS = [
+    ("apply", "execute:after-backup", WORKER,
+     "backed up the originals and wrote the manifest on the host; replaced nothing"),
+    ("apply", "execute:between-renames", WORKER, "replaced the worker file, not yet the runtime module"),
+    ("apply", "apply:after-execute", WORKER, "patched the files; had not restarted the server"),
+    ("apply", "restart:after-relaunch", WORKER,
+     "stopped the server and started it on the patched files, in one request on the host; had not waited"),
+    ("apply (patched server crashes)", "rollback:before", BROKEN,
+     "saw the patched server crash; had not rolled back"),
+    ("apply (patched server crashes)", "rollback:after-relaunch", BROKEN,
+     "put the originals back and started the original server, in one request on the host; had not waited"),
+    ("revert", "execute:between-renames", WORKER, "put back the worker file, not yet removed the runtime module"),
+    ("revert", "revert:after-execute", WORKER,
+     "put the originals back and started the server on them, in one request on the host; had not waited"),
+    ("sweep", "restart:after-relaunch", WORKER,
+     "stopped the server and started the first point's, in one request on the host"),
+    ("sweep", "sweep:after-run", WORKER, "measured and saved the first point; its server still running"),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _table():
+    yield
+    out = os.environ.get("EAGLEPATCH_SAFETY_TABLE")
+    if out:
+        TABLE.write(out)
+
+
+@pytest.fixture
+def standins():
+    s = H.StandIns(PY)
+    yield s
+    s.cleanup()
+
+
+def _settle(port: int, expect_up: bool) -> None:
+    """Let what the host was doing finish (a server started by a request that outlived the client)."""
+    if expect_up:
+        H.wait_http(port, timeout=30)
+    else:
+        time.sleep(0.5)
+
+
+def describe(doc: dict[str, Any], original_argv: list[str]) -> str:
+    """One cell of the table from ``status --json``: files, servers, lock."""
+    states = sorted({f["state"] for f in doc["files"]})
+    parts = [f"files {'/'.join(states)}"]
+    if doc.get("runtime_present"):
+        parts.append("runtime module present")
+    for s in doc["servers"]:
+        what = "the original command line" if s["argv"] == original_argv else "a sweep point's command line"
+        code = {"current": "runs the files on disk", "stale": "started before the files changed (status: stale)"}
+        parts.append(f"server on :{s['port']} runs {what}, {code.get(s['code'], s['code'])}")
+    if not doc["servers"]:
+        parts.append("no server running")
+    if doc.get("lock"):
+        parts.append(f"lock left by the killed {doc['lock'].get('what')} (status names it)")
+    return "; ".join(parts)
+
+
+@pytest.mark.parametrize("order,fault", list(enumerate(FAULTS, 1)),
+                         ids=[f"{c.split()[0]}-{f}" for c, f, _w, _d in FAULTS])
+def test_killed_at_each_step_status_tells_the_truth_and_revert_restores(sshd, standins, tmp_path, order, fault):
+    command, point, worker, did = fault
+    cli = CLI("ssh", cli_env(tmp_path, sshd.env()), ssh=[sshd.target, "-i", sshd.client_key])
+    install = make_install(standins, tmp_path / "install", "venv-by-path", worker=worker)
+    port, proc = up(install, standins, tmp_path / "work dir", *SPEC)
+    first, pristine = identity(proc.pid), digest(install.pkg)
+    original = install.worker.read_bytes()
+    kill = {"EAGLEPATCH_FAILPOINT": point}
+
+    if command.startswith("revert") or command == "sweep":
+        cli.run("apply", install.pkg, "--timeout", "60").expect(0)
+    if command.startswith("apply"):
+        r = cli.run("apply", install.pkg, "--timeout", "30", env=kill)
+    elif command == "revert":
+        r = cli.run("revert", install.pkg, "--timeout", "60", env=kill)
+    else:
+        r = cli.run("sweep", install.pkg, *GRID, env=kill)
+    assert r.rc == -9, f"eaglepatch was not killed at {point}:\n{r}"
+    _settle(port, expect_up=point != "rollback:before")  # only a crashed patched server leaves none
+
+    doc = cli.run("status", install.pkg, "--json").expect(0).json()
+    # the truth, read independently of eaglepatch: the worker's bytes, the processes on the port
+    now = install.worker.read_bytes()
+    truth = "pristine" if now == original else "patched" if b"# [eaglepatch]" in now else "other"
+    assert truth != "other", "the worker file is neither the original nor a patched one"
+    worker_state = next(f["state"] for f in doc["files"] if f["path"].endswith("eagle_worker.py"))
+    assert worker_state == truth, doc
+    running = H.launcher_pids(port)
+    assert sorted(s["pid"] for s in doc["servers"]) == sorted(running), doc
+    assert len(running) <= 1, f"two servers on :{port}: {running}"
+    for s in doc["servers"]:
+        started_after = os.stat(install.worker).st_mtime <= H.proc_start_time(s["pid"]) + 0.05
+        assert s["code"] == ("current" if started_after else "stale"), (s, doc)
+    assert doc["lock"] and doc["lock"]["what"] == command.split()[0], doc["lock"]
+    doc["runtime_present"] = (install.pkg / "srt" / "speculative" / "_eaglepatch_runtime.py").exists()
+    after = describe(doc, first["argv"])
+
+    then = "eaglepatch revert"
+    if command == "sweep":
+        then = "eaglepatch sweep (the same command again), then eaglepatch revert"
+        r = cli.run("sweep", install.pkg, *GRID)
+        assert r.rc == 0, r
+        assert ("resuming" in r.err) == (point == "sweep:after-run"), r
+    cli.run("revert", install.pkg, "--timeout", "60").expect(0)
+    assert digest(install.pkg) == pristine, "revert did not restore every byte"
+    [pid] = H.launcher_pids(port)
+    assert identity(pid) == first, "the server running at the end is not the original, as launched"
+    H.wait_http(port, timeout=30)
+    final_doc = cli.run("status", install.pkg, "--json").expect(0).json()
+    assert final_doc["lock"] is None and [s["code"] for s in final_doc["servers"]] == ["current"]
+    final = "every byte as before; the original server (same argv[0], argv, cwd, environment) runs the files; " \
+            "no lock"
+    TABLE.add(order=f"{order:02d}", command=f"eaglepatch {command}", fault=f"`{point}`", did=did, after=after,
+              then=then, final=final)

@@ -1,0 +1,273 @@
+"""The right server, found however it was launched, restarted as it was, and no other touched (issue: safe on a
+real GPU host).
+
+Stand-in sglang servers (tests/stubs/stand_in_sglang) launched the ways people launch sglang on GPU hosts: a
+checkout on PYTHONPATH, a venv's interpreter by path without activating it (what systemd units and container
+entrypoints do: /proc/PID/exe is then the base interpreter, which does not see the venv), an activated venv, the
+``sglang serve`` console script, an editable install (a finder in a .pth: the checkout is not on sys.path). Each is
+checked by pid, argv[0], argv, cwd and environment before and after, through the installed CLI, locally and over
+the real sshd of conftest.py. Every server here carries this test's owner token, and the product only ever acts
+on servers of the install it is pointed at, so nothing another checkout runs on this machine is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from safety import CLI, PY, REJECTS_PATCH, WORKER, H, cli_env, digest, identity, make_install, servers, up
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+KINDS = ["pythonpath", "venv-by-path", "activated-venv", "console-script", "editable"]
+DESCRIBED = {  # what status says of each way
+    "pythonpath": "sglang from PYTHONPATH",
+    "venv-by-path": "not activated",
+    "activated-venv": "activated",
+    "console-script": "console script",
+    "editable": "editable install",
+}
+
+
+@pytest.fixture
+def standins():
+    s = H.StandIns(PY)
+    yield s
+    s.cleanup()
+
+
+def _cli(request, tmp_path, via: str) -> CLI:
+    if via == "local":
+        return CLI("local", cli_env(tmp_path))
+    sshd = request.getfixturevalue("sshd")
+    return CLI("ssh", cli_env(tmp_path, sshd.env()), ssh=[sshd.target, "-i", sshd.client_key])
+
+
+@pytest.fixture
+def cli(request, tmp_path) -> CLI:
+    """Over the real sshd (a local target runs the same code minus SSH: the launch ways are checked on both)."""
+    return _cli(request, tmp_path, "ssh")
+
+
+@pytest.mark.parametrize("via,kind", [("ssh", k) for k in KINDS] + [("local", "venv-by-path"), ("local", "editable")])
+def test_each_way_of_launching_is_found_and_restarted_exactly_as_it_was(request, standins, tmp_path, via, kind):
+    """status lists the server (pid, port, how it was launched); apply and revert each start a new process with
+    the same argv (argv[0] included), cwd and environment, so the server keeps its venv; revert puts every byte
+    back."""
+    cli = _cli(request, tmp_path, via)
+    install = make_install(standins, tmp_path / "install", kind)
+    port, proc = up(install, standins, tmp_path / "work dir")
+    before = digest(install.pkg)
+    first = identity(proc.pid)
+
+    [srv] = servers(cli, install.pkg)
+    assert (srv["pid"], srv["port"], srv["code"]) == (proc.pid, port, "current")
+    assert srv["argv"] == first["argv"] and srv["cwd"] == first["cwd"]
+    assert DESCRIBED[kind] in srv["launched"], srv["launched"]
+
+    r = cli.run("apply", install.pkg, "--timeout", "60").expect(0)
+    [patched] = servers(cli, install.pkg)
+    assert patched["pid"] != proc.pid and not H.alive(proc.pid)
+    assert identity(patched["pid"]) == first, "the relaunched server differs from the original"
+    assert patched["code"] == "current"
+    assert "[eaglepatch]" in install.worker.read_text()
+    assert H.http_get(port, "/health_generate")[0] == 200, r
+
+    cli.run("revert", install.pkg, "--timeout", "60").expect(0)
+    [back] = servers(cli, install.pkg)
+    assert back["pid"] not in (proc.pid, patched["pid"])
+    assert identity(back["pid"]) == first
+    assert digest(install.pkg) == before
+
+
+def test_two_servers_of_one_install_are_both_restarted_and_server_port_narrows(cli, standins, tmp_path):
+    """Two ports, one install: status lists both; apply restarts both (one after the other); revert
+    --server-port restarts only that one and says the other still runs the patched code, which status shows as
+    stale until it is restarted."""
+    install = make_install(standins, tmp_path / "install", "venv-by-path")
+    pa, a = up(install, standins, tmp_path / "a")
+    pb, b = up(install, standins, tmp_path / "b")
+    listed = {s["port"]: s["pid"] for s in servers(cli, install.pkg)}
+    assert listed == {pa: a.pid, pb: b.pid}
+
+    cli.run("apply", install.pkg, "--timeout", "60").expect(0)
+    after = {s["port"]: s for s in servers(cli, install.pkg)}
+    assert set(after) == {pa, pb} and after[pa]["pid"] != a.pid and after[pb]["pid"] != b.pid
+    assert {s["code"] for s in after.values()} == {"current"}
+
+    r = cli.run("revert", install.pkg, "--timeout", "60", "--server-port", str(pa)).expect(0)
+    assert f"the server on :{pb} (pid {after[pb]['pid']}) was not restarted (--server-port)" in r.err, r
+    now = {s["port"]: s for s in servers(cli, install.pkg)}
+    assert now[pa]["pid"] != after[pa]["pid"] and now[pa]["code"] == "current"
+    assert now[pb]["pid"] == after[pb]["pid"] and now[pb]["code"] == "stale"
+    text = cli.run("status", install.pkg).expect(0).out
+    assert "STARTED BEFORE THE FILES LAST CHANGED" in text, text
+
+    cli.run("restart", install.pkg, "--timeout", "60", "--server-port", str(pb)).expect(0)
+    assert {s["code"] for s in servers(cli, install.pkg)} == {"current"}
+    r = cli.run("restart", install.pkg, "--server-port", "1").expect(2)
+    assert "no server of this sglang install listens there" in r.err
+
+
+def test_only_the_install_servers_are_stopped_or_started(cli, standins, tmp_path):
+    """Another install's server on the same host is listed as another's and never touched: not by restart, not
+    by apply or revert of this install; restart of an install whose server does not run starts nothing."""
+    mine = make_install(standins, tmp_path / "mine", "venv-by-path")
+    other = make_install(standins, tmp_path / "other", "pythonpath")
+    po, other_proc = up(other, standins, tmp_path / "other work")
+
+    doc = cli.run("status", mine.pkg, "--json").expect(0).json()
+    assert doc["servers"] == [] and any(s["pid"] == other_proc.pid for s in doc["other_servers"])
+    r = cli.run("restart", mine.pkg, "--timeout", "30")
+    assert r.rc == 7 and "no sglang server is running" in r.err, r
+    pm, mine_proc = up(mine, standins, tmp_path / "mine work")
+    cli.run("restart", mine.pkg, "--timeout", "60").expect(0)
+    cli.run("apply", mine.pkg, "--timeout", "60").expect(0)
+    cli.run("revert", mine.pkg, "--timeout", "60").expect(0)
+    assert not H.alive(mine_proc.pid)
+    assert H.alive(other_proc.pid) and H.launcher_pids(po) == [other_proc.pid]
+    assert "[eaglepatch]" not in other.worker.read_text()
+
+
+def test_without_a_named_install_several_serving_installs_are_a_usage_error(sshd, standins, tmp_path):
+    """Over SSH without --sglang-path or --python, eaglepatch would have to guess which install is meant when
+    servers of several run: it names them and stops (exit 2), changing nothing."""
+    a = make_install(standins, tmp_path / "a", "venv-by-path")
+    b = make_install(standins, tmp_path / "b", "pythonpath")
+    up(a, standins, tmp_path / "wa")
+    up(b, standins, tmp_path / "wb")
+    r = subprocess.run([PY, "-m", "eaglepatch", "apply", sshd.target, "-i", sshd.client_key], capture_output=True,
+                       text=True, env=cli_env(tmp_path, sshd.env()), timeout=120)
+    assert r.returncode == 2, r
+    assert "servers of several sglang installs run here" in r.stderr and str(a.pkg.resolve()) in r.stderr
+    assert "[eaglepatch]" not in a.worker.read_text() and "[eaglepatch]" not in b.worker.read_text()
+
+
+def test_a_too_short_timeout_rolls_back_without_losing_the_original_server(cli, standins, tmp_path):
+    """apply --timeout 2 on a server that needs 6 s to start: the patched server is not ready in time, so apply
+    rolls back; the rollback waits for the original with its own (long) timeout instead of stopping it, and the
+    host ends with the original files and the original server, exit 7."""
+    install = make_install(standins, tmp_path / "install", "venv-by-path")
+    port = standins.port()
+    proc = install.launch(tmp_path / "work", port, "--startup-delay", "6", "--tp", "1")
+    H.wait_http(port, timeout=30)
+    first, before = identity(proc.pid), digest(install.pkg)
+    t0 = time.monotonic()
+    r = cli.run("apply", install.pkg, "--timeout", "2")
+    assert r.rc == 7, r
+    assert "original files restored" in r.err and "the original server is up again" in r.err, r
+    assert time.monotonic() - t0 > 6  # it waited for the original to load, past the 2 s
+    assert digest(install.pkg) == before
+    [srv] = servers(cli, install.pkg)
+    assert identity(srv["pid"]) == first and srv["code"] == "current"
+    assert H.http_get(port, "/health_generate")[0] == 200
+
+
+def test_an_original_that_cannot_come_back_is_named_with_its_command_line(cli, standins, tmp_path):
+    """The patched server crashes, and the original cannot start again either (here: it exits at start once a
+    file exists): apply exits 7 and says exactly how to start it by hand (folder and command line)."""
+    install = make_install(standins, tmp_path / "install", "venv-by-path", worker=WORKER + REJECTS_PATCH)
+    block = tmp_path / "cannot start again"
+    port, proc = up(install, standins, tmp_path / "work dir", "--fail-if-exists", str(block))
+    block.write_text("")
+    r = cli.run("apply", install.pkg, "--timeout", "30")
+    assert r.rc == 7, r
+    line = r.err.strip().splitlines()[-1]
+    assert "original files restored" in line and "did NOT come back up" in line, r
+    assert f"to start it yourself: cd '{tmp_path / 'work dir'}' && " in line, line
+    assert str(block) in line  # the whole command line, its arguments included
+
+
+def test_permission_problems_are_one_line_and_change_nothing(sshd, tmp_path):
+    """An install owned by root, eaglepatch run as nobody (locally with setpriv, over SSH through a ForceCommand
+    that drops to nobody): apply exits 2 with one line naming the owner and what to do; revert of an unpatched
+    install says there is nothing to revert (no write access needed); nothing changes."""
+    from test_login_shells import _start, _stop
+
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv (util-linux) is missing"
+    assert os.geteuid() == 0, "this test drops from root to nobody: run it as root (CI does)"
+    root = Path(tempfile.mkdtemp(prefix="eaglepatch-perm-", dir="/tmp"))
+    try:
+        root.chmod(0o755)
+        tree = H.make_tree(root / "site", WORKER)
+        for p in [root, *root.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        pkg, before = tree / "sglang", digest(tree)
+        home = root / "nobody home"
+        home.mkdir()
+        os.chown(home, 65534, 65534)
+        drop = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+        local = CLI("local", dict(cli_env(tmp_path), HOME=str(home), XDG_CACHE_HOME=str(home / "cache")))
+        r = local.run("apply", pkg, "--no-restart", prefix=drop)
+        assert r.rc == 2 and len(r.err.strip().splitlines()) == 1, r
+        assert "user nobody cannot write" in r.err and "run eaglepatch as root" in r.err, r
+        r = local.run("revert", pkg, "--no-restart", prefix=drop).expect(0)
+        assert "nothing to revert" in r.err
+
+        proc, srv = _start(sshd, 'ForceCommand exec setpriv --reuid=65534 --regid=65534 --clear-groups '
+                                 '/bin/sh -c "$SSH_ORIGINAL_COMMAND"', tmp_path)
+        try:
+            ssh = CLI("ssh", cli_env(tmp_path, srv.env()), ssh=[srv.target, "-i", srv.client_key])
+            r = ssh.run("apply", pkg, "--no-restart")
+            assert r.rc == 2 and len(r.err.strip().splitlines()) == 1, r
+            assert "user nobody cannot write" in r.err, r
+            ssh.run("revert", pkg, "--no-restart").expect(0)
+        finally:
+            _stop(proc)
+        assert digest(tree) == before
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_port_that_is_not_ssh_is_one_line_without_traceback(tmp_path):
+    """A listener that answers something other than SSH: exit 3, one line on stderr, no paramiko traceback."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(5)
+    port = srv.getsockname()[1]
+
+    def answer() -> None:
+        for _ in range(3):
+            try:
+                conn, _addr = srv.accept()
+            except OSError:
+                return
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        r = subprocess.run([PY, "-m", "eaglepatch", "status", f"root@127.0.0.1:{port}", "--connect-timeout", "5"],
+                           capture_output=True, text=True, env=cli_env(tmp_path), timeout=60)
+    finally:
+        srv.close()
+    assert r.returncode == 3, r
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr and "Exception" not in r.stderr, r.stderr
+
+
+def test_show_lists_every_server_with_how_it_was_launched(cli, standins, tmp_path):
+    """The text of show and status: one line per server with its pid and port, how it was launched, and that
+    another install's server is left alone."""
+    install = make_install(standins, tmp_path / "install", "activated-venv")
+    other = make_install(standins, tmp_path / "other", "pythonpath")
+    p1, s1 = up(install, standins, tmp_path / "w1")
+    p2, s2 = up(install, standins, tmp_path / "w2")
+    po, so = up(other, standins, tmp_path / "wo")
+    text = cli.run("show", install.pkg).expect(0).out
+    assert f"server: pid {s1.pid} on :{p1}" in text and f"server: pid {s2.pid} on :{p2}" in text, text
+    assert "(venv " in text and "activated)" in text
+    assert f"other server: pid {so.pid} on :{po} runs another install" in text
+    doc = json.loads(cli.run("show", install.pkg, "--json").expect(0).out)
+    assert doc["server"]["pid"] == doc["servers"][0]["pid"]  # the contract's single server: the first
