@@ -155,7 +155,7 @@ def _guard(fn: Callable[[], None]) -> None:
 @app.command()
 def show(
     target: str = typer.Argument(..., help="SSH destination or local path."),
-    json_out: bool = typer.Option(False, "--json", help="JSON, as CONTRACT.md."),
+    json_out: bool = typer.Option(False, "--json", help="JSON (docs/contract.md)."),
     recipe: Optional[str] = RecipeOpt,
     identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
     python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
