@@ -190,6 +190,10 @@ def render_status(doc: dict[str, Any]) -> str:
     for f in doc["files"]:
         phases = sorted({p for w in f["workers"] for p in w.get("phases", [])})
         rows.append(f"  {f['state']:<9} {f['path']}  ({', '.join(phases) or 'no phases'})")
+    runtime = doc.get("runtime") or {}
+    if runtime and not runtime.get("present") and any(f["state"] == "patched" for f in doc["files"]):
+        rows.append(f"  MISSING   {runtime['path']}: a patched file imports it, so a server started now fails; "
+                    "run eaglepatch revert (or apply again)")
     rows.extend("  " + line for line in _server_lines(doc))
     return "\n".join(rows)
 

@@ -393,7 +393,8 @@ def describe(facts: HostFacts, recipe: Recipe,
         files.append(entry)
     servers = servers_json(facts)
     return {"target": facts.target, "sglang_version": facts.version, "package_dir": facts.package_dir,
-            "files": files, "server": servers[0] if servers else None, "servers": servers,
+            "files": files, "runtime": {"path": facts.runtime_path, "present": facts.runtime_sha256 is not None},
+            "server": servers[0] if servers else None, "servers": servers,
             "other_servers": [dict(s) for s in facts.other_servers], "lock": interrupted_json(facts)}
 
 

@@ -87,12 +87,11 @@ def describe(doc: dict[str, Any], original_argv: list[str]) -> str:
     """One cell of the table from ``status --json``: files, servers, lock."""
     states = sorted({f["state"] for f in doc["files"]})
     parts = [f"files {'/'.join(states)}"]
-    if doc.get("runtime_present"):
-        parts.append("runtime module present")
+    parts.append("runtime module present" if doc["runtime"]["present"] else "no runtime module")
     for s in doc["servers"]:
         what = "the original command line" if s["argv"] == original_argv else "a sweep point's command line"
         code = {"current": "runs the files on disk", "stale": "started before the files changed (status: stale)"}
-        parts.append(f"server on :{s['port']} runs {what}, {code.get(s['code'], s['code'])}")
+        parts.append(f"the server runs {what}, {code.get(s['code'], s['code'])}")
     if not doc["servers"]:
         parts.append("no server running")
     if doc.get("lock"):
@@ -136,7 +135,9 @@ def test_killed_at_each_step_status_tells_the_truth_and_revert_restores(sshd, st
         started_after = os.stat(install.worker).st_mtime <= H.proc_start_time(s["pid"]) + 0.05
         assert s["code"] == ("current" if started_after else "stale"), (s, doc)
     assert doc["lock"] and doc["lock"]["what"] == command.split()[0], doc["lock"]
-    doc["runtime_present"] = (install.pkg / "srt" / "speculative" / "_eaglepatch_runtime.py").exists()
+    assert doc["runtime"]["present"] == (install.pkg / "srt" / "speculative" / "_eaglepatch_runtime.py").exists()
+    if truth == "patched" and not doc["runtime"]["present"]:  # a restart now would crash the server: said so
+        assert "MISSING" in cli.run("status", install.pkg).expect(0).out
     after = describe(doc, first["argv"])
 
     then = "eaglepatch revert"
