@@ -4,9 +4,12 @@
 What it measures: a fake worker whose entry method does nothing but the hooks a patched EAGLE worker calls
 in a decode cycle (the `@entry` decorator, three `begin`/`end` pairs, one `accepted` call), run `--cycles`
 times, against the same method without any hooks. Both loops are timed with `time.perf_counter`; the
-overhead is (hooked - bare) / cycles, the median over `--repeats` interleaved repeats. Record buffering,
-the batched writes (to a temporary log dir) and the stderr summary (output discarded) are included, since a
-server pays them too, amortised. It also reports the cost of an untimed call under `every=N` sampling.
+overhead is (hooked - bare) / cycles, the median over `--repeats` interleaved repeats. Record buffering and
+the stderr summary (output discarded) are included, and so is the runtime's writer thread (which resolves
+events, writes the batches to a temporary log dir and prints) as far as it competes for the GIL with the loop:
+a server pays that too. Records the writer could not keep up with are dropped by the runtime, not waited for:
+`records_dropped` says how many (a real server leaves the GIL far more often than this tight loop does).
+It also reports the cost of an untimed call under `every=N` sampling.
 
 `--timer`:
 - `cpu` (default): perf_counter only. This is the number the runtime is held to (under 20 us per cycle).
@@ -18,6 +21,9 @@ server pays them too, amortised. It also reports the cost of an untimed call und
 
 With no kernels between the boundaries, the GPU is idle: this is the host cost only, not the cost of the
 serialisation a synchronise forces on a busy server (which only a real server shows).
+
+`--runtime PATH` measures another copy of the runtime module (e.g. the one before a change:
+`git show HEAD~1:eaglepatch/runtime/_eaglepatch_runtime.py > /tmp/before.py`), for before/after figures.
 
 Output: one JSON line on stdout ({"timer", "overhead_us_per_cycle", "cycles", ...}) and one human line (on
 stdout, or on stderr with `--json`). Runs from anywhere, e.g. `python benchmarks/bench_runtime.py --json`.
@@ -39,9 +45,9 @@ RUNTIME = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "e
                        "_eaglepatch_runtime.py")
 
 
-def load_runtime():
+def load_runtime(path=None):
     """The runtime module, loaded from its file (no eaglepatch install needed), under a private name."""
-    spec = importlib.util.spec_from_file_location("_eaglepatch_runtime_bench", os.path.normpath(RUNTIME))
+    spec = importlib.util.spec_from_file_location("_eaglepatch_runtime_bench", os.path.normpath(path or RUNTIME))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -100,7 +106,7 @@ def time_loop(worker, batch, cycles):
     return time.perf_counter() - t0
 
 
-def measure(timer, cycles, repeats, bs, every):
+def measure(timer, cycles, repeats, bs, every, runtime=None):
     sync = None
     accept_lens = [3] * bs
     if timer != "cpu":
@@ -113,7 +119,7 @@ def measure(timer, cycles, repeats, bs, every):
         accept_lens = torch.full((bs,), 3, dtype=torch.int32, device="cuda")
         if timer == "sync":
             sync = torch.cuda.synchronize
-    rt = load_runtime()
+    rt = load_runtime(runtime)
     log_dir = tempfile.mkdtemp(prefix="ep-runtime-bench-")  # not /tmp/eaglepatch*: other tools clean those
     try:
         rt.configure(mode=timer, log_dir=log_dir, summary_every=2000, flush_records=256, flush_seconds=2.0,
@@ -139,12 +145,14 @@ def measure(timer, cycles, repeats, bs, every):
                 untimed_s.append(time_loop(hooked, batch, cycles))
             rt.flush()
         errors = stats["errors"]
+        dropped = stats.get("dropped", 0)           # (a runtime before the writer thread has no such count)
         records = 0
         for name in os.listdir(log_dir):
             with open(os.path.join(log_dir, name)) as f:
                 records += sum(1 for _ in f)
     finally:
-        rt._stop_flusher()
+        stop = getattr(rt, "_stop_writer", None) or rt._stop_flusher
+        stop()
         shutil.rmtree(log_dir, ignore_errors=True)
 
     per = lambda xs: statistics.median(xs) / cycles * 1e6  # noqa: E731 - us per cycle
@@ -162,7 +170,9 @@ def measure(timer, cycles, repeats, bs, every):
         "every": every,
         "overhead_us_per_untimed_cycle": None if untimed_us is None else round(max(0.0, untimed_us), 3),
         "records_written": records,
+        "records_dropped": dropped,
         "runtime_errors": errors,
+        "runtime": os.path.normpath(runtime or RUNTIME),
         "python": platform.python_version(),
     }
 
@@ -175,9 +185,10 @@ def main(argv=None):
     ap.add_argument("--bs", type=int, default=4, help="requests per batch (len of accept_lens)")
     ap.add_argument("--every", type=int, default=10, help="N for the sampled-out (untimed) measurement")
     ap.add_argument("--json", action="store_true", help="only the JSON line on stdout (human line on stderr)")
+    ap.add_argument("--runtime", default=None, help="the runtime module file to measure (default: this checkout's)")
     args = ap.parse_args(argv)
     cycles = args.cycles or (200000 if args.timer == "cpu" else 20000)
-    res = measure(args.timer, cycles, max(1, args.repeats), max(1, args.bs), max(1, args.every))
+    res = measure(args.timer, cycles, max(1, args.repeats), max(1, args.bs), max(1, args.every), args.runtime)
     print(json.dumps(res))
     human = ("eaglepatch runtime, timer %s: %.2f us per timed cycle (entry + 3 phases + accepted; %.2f vs %.2f "
              "us, median of %d x %d cycles)" % (res["timer"], res["overhead_us_per_cycle"],
@@ -185,6 +196,8 @@ def main(argv=None):
                                                 res["repeats"], res["cycles"]))
     if res["overhead_us_per_untimed_cycle"] is not None:
         human += "; %.2f us per untimed call with every=%d" % (res["overhead_us_per_untimed_cycle"], res["every"])
+    if res["records_dropped"]:
+        human += "; %d records dropped by the runtime (its writer fell behind)" % res["records_dropped"]
     print(human, file=sys.stderr if args.json else sys.stdout)
     return 0
 

@@ -175,7 +175,7 @@ def records(log_dir: str) -> list[dict]:
     rows = []
     for p in sorted(glob.glob(os.path.join(log_dir, "*.jsonl"))):
         with open(p) as f:
-            rows += [json.loads(line) for line in f if line.strip()]
+            rows += [d for d in (json.loads(line) for line in f if line.strip()) if d.get("kind") != "run"]
     return rows
 
 

@@ -9,35 +9,56 @@ rewrites the `_CONFIG` line below (the one line carrying the config marker comme
 - `accepted(obj, attrs, bonus_per_req=0)`: the tokens this cycle produced.
 - `flush()`: write buffered records now (also done at exit).
 
-Records are JSON lines in `<log_dir>/<host>-<pid>-rank<r>.jsonl` (CONTRACT.md, "The timing log").
+Records are JSON lines in `<log_dir>/<host>-<pid>-rank<r>.jsonl` (docs/design.md, "The runtime API"). Each
+carries "run", which names the launch: every rank of one server launch with one configuration writes the same id
+(the launcher is the nearest ancestor that multiprocessing did not start, nor sglang rename). Whenever the file is opened, a run
+header line goes first: {"v": 1, "kind": "run", "run", "t", "host", "pid", "rank", "timer", "flags" (the
+launcher's --speculative-* options), "launcher", "argv" (secrets masked)}.
 
 Timers (the record's "timer" says which one ran): "sync" synchronises the device and reads perf_counter at
-every boundary; "events" records CUDA events on the current stream (read on a later cycle, once done, or at
-flush/exit) and adds the host clock's view as "host_phases"/"host_cycle_ms"; "cpu" reads perf_counter only,
-and is what runs whenever torch or CUDA is missing. Only "sync" ever waits for the device: a CUDA tensor given
-to accepted() is otherwise copied asynchronously and its record waits until the copy is done.
+every boundary; "events" records CUDA events on the current stream (read later, once done) and adds the host
+clock's view as "host_phases"/"host_cycle_ms"; "cpu" reads perf_counter only, and is what runs whenever torch
+is missing or CUDA is unavailable or was never initialised in the process. Mode "auto" (the default) gives each
+worker class the timer `_CONFIG["timers"]` names for it (the first class of its MRO found there; "sync" when none
+is). Only "sync" ever waits for the device: a CUDA tensor given to accepted() is otherwise copied asynchronously
+and its record waits until the copy is done. A cycle reached while the current stream captures a CUDA graph is
+not timed at all (a synchronise or an event query would break the capture).
 
 Rules this module keeps, because it runs inside somebody's inference server:
-- Standard library and torch only, Python 3.8+, and it works without torch.
+- Standard library and torch only, Python 3.8+, and it works without torch. The cpu timer never calls anything
+  that could initialise CUDA.
 - It never raises into the server: every hook body is wrapped; internal errors are counted and the first one
   of each kind is printed once to stderr. The decorated function is called exactly once, and its result or
   exception comes back unchanged, whatever state the runtime is in.
-- The hot path is lean: no logging calls, one small object per timed cycle, records serialised to strings
-  at cycle end and written in batches (never one write per cycle): when flush_records are buffered or the
-  oldest is flush_seconds old (checked at cycle end, and by a small daemon thread while the server is idle),
-  and at exit. A process killed without exit handlers loses at most its last flush_seconds of records.
+- It never blocks the thread calling the hooks (the worker): that thread serialises its record and appends it
+  to a bounded buffer under a lock that is never held across I/O or a CUDA call; it never writes a file or
+  stderr, never synchronises outside the sync timer, and never waits for the log or for another thread (at a
+  cycle's end it reads the earlier cycles whose CUDA events are done, by query, unless the writer is at it).
+  One background thread ("eaglepatch-writer") writes the buffer in batches (when flush_records are buffered or
+  the oldest is flush_seconds old), prints summaries and errors, and resolves the cycles still waiting for
+  their events once the worker is quiet (query only), so a quiet server's last records reach the disk. When
+  the writer falls behind (a stuck disk), records beyond buffer_records are dropped and counted: the next record
+  written carries "dropped": N, and the summary and exit lines say so.
+- Exit (and flush()) waits at most exit_seconds: events not done by then are not waited for (never an unbounded
+  synchronise), and a writer stuck in a write is left behind; what that loses is counted.
+- The log directory is created 0700; an existing one must be a real directory owned by this user and not group-
+  or world-writable, and log files are opened without following links and must be regular files; otherwise the
+  runtime logs to a private directory of its own (tempfile.mkdtemp) and says so once.
 
-Environment variables override `_CONFIG` at import (and at `configure()`): EAGLEPATCH_MODE (sync|events|cpu),
+Environment variables override `_CONFIG` at import (and at `configure()`): EAGLEPATCH_MODE (sync|events|cpu|auto),
 EAGLEPATCH_LOG_DIR, EAGLEPATCH_EVERY, EAGLEPATCH_SUMMARY_EVERY.
 """
-_CONFIG = {"mode": "sync", "every": 1, "log_dir": "/tmp/eaglepatch", "summary_every": 2000, "flush_records": 256, "flush_seconds": 2.0}  # eaglepatch:config
+_CONFIG = {"mode": "auto", "timers": {}, "every": 1, "log_dir": "/tmp/eaglepatch", "summary_every": 2000, "flush_records": 256, "flush_seconds": 2.0, "buffer_records": 8192, "exit_seconds": 2.0}  # eaglepatch:config
 
 import atexit
+import errno
 import functools
 import json
 import os
 import socket
+import stat
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -46,106 +67,117 @@ from collections import deque
 __all__ = ["entry", "begin", "end", "accepted", "flush", "configure"]
 
 # The defaults, in case the installer writes a `_CONFIG` line with fewer keys.
-_DEFAULTS = {"mode": "sync", "every": 1, "log_dir": "/tmp/eaglepatch", "summary_every": 2000,
-             "flush_records": 256, "flush_seconds": 2.0}
-_MODES = ("sync", "events", "cpu")
+_DEFAULTS = {"mode": "auto", "timers": {}, "every": 1, "log_dir": "/tmp/eaglepatch", "summary_every": 2000,
+             "flush_records": 256, "flush_seconds": 2.0, "buffer_records": 8192, "exit_seconds": 2.0}
+_MODES = ("sync", "events", "cpu", "auto")
+_TIMERS = ("sync", "events", "cpu")
 
-# Timer kinds, resolved at the first timed cycle (CUDA is surely initialised by then).
+# Timer kinds, resolved per worker class at its first timed cycle (CUDA is surely initialised by then).
 _CPU, _SYNC, _EVENTS = 0, 1, 2
 _TIMER_NAMES = ("cpu", "sync", "events")
 
-# A cycle waiting on its CUDA events (or accepted copy) is forced (synchronised) once this many are
-# outstanding: only reachable when the GPU is hundreds of cycles behind the host, which sglang never is.
-_MAX_PENDING = 256
-_MAX_POOL = 512
+# At most this many finished cycles wait for their CUDA events (or accepted copy); a cycle beyond is dropped and
+# counted (only reachable when the GPU is hundreds of cycles behind the host, or hung).
+_MAX_PENDING = 1024
+_MAX_POOL = 4096
+# The writer resolves waiting cycles once the worker has finished none for _QUIET_SECONDS, looking again every
+# _POLL_SECONDS while they are not done; it keeps looking on a timer for _LINGER_SECONDS after the last one.
+_QUIET_SECONDS = 0.05
+_POLL_SECONDS = 0.005
+_LINGER_SECONDS = 0.25
 
-_perf = time.perf_counter
+_perf = time.perf_counter     # the hot path's clock
 _wall = time.time
+_mono = time.perf_counter     # the same clock, for the writer and flush (a test may break the hot path's alone)
 
-# Injection point for tests: an object with torch.distributed's is_available/is_initialized/get_rank.
-# None means "torch.distributed, when torch is already imported by the process".
+# Injection points for tests. _DIST: an object with torch.distributed's is_available/is_initialized/get_rank
+# (None: torch.distributed, when torch is already imported by the process). _EUID: the user a log directory must
+# belong to (None: os.geteuid()). _WRITER_THREAD: False runs no background thread; flush() and _service() then do
+# its work on the calling thread.
 _DIST = None
-
-# A daemon thread writes records older than flush_seconds when no cycle comes to do it (an idle server).
-_IDLE_FLUSH = True
+_EUID = None
+_WRITER_THREAD = True
 
 
 class _Local(threading.local):
     # The cycle being timed on this thread: None outside the entry method, False inside an untimed
-    # (sampled-out or failed-to-start) call, else a _Cycle. Class attribute = per-thread default.
+    # (sampled-out, capturing, or failed-to-start) call, else a _Cycle. Class attribute = per-thread default.
     cur = None
 
 
 class _Cycle(object):
     __slots__ = ("t", "t0", "worker", "bs", "prefill", "acc", "open", "accepted", "acc_dev", "kind",
-                 "ev0", "ev_end", "evs", "iv", "h_end")
+                 "ev0", "ev_end", "evs", "iv", "h_end", "obj", "spec", "lost")
+
+
+class _Unsafe(Exception):
+    """The log directory or file may not be written (a link, not ours, writable by others, not a regular file)."""
 
 
 _tls = _Local()
-
-# --- state (reset by configure) ------------------------------------------------------------------------
-_cfg = dict(_DEFAULTS)
-_mode = "sync"
-_every = 1
-_summary_every = 2000
-_flush_records = 256
-_flush_seconds = 2.0
-_log_dir = "/tmp/eaglepatch"
-
-_skip_left = 0          # untimed calls left before the next timed one (every=N)
-_kind = None            # resolved timer kind, None until the first timed cycle
-_timer_name = "cpu"
-_torch = None           # the torch module, when CUDA is available
-_dev = None             # CUDA device index seen at the first timed cycle
-_raw_stream = None      # torch._C._cuda_getCurrentRawStream, when torch has it
-_streams = {}           # raw cudaStream_t -> torch.cuda.Stream (current_stream() costs ~4 us; this ~0.3)
-
-_buf = []               # (wall start time, serialised record tail) not yet written
-_buf_since = None       # perf_counter time when _buf became non-empty
-_pending = deque()      # events mode: finished cycles whose events are not yet read
-_pool = []              # events mode: reusable torch.cuda.Event objects
-_pinned = {}            # (shape, dtype) -> reusable pinned host tensors for accepted counts
-_lock = threading.Lock()      # _buf swap/append
-_wlock = threading.Lock()     # file writes, so batches keep their order
-_plock = threading.RLock()    # resolving _pending
-
-_pid = os.getpid()
+_QUOTED = {}
 try:
     _host = socket.gethostname()
 except Exception:  # pragma: no cover - gethostname does not fail on Linux
     _host = "unknown"
-_rank = None            # fixed at the first write (the file name carries it)
-_path = None
-
-_errors = 0
-_reported = set()
-_records = 0            # records emitted since configure (for tests and the exit line)
-
-_win = {}               # summary window: (worker, mode) -> aggregates
-_win_n = 0
-
-_flusher = None
-_flusher_stop = None
-
-_QUOTED = {}
-_MISSING = object()
+# The configuration (set by _set_config) and the state (set by _reset) are module globals, both set at import,
+# before anything else runs (see the end of the module).
 
 
-# --- errors -------------------------------------------------------------------------------------------
-def _error(where):
-    """Count an internal error; print the first one of each kind once, with a short traceback."""
+# --- errors and messages ------------------------------------------------------------------------------------
+def _stderr(text):
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def _error(where, direct=False):
+    """Count an internal error; the first one of each kind is printed once, with a short traceback, by the
+    writer thread (the worker thread never writes to stderr) or at once with `direct`."""
     global _errors
     _errors += 1
     try:
         if where in _reported:
             return
         _reported.add(where)
-        tb = traceback.format_exc(limit=-6)
-        sys.stderr.write("[eaglepatch] internal error in %s (the server goes on; further errors of this kind "
-                         "are counted, not printed):\n%s" % (where, tb if tb.endswith("\n") else tb + "\n"))
-        sys.stderr.flush()
+        etype, exc, tb = sys.exc_info()
+        # The last frames as (file, line, function): no source line is read here (linecache reads and stats
+        # files), the writer looks them up when it prints.
+        stack = []
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            stack.append((code.co_filename, tb.tb_lineno, code.co_name, None))
+            tb = tb.tb_next
+        stack = stack[-6:]
+        only = traceback.format_exception_only(etype, exc) if etype is not None else []
+        del exc
+        if direct:
+            _stderr(_error_text(where, stack, only))
+        else:
+            _msgs.append(("error", where, stack, only))
+            _wake.set()
+            if _writer is None and _WRITER_THREAD:
+                _start_writer()
     except Exception:
         pass
+
+
+def _error_text(where, stack, only):
+    frames = traceback.StackSummary.from_list(stack).format()      # source lines are read here, by the writer
+    return ("[eaglepatch] internal error in %s (the server goes on; further errors of this kind are counted, not "
+            "printed):\nTraceback (most recent call last):\n%s" % (where, "".join(frames + only)))
+
+
+def _lose(n, carried=0):
+    """Count `n` records that will never be written; `carried`: the losses they were to report ("dropped"),
+    counted already, now to be reported by the next record instead."""
+    global _lost, _dropped, _dropped_win
+    with _lock:
+        _lost += n + carried
+        _dropped += n
+        _dropped_win += n
 
 
 # --- configuration ------------------------------------------------------------------------------------
@@ -164,6 +196,8 @@ def _int_env(env, name, minimum):
 
 
 def _load_config(kw):
+    """`_CONFIG`, then the environment, then `kw`, over the defaults; a value that does not fit is said on stderr
+    and its default is used (a bad config line must not cost the server its timings, nor raise)."""
     cfg = dict(_DEFAULTS)
     if isinstance(_CONFIG, dict):
         cfg.update(_CONFIG)
@@ -173,7 +207,7 @@ def _load_config(kw):
         if mode in _MODES:
             cfg["mode"] = mode
         else:
-            sys.stderr.write("[eaglepatch] ignoring EAGLEPATCH_MODE=%r: not one of sync, events, cpu\n" % mode)
+            sys.stderr.write("[eaglepatch] ignoring EAGLEPATCH_MODE=%r: not one of sync, events, cpu, auto\n" % mode)
     log_dir = env.get("EAGLEPATCH_LOG_DIR", "").strip()
     if log_dir:
         cfg["log_dir"] = log_dir
@@ -184,88 +218,212 @@ def _load_config(kw):
     if summary is not None:
         cfg["summary_every"] = summary
     cfg.update(kw)
-    if cfg["mode"] not in _MODES:
-        cfg["mode"] = "sync"
-    cfg["every"] = max(1, int(cfg["every"]))
-    cfg["summary_every"] = max(0, int(cfg["summary_every"]))
-    cfg["flush_records"] = max(1, int(cfg["flush_records"]))
-    cfg["flush_seconds"] = max(0.0, float(cfg["flush_seconds"]))
-    cfg["log_dir"] = os.path.expanduser(str(cfg["log_dir"]))
-    return cfg
+    out = {}
+    for key, default in _DEFAULTS.items():
+        value = cfg[key]
+        try:
+            if key == "mode":
+                if value not in _MODES:
+                    raise ValueError(value)
+            elif key == "timers":
+                value = dict((str(k), v) for k, v in value.items() if v in _TIMERS)
+            elif key == "log_dir":
+                value = os.path.expanduser(str(value))
+            elif isinstance(default, float):
+                value = max(0.0, float(value))      # seconds
+            elif key == "summary_every":
+                value = max(0, int(value))          # 0: no summaries
+            else:
+                value = max(1, int(value))          # counts
+        except Exception:
+            sys.stderr.write("[eaglepatch] ignoring %s=%r in the configuration: using %r\n" % (key, value, default))
+            value = default
+        out[key] = value
+    return out
 
 
 def configure(**kw):
     """Reset all state and set the configuration: `_CONFIG`, then the environment, then `kw`.
 
-    Keys: mode, every, log_dir, summary_every, flush_records, flush_seconds. Records not yet written are
+    Keys: mode (sync|events|cpu|auto), timers ({worker class name: sync|events|cpu}, for auto), every, log_dir,
+    summary_every, flush_records, flush_seconds, buffer_records, exit_seconds. Records not yet written are
     discarded. Meant for tests and tools; raises TypeError on an unknown key.
     """
-    global _cfg, _mode, _every, _summary_every, _flush_records, _flush_seconds, _log_dir
-    global _skip_left, _kind, _timer_name, _torch, _dev, _raw_stream, _streams, _buf, _buf_since, _pending
-    global _pool, _pinned
-    global _pid, _rank, _path, _errors, _reported, _records, _win, _win_n
     unknown = sorted(set(kw) - set(_DEFAULTS))
     if unknown:
         raise TypeError("configure() got unknown keys: %s" % ", ".join(unknown))
-    _stop_flusher()
-    cfg = _load_config(kw)
+    stuck = _stop_writer()
+    if not stuck:
+        _close_log()            # (a writer still stuck in a write keeps its fd: closing it could hand its number
+                                # to another file while it writes)
+    _set_config(_load_config(kw))
+    _reset()
+    _tls.cur = None
+
+
+def _set_config(cfg):
+    global _cfg, _mode, _timers, _every, _summary_every, _flush_records, _flush_seconds, _buffer_records
+    global _exit_seconds, _log_dir
     _cfg = cfg
     _mode = cfg["mode"]
+    _timers = cfg["timers"]
     _every = cfg["every"]
     _summary_every = cfg["summary_every"]
     _flush_records = cfg["flush_records"]
     _flush_seconds = cfg["flush_seconds"]
+    _buffer_records = cfg["buffer_records"]
+    _exit_seconds = cfg["exit_seconds"]
     _log_dir = cfg["log_dir"]
-    _skip_left = 0
-    _kind = None
-    _timer_name = "cpu"
-    _torch = None
-    _dev = None
-    _raw_stream = None
-    _streams = {}
-    _buf = []
-    _buf_since = None
-    _pending = deque()
-    _pool = []
-    _pinned = {}
+
+
+def _reset():
+    """Fresh state, for a new configuration or a forked child (locks too: a child may inherit a held one)."""
+    global _skip_left, _classes, _timer_name, _cuda, _torch, _dev, _raw_stream, _streams, _capturing
+    global _buf, _buf_since, _lost, _lost_q, _dropped, _dropped_win, _pending, _pool, _pinned, _msgs
+    global _lock, _cv, _plock, _wlock, _wake, _pid, _rank, _path, _dir_in_use, _fallback, _torn, _fd, _run
+    global _errors, _reported, _records, _win, _win_n, _writer, _writer_idle, _flush_req, _flush_ack, _flush_until
+    global _flush_final, _last_end
+    _skip_left = 0          # untimed calls left before the next timed one (every=N)
+    _classes = {}           # worker class -> (timer kind, worker name, can change its speculative settings)
+    _timer_name = None      # the timer of the class resolved last (for _stats)
+    _cuda = None            # None: not looked at yet; else whether the CUDA timers may run
+    _torch = None           # the torch module, once CUDA is known to be initialised
+    _dev = None             # CUDA device index seen then
+    _raw_stream = None      # torch._C._cuda_getCurrentRawStream, when torch has it
+    _streams = {}           # raw cudaStream_t -> torch.cuda.Stream (current_stream() costs ~4 us; this ~0.3)
+    _capturing = None       # torch.cuda.is_current_stream_capturing once CUDA is in use, when torch has it
+
+    _buf = []               # (wall start time, serialised record tail, records lost just before it) not yet written
+    _buf_since = None       # perf_counter time when _buf became non-empty
+    _lost = 0               # records lost since the last one buffered (the next one buffered carries the count)
+    _lost_q = 0             # cycles dropped since the last one queued or emitted (too many pending; that one
+                            # carries it)
+    _dropped = 0            # records lost since configure (buffer full, write failed, too many pending, exit)
+    _dropped_win = 0        # ... since the last summary
+    _pending = deque()      # finished cycles waiting for their CUDA events or accepted copy, oldest first
+    _pool = []              # reusable torch.cuda.Event objects
+    _pinned = {}            # (shape, dtype) -> reusable pinned host tensors for accepted counts
+    _msgs = deque()         # what the writer prints on stderr: ("error", ...), ("summary", ...)
+    _lock = threading.Lock()        # _buf, _lost/_dropped, the summary window, flush requests; never held for I/O
+    _cv = threading.Condition(_lock)    # flush() waits on it for the writer
+    _plock = threading.Lock()       # resolving _pending; the worker only ever tries it (acquire(False))
+    _wlock = threading.Lock()       # file writes, so batches keep their order
+    _wake = threading.Event()       # wakes the writer
+
     _pid = os.getpid()
-    _rank = None
+    _rank = None            # fixed at the first write (the file name carries it)
     _path = None
+    _dir_in_use = None      # the log directory actually written to (the configured one, or the private fallback)
+    _fallback = None        # the private fallback directory, once made
+    _torn = False           # a failed write could not be cut back: the next batch starts with a newline
+    _fd = None              # the log file, open for appending (one still open is the caller's to close)
+    _run = None             # (run id, header fields) of this process's launch, found at the first write
+
     _errors = 0
     _reported = set()
-    _records = 0
-    _win = {}
+    _records = 0            # records emitted since configure (for tests and the exit line)
+    _win = {}               # summary window: (worker, mode) -> aggregates
     _win_n = 0
-    _tls.cur = None
+
+    _writer = None          # the writer thread
+    _writer_idle = False    # it sleeps with nothing due: new work must wake it
+    _last_end = 0.0         # perf_counter time of the last cycle's end (the writer leaves the events to a busy
+                            # worker)
+    _flush_req = 0          # flush requests made / handled by the writer
+    _flush_ack = 0
+    _flush_until = 0.0      # perf_counter deadline of the latest request
+    _flush_final = False    # the latest request is the exit's: cycles still waiting after it are dropped
 
 
-def _resolve_timer():
-    """Pick the timer for this process: CUDA ones only when torch is importable and CUDA is available.
-
-    In cpu mode torch is not imported, but when the process has it and CUDA works, it is kept at hand for
-    reading a CUDA `accepted` tensor without a host sync.
-    """
-    global _kind, _timer_name, _torch, _dev, _raw_stream
-    kind = _CPU
+def _resolve_cuda():
+    """Whether the CUDA timers may run: torch importable, CUDA already initialised by the process (never
+    initialised here) and available. Looked at once, at the first timed cycle of a class with a CUDA timer."""
+    global _cuda
+    _cuda = False
     torch = sys.modules.get("torch")
-    if _mode != "cpu" and torch is None:
+    if torch is None:
         try:
             import torch
         except Exception:
-            torch = None
+            return False
     try:
-        if torch is not None and torch.cuda.is_available():
-            _torch = torch
-            _dev = torch.cuda.current_device()
-            _raw_stream = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
-            if _mode != "cpu":
-                kind = _SYNC if _mode == "sync" else _EVENTS
+        cuda = torch.cuda
+        initialised = getattr(cuda, "is_initialized", None)
+        if initialised is not None and not initialised():
+            return False
+        if not cuda.is_available():
+            return False
+        _adopt_cuda(torch)
+        _cuda = True
     except Exception:
-        kind = _CPU
         _error("timer")
+    return _cuda
+
+
+def _adopt_cuda(torch):
+    """Keep torch at hand for CUDA calls; only once CUDA is initialised (current_device() would initialise it)."""
+    global _torch, _dev, _raw_stream, _capturing
+    dev = torch.cuda.current_device()
+    _raw_stream = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
+    # torch.cuda.is_current_stream_capturing() is this binding plus a Python call; torch < 1.10 has neither.
+    _capturing = (getattr(getattr(torch, "_C", None), "_cuda_isCurrentStreamCapturing", None)
+                  or getattr(torch.cuda, "is_current_stream_capturing", None))
+    _dev = dev
+    _torch = torch
+
+
+def _class_info(cls):
+    """(timer kind, worker name, whether it can change its speculative settings at run time) of a worker class."""
+    global _timer_name
+    name = cls.__name__ if cls is not None else "?"
+    mro = getattr(cls, "__mro__", ())
+    timer = _mode
+    if timer == "auto":
+        timer = "sync"
+        for k in mro:
+            t = _timers.get(k.__name__)
+            if t is not None:
+                timer = t
+                break
+    kind = _CPU
+    if timer != "cpu":
+        cuda = _cuda
+        if cuda is None:
+            cuda = _resolve_cuda()
+        if cuda:
+            kind = _SYNC if timer == "sync" else _EVENTS
+    # Adaptive speculative decoding (sglang 0.5.12+, sglang/srt/speculative/adaptive_runtime_state.py): a worker
+    # implementing the AdaptiveSpecWorker protocol has apply_runtime_state(), which sets speculative_num_steps and
+    # speculative_num_draft_tokens at run time (eagle_worker_v2.py, EAGLEWorkerV2.apply_runtime_state, 0.5.23).
+    adaptive = any("apply_runtime_state" in getattr(k, "__dict__", ()) for k in mro)
+    info = (kind, name, adaptive)
+    if len(_classes) < 64:
+        _classes[cls] = info
     _timer_name = _TIMER_NAMES[kind]
-    _kind = kind
-    return kind
+    return info
+
+
+def _spec_of(w):
+    """'"spec": {...}' for a worker whose adaptive controller is on, read from plain int attributes, else None.
+
+    sglang 0.5.23 eagle_worker_v2.py: EAGLEWorkerV2.__init__ sets self.topk, self.speculative_num_steps and
+    self.speculative_num_draft_tokens, and self.adaptive_controller (None unless --speculative-adaptive);
+    apply_runtime_state() changes the steps and draft tokens when the controller switches: from
+    activate_step_by_batch() at the start of a decode cycle (inside the entry method) and from
+    on_verify_complete_cpu() (the scheduler, between cycles). So they are read at the cycle's end: the values
+    the cycle ran with.
+    """
+    try:
+        if getattr(w, "adaptive_controller", None) is None:
+            return None
+        steps = getattr(w, "speculative_num_steps", None)
+        topk = getattr(w, "topk", None)
+        draft = getattr(w, "speculative_num_draft_tokens", None)
+    except Exception:           # a property that raises: no spec, the record goes out
+        return None
+    if type(steps) is int and type(topk) is int and type(draft) is int:
+        return '"spec": {"steps": %d, "topk": %d, "draft_tokens": %d}' % (steps, topk, draft)
+    return None
 
 
 # --- the hooks ----------------------------------------------------------------------------------------
@@ -323,12 +481,20 @@ def _record(ev):
 
 
 def _start(args, kwargs):
-    """A new timed cycle, its start boundary taken last (so the set-up is not billed to the cycle)."""
-    kind = _kind
-    if kind is None:
-        kind = _resolve_timer()
+    """A new timed cycle, its start boundary taken last (so the set-up is not billed to the cycle); None when
+    the current stream is capturing a CUDA graph (the cycle runs untimed)."""
+    cls = type(args[0]) if args else None
+    info = _classes.get(cls)
+    if info is None:
+        info = _class_info(cls)
+    cap = _capturing
+    if cap is not None and cap():
+        return None
+    kind = info[0]
     c = _Cycle()
-    c.worker = type(args[0]).__name__ if args else "?"
+    c.worker = info[1]
+    c.obj = args[0] if info[2] else None
+    c.spec = None
     c.bs = _batch_size(args, kwargs)
     c.prefill = False
     c.acc = {}
@@ -457,7 +623,7 @@ def accepted(obj, attrs, bonus_per_req=0):
     A list/tuple/1-d tensor holds per-request counts: accepted = sum + bonus_per_req * len. An int or a 0-d
     tensor is a total: accepted = value + bonus_per_req * bs (unknown when bs is unknown and bonus != 0).
     The last call in a cycle wins. A CUDA tensor is read with a host sync only by the sync timer; otherwise
-    it is copied asynchronously into pinned memory and read once the copy is done (a later cycle, or flush).
+    it is copied asynchronously into pinned memory and read once the copy is done (by the writer thread).
     """
     c = _tls.cur
     if not c:
@@ -468,8 +634,7 @@ def accepted(obj, attrs, bonus_per_req=0):
         if not attrs:
             v = obj                 # no attribute named: the value itself
         else:
-            v = None
-            for a in attrs:
+            for a in attrs:             # (not empty: v is set)
                 v = getattr(obj, a, None)
                 if v is not None:
                     break
@@ -499,7 +664,13 @@ def accepted(obj, attrs, bonus_per_req=0):
             else:
                 bonus = 0
             c.accepted = None
-            if v.is_cuda and c.kind != _SYNC and _torch is not None:
+            if v.is_cuda and c.kind != _SYNC:
+                if _torch is None:
+                    # The cpu timer meets a CUDA tensor: CUDA is initialised (the tensor lives there), so torch
+                    # may be used now, for the copy below and for the capture check of later cycles.
+                    _adopt_cuda(torch)
+                    if _capturing is not None and _capturing():
+                        return
                 # No host sync on the hot path: a copy of the whole (small) tensor into pinned memory is
                 # queued on the current stream, an event marks it done, and it is summed when resolved.
                 # The tensor itself is held until then (it may live on another stream's allocations).
@@ -525,16 +696,12 @@ def accepted(obj, attrs, bonus_per_req=0):
 
 
 def flush():
-    """Write buffered records now (events mode: waits for the outstanding cycles' events first)."""
+    """Write buffered records now: the writer thread resolves the cycles whose events are done (waiting for the
+    others at most exit_seconds, by query), writes and prints; this waits for it at most exit_seconds."""
     try:
-        if _pending:
-            _poll(True)
+        _flush(False)
     except Exception:
-        _error("flush")
-    try:
-        _write()
-    except Exception:
-        _error("flush")
+        _error("flush", direct=True)
 
 
 # --- cycle end, records, summaries ---------------------------------------------------------------------
@@ -543,8 +710,6 @@ def _abort(c):
     try:
         if c.kind == _EVENTS:
             _give_back(c.evs)
-        if c.acc_dev is not None:
-            _give_back_acc(c.acc_dev)
     except Exception:
         _error("entry")
 
@@ -555,22 +720,29 @@ def _give_back(evs):
 
 
 def _give_back_acc(dev):
-    """An accepted copy's event and pinned buffer, for reuse: only once the copy is known done, or the
-    buffer is dropped (a pending copy into a reused buffer would be a race)."""
+    """An accepted copy's event and pinned buffer, for reuse: only once the copy is known done (a pending copy
+    into a reused buffer would be a race)."""
     host, ev, _, _, key = dev
-    if ev.query():
-        if len(_pool) < _MAX_POOL:
-            _pool.append(ev)
-        free = _pinned.get(key)
-        if free is None:
-            if len(_pinned) >= 256:
-                return
-            free = _pinned[key] = []
-        if len(free) < 8:
-            free.append(host)
+    if len(_pool) < _MAX_POOL:
+        _pool.append(ev)
+    # As many per shape as cycles may be outstanding between two looks of the writer (a fast loop: dozens),
+    # within a bound on pinned memory (a few bytes each, but a page at least): 64 shapes x 64.
+    free = _pinned.get(key)
+    if free is None:
+        if len(_pinned) >= 64:
+            return
+        free = _pinned[key] = []
+    if len(free) < 64:
+        free.append(host)
 
 
 def _finish(c):
+    global _lost_q, _last_end
+    if _writer is None and _WRITER_THREAD:
+        _start_writer()
+    c.lost = _lost_q
+    if c.lost:
+        _lost_q = 0
     kind = c.kind
     if kind == _EVENTS:
         ev = _event()
@@ -581,8 +753,12 @@ def _finish(c):
         if c.open:
             for name, (bev, hb) in c.open.items():
                 c.iv.append((name, bev, ev, hb, now))
-        _pending.append(c)
-        _poll(False)
+        if c.obj is not None:
+            c.spec = _spec_of(c.obj)
+            c.obj = None
+        _last_end = now
+        _enqueue(c)
+        _poll()
     else:
         if kind == _SYNC:
             _torch.cuda.synchronize()
@@ -591,45 +767,110 @@ def _finish(c):
         if c.open:
             for name, t0 in c.open.items():
                 acc[name] += now - t0
+        if c.obj is not None:
+            c.spec = _spec_of(c.obj)
+            c.obj = None
+        _last_end = now
         if c.acc_dev is None and not _pending:
             _emit(c, now - c.t0, acc, None, None)
         else:                   # waiting for an accepted copy, or behind one that is (records stay in order)
-            _pending.append(c)
-            _poll(False)
-    if _flusher is None and _IDLE_FLUSH:
-        _start_flusher()
-    since = _buf_since
-    if since is not None and (len(_buf) >= _flush_records or now - since >= _flush_seconds):
-        try:
-            _write()
-        except Exception:
-            _error("flush")
+            _enqueue(c)
+            _poll()
 
 
-def _poll(wait_all):
-    """Resolve finished cycles, oldest first: CUDA events done (events timer) and accepted copies done.
-    With `wait_all`, wait for every outstanding one; without, wait only while more than _MAX_PENDING are
-    outstanding (keeps memory bounded)."""
+def _poll():
+    """On the worker thread, at a cycle's end: resolve the waiting cycles that are done, oldest first (query
+    only, never a wait: a cycle not done yet stays for the next cycle, or for the writer once the worker is
+    quiet). Skipped when the writer is resolving (the lock is never waited for)."""
+    if not _plock.acquire(False):
+        return
+    try:
+        _resolve_loop(None)
+    except Exception:
+        _error("events")
+    finally:
+        _plock.release()
+
+
+def _enqueue(c):
+    """A finished cycle waits to be resolved; dropped (and counted) when too many already wait."""
+    global _lost_q, _dropped, _dropped_win
+    p = _pending
+    if len(p) >= _MAX_PENDING:
+        with _lock:
+            _dropped += 1
+            _dropped_win += 1
+        _lost_q += c.lost + 1           # the next cycle to get through carries the count
+        return
+    p.append(c)
+    if _writer_idle:
+        _wake.set()
+
+
+def _ready(c):
+    if c.kind == _EVENTS and not c.ev_end.query():
+        return False
+    dev = c.acc_dev
+    return dev is None or dev[1].query()
+
+
+def _resolve_pending(deadline, final):
+    """Resolve finished cycles, oldest first, on the writer's (or a flushing) thread: CUDA events done and
+    accepted copies done, by query only. With a `deadline`, wait (polling) until all are done or it passes;
+    with `final`, the ones still not done then are dropped and counted."""
     with _plock:
-        pending = _pending
-        while pending:
-            c = pending[0]
-            dev = c.acc_dev
-            events = c.kind == _EVENTS
-            if wait_all or len(pending) > _MAX_PENDING:
-                if events or dev is not None:
-                    with _torch.cuda.device(_dev):      # this thread's device may not be the worker's
-                        if events:
-                            c.ev_end.synchronize()
-                        if dev is not None:
-                            dev[1].synchronize()
-            elif (events and not c.ev_end.query()) or (dev is not None and not dev[1].query()):
-                return
-            pending.popleft()
-            try:
-                _resolve(c)
-            except Exception:
-                _error("events")
+        if _torch is not None and _pending:
+            _relax_capture_mode()
+            with _torch.cuda.device(_dev):      # this thread's device may not be the worker's
+                _resolve_loop(deadline)
+        else:
+            _resolve_loop(deadline)
+        if final and _pending:
+            n = len(_pending)
+            carried = sum(c.lost for c in _pending)
+            _pending.clear()
+            _lose(n, carried)
+
+
+def _resolve_loop(deadline):
+    pending = _pending
+    while pending:
+        c = pending[0]
+        try:
+            if not _ready(c):
+                if deadline is None or _mono() >= deadline:
+                    return
+                time.sleep(0.002)
+                continue
+            _resolve(c)
+        except Exception:
+            _lose(1, c.lost)                    # a cycle that cannot be read is dropped, not retried forever
+            _error("events")
+        pending.popleft()                       # only now: a cycle ending meanwhile queues behind this one
+
+
+_relaxed = threading.local()
+_capture_relaxed = None     # whether the last thread that tried could relax its capture mode (for _stats)
+
+
+def _relax_capture_mode():
+    """Let this (non-worker) thread query CUDA events while another thread captures a CUDA graph: under the
+    default "global" capture mode, an event query from any thread invalidates the capture; a thread in
+    "thread local" mode is not held to other threads' captures (PyTorch's NCCL watchdog does the same, PR 148594).
+    torch has no binding for it: the driver's cuThreadExchangeStreamCaptureMode, only if the driver is loaded."""
+    global _capture_relaxed
+    if getattr(_relaxed, "done", False):
+        return
+    _relaxed.done = True
+    ok = False
+    try:
+        import ctypes
+        lib = ctypes.CDLL("libcuda.so.1", mode=getattr(os, "RTLD_NOLOAD", 4) | getattr(os, "RTLD_LAZY", 1))
+        mode = ctypes.c_int(1)                  # CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        ok = lib.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)) == 0
+    except Exception:
+        pass                                    # not Linux, no driver loaded: nothing to relax
+    _capture_relaxed = ok
 
 
 def _resolve(c):
@@ -673,8 +914,9 @@ def _q(name):
 
 
 def _emit(c, cycle_s, phases, host_cycle_s, host_phases):
-    """Serialise one record (all but v/t/host/pid/rank, which the writer adds) and buffer it."""
-    global _buf_since, _records
+    """Serialise one record (all but v/t/host/pid/rank/dropped, which the writer adds) and buffer it, or drop it
+    (counted) when the buffer is full. Called on the worker thread (sync/cpu) or the writer (events)."""
+    global _buf_since, _records, _lost, _dropped, _dropped_win, _win_n
     cycle_ms = round(cycle_s * 1000.0, 4)
     parts = []
     for name, s in phases.items():
@@ -683,50 +925,70 @@ def _emit(c, cycle_s, phases, host_cycle_s, host_phases):
     bs = c.bs
     acc = c.accepted
     tail = '"worker": %s, "mode": "%s", "bs": %s, "cycle_ms": %r, "timer": "%s", "phases": {%s}, "accepted": %s' % (
-        _q(c.worker), mode, "null" if bs is None else bs, cycle_ms, _timer_name, ", ".join(parts),
+        _q(c.worker), mode, "null" if bs is None else bs, cycle_ms, _TIMER_NAMES[c.kind], ", ".join(parts),
         "null" if acc is None else acc)
     if host_phases is not None:
         hparts = []
         for name, s in host_phases.items():
             hparts.append("%s: %r" % (_q(name), round(s * 1000.0, 4)))
         tail += ', "host_phases": {%s}, "host_cycle_ms": %r' % (", ".join(hparts), round(host_cycle_s * 1000.0, 4))
+    if c.spec is not None:
+        tail += ", " + c.spec
     tail += "}\n"
+    wake = False
     with _lock:
-        if not _buf:
-            _buf_since = _perf()
-        _buf.append((c.t, tail))
+        buf = _buf
+        n = len(buf)
+        if n >= _buffer_records:            # the writer is behind (a stuck disk): drop, count
+            _lost += 1 + c.lost
+            _dropped += 1
+            _dropped_win += 1
+        else:
+            if not n:
+                _buf_since = _perf()
+            buf.append((c.t, tail, _lost + c.lost))
+            _lost = 0
+            n += 1
+            wake = n == _flush_records or (n == 1 and _writer_idle)
         _records += 1
-    if _summary_every:
-        _summarise(c.worker, mode, bs, cycle_ms, phases, acc)
+        if _summary_every:
+            key = (c.worker, mode)
+            g = _win.get(key)
+            if g is None:
+                # n, cycle ms, accepted, cycle ms of records with accepted, accepted with bs, bs, {phase: s}
+                g = _win[key] = [0, 0.0, 0, 0.0, 0, 0, {}]
+            g[0] += 1
+            g[1] += cycle_ms
+            if acc is not None:
+                g[2] += acc
+                g[3] += cycle_ms
+                if bs:
+                    g[4] += acc
+                    g[5] += bs
+            ph = g[6]
+            for name, s in phases.items():
+                ph[name] = ph.get(name, 0.0) + s
+            _win_n += 1
+            if _win_n >= _summary_every:
+                _take_summary()
+                wake = True
+    if wake:
+        _wake.set()
 
 
-def _summarise(worker, mode, bs, cycle_ms, phases, acc):
-    global _win_n
-    key = (worker, mode)
-    g = _win.get(key)
-    if g is None:
-        # n, cycle ms, accepted, cycle ms of records with accepted, accepted with bs, bs, {phase: s}
-        g = _win[key] = [0, 0.0, 0, 0.0, 0, 0, {}]
-    g[0] += 1
-    g[1] += cycle_ms
-    if acc is not None:
-        g[2] += acc
-        g[3] += cycle_ms
-        if bs:
-            g[4] += acc
-            g[5] += bs
-    ph = g[6]
-    for name, s in phases.items():
-        ph[name] = ph.get(name, 0.0) + s
-    _win_n += 1
-    if _win_n >= _summary_every:
-        _print_summary()
+def _take_summary():
+    """Hand the summary window to the writer (caller holds _lock)."""
+    global _win, _win_n, _dropped_win
+    _msgs.append(("summary", _win, _dropped_win))
+    _win = {}
+    _win_n = 0
+    _dropped_win = 0
 
 
-def _summary_lines():
+def _summary_lines(win, dropped):
     rank = _rank if _rank is not None else _detect_rank()
     lines = []
-    for (worker, mode), g in _win.items():
+    for (worker, mode), g in win.items():
         n, cyc, acc, acc_cyc, acc_b, bs, ph = g
         line = "[eaglepatch] rank%d %s %s n=%d cycle %.2f ms" % (rank, worker, mode, n, cyc / n)
         if ph:
@@ -740,19 +1002,29 @@ def _summary_lines():
         if acc_cyc > 0:
             line += " | %.1f tok/s" % (acc / acc_cyc * 1000.0)
         lines.append(line)
+    if dropped:
+        lines.append("[eaglepatch] rank%d dropped %d record(s) since the last summary (the log writer fell behind)"
+                     % (rank, dropped))
     return lines
 
 
-def _print_summary():
-    global _win, _win_n
-    try:
-        lines = _summary_lines()
-    finally:
-        _win = {}
-        _win_n = 0
-    if lines:
-        sys.stderr.write("\n".join(lines) + "\n")
-        sys.stderr.flush()
+def _print_msgs():
+    """Print what the hooks queued for stderr (writer thread, or flush without one)."""
+    msgs = _msgs
+    while msgs:
+        try:
+            m = msgs.popleft()
+        except IndexError:
+            return
+        try:
+            if m[0] == "error":
+                _stderr(_error_text(m[1], m[2], m[3]))
+            elif m[0] == "summary":
+                lines = _summary_lines(m[1], m[2])
+                if lines:
+                    _stderr("\n".join(lines) + "\n")
+        except Exception:
+            _error("summary", direct=True)
 
 
 # --- writing ------------------------------------------------------------------------------------------
@@ -776,19 +1048,226 @@ def _detect_rank():
     return 0
 
 
-def _ensure_dir(path):
-    if os.path.isdir(path):
-        return
+# --- which launch this process belongs to ----------------------------------------------------------------
+_PROC = "/proc"     # tests point it elsewhere
+# Flags of the launcher's command line whose values are never written to a log (an API key in a header line).
+_SECRET_WORDS = ("key", "token", "secret", "password", "passwd")
+
+
+def _proc_cmdline(pid):
+    """The argv of process `pid` from /proc, or None."""
     try:
-        os.makedirs(path, 0o700)
-    except FileExistsError:
-        return                  # made by another rank meanwhile, or not a directory (the open says so)
-    os.chmod(path, 0o700)       # only when we made it; makedirs' mode is subject to the umask
+        with open("%s/%d/cmdline" % (_PROC, pid), "rb") as f:
+            raw = f.read()
+    except (OSError, ValueError):
+        return None
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0")[:-1]] if raw else None
 
 
-def _write():
-    """Write the buffered records in one append. On failure the batch is dropped (memory stays bounded)."""
-    global _buf, _buf_since, _rank, _path
+def _proc_stat(pid):
+    """(parent pid, start time in clock ticks since boot) of process `pid` from /proc, or None."""
+    try:
+        with open("%s/%d/stat" % (_PROC, pid), "rb") as f:
+            raw = f.read()
+        fields = raw[raw.rindex(b")") + 2:].split()     # the name in parentheses may hold spaces and ")"
+        return int(fields[1]), int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _is_mp_child(argv):
+    """Whether this command line is a process that Python's multiprocessing started (spawn or forkserver), or one
+    that sglang renamed: sglang starts its schedulers (one per rank) and its data-parallel controller with spawn,
+    and each then renames itself with setproctitle ("sglang::scheduler_TP0", "sglang::data_parallel_controller",
+    sglang/srt/managers/scheduler.py), which overwrites the command line that /proc shows."""
+    return bool(argv) and (argv[0].startswith("sglang::") or any("multiprocessing" in a for a in argv))
+
+
+def _launcher(pid):
+    """(pid, start ticks, argv) of the launch process `pid` belongs to: the nearest of itself and its ancestors
+    that multiprocessing did not start, sglang did not rename, and that is not a fork of its parent (same command
+    line). Every rank of
+    one server launch, however deep, finds the same process; another launch (a new process, or the same pid
+    reused later) has another pid or start time. Without /proc: this process, start 0, argv unknown."""
+    argv = _proc_cmdline(pid)
+    st = _proc_stat(pid)
+    if argv is None or st is None:
+        return pid, 0, list(sys.argv)
+    for _ in range(64):
+        ppid = st[0]
+        if ppid <= 1:
+            break
+        pargv = _proc_cmdline(ppid)
+        pst = _proc_stat(ppid)
+        if pargv is None or pst is None or not (_is_mp_child(argv) or argv == pargv):
+            break
+        pid, argv, st = ppid, pargv, pst
+    return pid, st[1], argv
+
+
+def _flags_of(argv):
+    """The `--speculative-*` options of a launch command line, `{name: value}` (a bare flag: true)."""
+    flags = {}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        i += 1
+        if not a.startswith("--speculative-"):
+            continue
+        name, eq, value = a[2:].partition("=")
+        if eq:
+            flags[name] = value
+        elif i < len(argv) and not argv[i].startswith("--"):
+            flags[name] = argv[i]
+            i += 1
+        else:
+            flags[name] = True
+    return flags
+
+
+def _redacted(argv):
+    """`argv` with the value of every option named like a secret replaced by "***"."""
+    out = []
+    hide = False
+    for a in argv:
+        if hide and not a.startswith("--"):
+            out.append("***")
+            hide = False
+            continue
+        hide = False
+        if a.startswith("--") and any(w in a.lower() for w in _SECRET_WORDS):
+            name, eq, _ = a.partition("=")
+            if eq:
+                a = name + "=***"
+            else:
+                hide = True
+        out.append(a)
+    return out
+
+
+def _run_of():
+    """(run id, header fields) of this process: the id is `<host>-<launcher pid>-<launcher start ticks>-<8 hex
+    digits of the configuration>`, the same in every rank of one launch with one configuration."""
+    global _run
+    if _run is None:
+        lpid, ticks, argv = _launcher(os.getpid())
+        cfg = json.dumps([_cfg.get("mode"), sorted(_cfg.get("timers", {}).items()), _cfg.get("every")])
+        digest = 0
+        for ch in cfg.encode("utf-8"):          # FNV-1a: stable across processes (str hash() is salted)
+            digest = ((digest ^ ch) * 0x01000193) & 0xFFFFFFFF
+        rid = "%s-%d-%d-%08x" % (_host, lpid, ticks, digest)
+        _run = (rid, {"timer": _mode, "flags": _flags_of(argv), "launcher": lpid, "argv": _redacted(argv)})
+    return _run
+
+
+def _header_line(pid, rank):
+    """The run header written first whenever this process opens its log file."""
+    rid, fields = _run_of()
+    h = {"v": 1, "kind": "run", "run": rid, "t": round(_wall(), 6), "host": _host, "pid": pid, "rank": rank}
+    h.update(fields)
+    return json.dumps(h) + "\n"
+
+
+def _open_in(path, name):
+    """An fd appending to `name` in directory `path`, made (0700) when missing. Raises _Unsafe when the directory
+    is a link, not a directory, not ours or writable by group/others, or the file is a link or not a regular
+    file; OSError when it cannot be made or opened."""
+    if not os.path.lexists(path):
+        try:
+            os.makedirs(path, 0o700)
+            os.chmod(path, 0o700)       # only when we made it; makedirs' mode is subject to the umask
+        except FileExistsError:
+            pass                        # made by another rank meanwhile: checked below like any other
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        dfd = os.open(path, flags)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _Unsafe("a link or not a directory")
+        raise
+    try:
+        st = os.fstat(dfd)
+        uid = os.geteuid() if _EUID is None else _EUID
+        if not stat.S_ISDIR(st.st_mode):
+            raise _Unsafe("not a directory")
+        if st.st_uid != uid:
+            raise _Unsafe("owned by uid %d, not %d" % (st.st_uid, uid))
+        if st.st_mode & 0o022:
+            raise _Unsafe("writable by group or others (mode %o)" % stat.S_IMODE(st.st_mode))
+        try:
+            lst = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            lst = None
+        if lst is not None and not stat.S_ISREG(lst.st_mode):
+            raise _Unsafe("%s is a link or not a regular file" % name)
+        # O_NONBLOCK: a FIFO planted between the check and the open must not block the open.
+        fflags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+                  | getattr(os, "O_NONBLOCK", 0))
+        try:
+            fd = os.open(name, fflags, 0o600, dir_fd=dfd)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENXIO):
+                raise _Unsafe("%s is a link or not a regular file" % name)
+            raise
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise _Unsafe("%s is not a regular file" % name)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+    finally:
+        os.close(dfd)
+
+
+def _open_log(name):
+    """An fd appending to this process's log file: in the configured directory, else (once it is found unsafe
+    or unusable) in a private directory made for the purpose, said once on stderr."""
+    global _dir_in_use, _fallback
+    if _fallback is None:
+        try:
+            fd = _open_in(_log_dir, name)
+            _dir_in_use = _log_dir
+            return fd
+        except (OSError, _Unsafe) as e:
+            why = str(e) if isinstance(e, _Unsafe) else (e.strerror or str(e))
+            _fallback = tempfile.mkdtemp(prefix="eaglepatch-")
+            _stderr("[eaglepatch] not writing timing records to %s (%s): writing them to %s instead\n"
+                    % (_log_dir, why, _fallback))
+    _dir_in_use = _fallback
+    return _open_in(_fallback, name)
+
+
+def _append(fd, data, size):
+    """Write `data` (whole lines) at the end of the file, `size` bytes long. On a failed or short write, cut the
+    file back to its last whole line and return the number of lines lost; else 0."""
+    global _torn
+    done = 0
+    try:
+        view = memoryview(data)
+        while done < len(data):
+            n = os.write(fd, view[done:])
+            if n <= 0:
+                raise OSError(errno.EIO, "write returned %r" % (n,))
+            done += n
+        return 0
+    except OSError:
+        try:
+            done = os.fstat(fd).st_size - size      # what reached the file, whatever the failed call reported
+        except OSError:
+            pass
+        keep = data.rfind(b"\n", 0, max(0, done)) + 1
+        try:
+            os.ftruncate(fd, size + keep)
+        except OSError:
+            _torn = keep != done            # the next batch starts on a new line
+        _error("write")
+        return data.count(b"\n", keep)     # (one too many when the batch began with a newline: see _torn)
+
+
+def _write_buffered():
+    """Write all buffered records in one append (writer thread, or flush without one)."""
+    global _buf, _buf_since, _rank, _path, _torn, _fd
     pid = os.getpid()
     if pid != _pid:
         _after_fork_child()     # the buffer is the parent's: it writes it itself
@@ -800,104 +1279,257 @@ def _write():
         _buf = []
         _buf_since = None
     with _wlock:
-        if _rank is None:
-            _rank = _detect_rank()
-        if _path is None:
-            _path = os.path.join(_log_dir, "%s-%d-rank%d.jsonl" % (_host, pid, _rank))
-        head = '{"v": 1, "t": '
-        mid = ', "host": %s, "pid": %d, "rank": %d, ' % (_q(_host), pid, _rank)
-        data = "".join([head + ("%.6f" % t) + mid + tail for t, tail in lines]).encode("utf-8")
-        _ensure_dir(_log_dir)
-        fd = os.open(_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-        finally:
-            os.close(fd)
-
-
-def _flusher_main(stop):
-    """Idle flush: writes records older than flush_seconds when no cycle comes to do it. No CUDA calls here
-    (a thread of its own has no device set; events are read on the worker's thread or at exit)."""
-    # Waking four times per flush_seconds bounds how late a quiet server's last records reach the disk at
-    # 1.25 x flush_seconds (bench waits for them), at the cost of a wake-up every half second.
-    while not stop.wait(max(0.05, min(_flush_seconds / 4.0, 1.0))):
-        try:
-            since = _buf_since
-            if since is not None and _perf() - since >= _flush_seconds:
-                _write()
+            if _rank is None:
+                _rank = _detect_rank()
+            name = "%s-%d-rank%d.jsonl" % (_host, pid, _rank)
+            rid = _run_of()[0]
+            mid = (', "host": %s, "pid": %d, "rank": %d, "run": %s, ' % (_q(_host), pid, _rank, _q(rid))
+                   ).replace("%", "%%")
+            fmt = '{"v": 1, "t": %.6f' + mid + "%s"
+            fmt_lost = '{"v": 1, "t": %.6f' + mid + '"dropped": %d, %s'
+            data = "".join([(fmt_lost % (t, lost, tail)) if lost else (fmt % (t, tail))
+                            for t, tail, lost in lines]).encode("utf-8")
+            if _torn:
+                data = b"\n" + data
+            # The file stays open between batches (a batch is then two system calls, each a GIL hand-over);
+            # it is opened again once it has been deleted (a cleaned-up log dir) or a write failed.
+            fd = _fd
+            st = None
+            if fd is not None:
+                st = os.fstat(fd)
+                if st.st_nlink == 0:
+                    _close_log()
+                    fd = None
+            if fd is None:
+                fd = _fd = _open_log(name)
+                _path = os.path.join(_dir_in_use, name)
+                st = os.fstat(fd)
+                head = _header_line(pid, _rank).encode("utf-8")
+                data = head + data if data[:1] != b"\n" else b"\n" + head + data[1:]
         except Exception:
+            _close_log()
+            _lose(len(lines), sum(x[2] for x in lines))
             _error("flush")
+            return
+        lost = min(_append(fd, data, st.st_size), len(lines))
+        if lost:
+            _close_log()
+            _lose(lost, sum(x[2] for x in lines[-lost:]))
+        else:
+            _torn = False
 
 
-def _start_flusher():
-    global _flusher, _flusher_stop
-    stop = threading.Event()
-    t = threading.Thread(target=_flusher_main, args=(stop,), name="eaglepatch-flush")
+def _close_log():
+    global _fd
+    fd = _fd
+    _fd = None
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _due():
+    n = len(_buf)
+    if not n:
+        return False
+    since = _buf_since
+    return n >= _flush_records or (since is not None and _mono() - since >= _flush_seconds)
+
+
+def _service():
+    """One round of the writer's work: resolve the waiting cycles that are done (query only) once the worker is
+    quiet, write the buffer when it is due, print what is queued for stderr."""
+    if _pending and _mono() - _last_end >= _QUIET_SECONDS:
+        _resolve_pending(None, False)
+    if _due():
+        _write_buffered()
+    if _msgs:
+        _print_msgs()
+
+
+def _drain(deadline, final):
+    """Everything now: wait (by query, until `deadline`) for the waiting cycles, write all, print all."""
+    if _pending:
+        _resolve_pending(deadline, final)
+    if _buf:
+        _write_buffered()
+    if _msgs:
+        _print_msgs()
+
+
+def _writer_main(me):
+    """The background writer. It writes the buffer when due, prints what is queued, and resolves the cycles still
+    waiting for their events once the worker has been quiet for _QUIET_SECONDS (a busy worker resolves its own:
+    event queries from this thread would cost it a GIL hand-over each). While cycles wait (and _LINGER_SECONDS
+    after) it looks at them on a timer; otherwise it sleeps until the next batch falls due or, with nothing to
+    do, until woken (a record buffered, a cycle queued, flush_records reached, a message, a flush request). It
+    never busy-polls, and a busy worker does not wake it cycle after cycle."""
+    global _flush_ack, _writer_idle
+    me = me[0]
+    handled = _flush_ack
+    busy = -_LINGER_SECONDS
+    while _writer is me:
+        now = _mono()
+        timeout = None
+        if _msgs or _flush_req != handled or len(_buf) >= _flush_records:
+            timeout = 0
+        elif _pending:
+            busy = now
+            timeout = max(_POLL_SECONDS, _last_end + _QUIET_SECONDS - now)
+        elif now - busy < _LINGER_SECONDS:
+            timeout = _QUIET_SECONDS    # more cycles are likely: keep looking rather than be woken for each
+        if _buf and timeout != 0:
+            since = _buf_since
+            if since is not None:
+                left = max(0.0, since + _flush_seconds - now)
+                timeout = left if timeout is None else min(timeout, left)
+        if timeout is not None and (timeout == 0 or _pending or now - busy < _LINGER_SECONDS):
+            if timeout > 0:
+                _wake.wait(timeout)     # looking at the waiting cycles on a timer: a worker need not wake us
+        else:
+            _writer_idle = True         # first say so, then look again: work queued meanwhile wakes us
+            if not (_pending or _msgs or _flush_req != handled or len(_buf) >= _flush_records
+                    or (_buf and timeout is None)):
+                _wake.wait(timeout)
+            _writer_idle = False
+        _wake.clear()
+        if _writer is not me:
+            return
+        try:
+            req = _flush_req
+            if req != handled:
+                handled = req
+                until, final = _flush_until, _flush_final
+                try:
+                    # Leave part of the time for the write itself: the caller stops waiting at `until`.
+                    _drain(until - min(0.5, max(0.0, until - _mono()) / 4.0), final)
+                finally:
+                    cv = _cv
+                    with cv:
+                        if _writer is me and req > _flush_ack:
+                            _flush_ack = req
+                        cv.notify_all()
+            else:
+                _service()
+        except Exception:
+            _error("writer", direct=True)
+            time.sleep(0.01)    # a persistent failure must not spin
+
+
+def _start_writer():
+    global _writer
+    box = []                    # the thread's own object is its identity (configure and fork replace it)
+    t = threading.Thread(target=_writer_main, args=(box,), name="eaglepatch-writer")
     t.daemon = True
-    _flusher_stop = stop
-    _flusher = t
-    t.start()
+    box.append(t)
+    _writer = t
+    try:
+        t.start()
+    except Exception:           # no thread at interpreter shutdown: flush() works inline
+        _writer = None
+        raise
 
 
-def _stop_flusher():
-    global _flusher, _flusher_stop
-    stop, t = _flusher_stop, _flusher
-    _flusher = None
-    _flusher_stop = None
-    if stop is not None:
-        stop.set()
-    if t is not None and t is not threading.current_thread():
+def _stop_writer():
+    """Let the writer thread go (it ends at its next wake-up) without writing; waits for it at most 1 s.
+    Returns whether it is still running (stuck)."""
+    global _writer
+    t = _writer
+    _writer = None
+    _wake.set()
+    if t is not None and t is not threading.current_thread() and t.is_alive():
         t.join(1.0)
+        return t.is_alive()
+    return False
+
+
+_stop_flusher = _stop_writer    # the name tests and tools used before the writer thread existed
+
+
+def _flush(final):
+    """Have the writer drain everything, waiting for it at most exit_seconds (by then, with `final`, cycles
+    whose events are still not done are dropped); without a writer thread, drain on this thread."""
+    global _flush_req, _flush_until, _flush_final
+    deadline = _mono() + _exit_seconds
+    t = _writer
+    if t is None and _WRITER_THREAD and (_buf or _pending or _msgs):
+        try:
+            _start_writer()
+            t = _writer
+        except Exception:
+            t = None
+    if t is None or not t.is_alive() or t is threading.current_thread():
+        _drain(deadline, final)
+        return True
+    cv = _cv
+    with cv:
+        _flush_req += 1
+        req = _flush_req
+        _flush_until = deadline
+        _flush_final = final
+    _wake.set()
+    with cv:
+        while _flush_ack < req and _writer is t:
+            left = deadline - _mono()
+            if left <= 0 or not t.is_alive():
+                break
+            cv.wait(min(left, 0.05))
+        done = _flush_ack >= req
+    if not done and not t.is_alive() and _writer is t:
+        _drain(deadline, final)             # the writer died: do it here
+        return True
+    return done
 
 
 def _after_fork_child():
-    """In a forked child: forget the parent's buffer, file, rank, events, locks and flusher thread."""
-    global _pid, _buf, _buf_since, _pending, _pool, _pinned, _streams, _rank, _path, _lock, _wlock, _plock
-    global _flusher, _flusher_stop, _win, _win_n
-    _pid = os.getpid()
-    _buf = []
-    _buf_since = None
-    _pending = deque()
-    _pool = []
-    _pinned = {}
-    _streams = {}
-    _rank = None
-    _path = None
-    _lock = threading.Lock()
-    _wlock = threading.Lock()
-    _plock = threading.RLock()
-    _flusher = None
-    _flusher_stop = None
-    _win = {}
-    _win_n = 0
+    """In a forked child: forget the parent's buffer, file, rank, events, locks and writer thread."""
+    global _pid
+    cfg_pid = os.getpid()
+    _close_log()            # the parent's file: no writer thread survives a fork, so no one is writing to it
+    _reset()
+    _pid = cfg_pid
 
 
 def _at_exit():
-    flush()
-    if _errors:
-        try:
-            sys.stderr.write("[eaglepatch] %d internal error(s) in pid %d; timing records may be missing\n"
-                             % (_errors, os.getpid()))
-        except Exception:
-            pass
+    done = True
+    try:
+        done = _flush(True)
+    except Exception:
+        _error("flush", direct=True)
+    if not done:
+        # The writer is stuck (a hung disk): what it still holds is lost.
+        _lose(len(_buf) + len(_pending))
+    try:
+        if _dropped:
+            _stderr("[eaglepatch] %d timing record(s) dropped in pid %d (the log writer fell behind, a write "
+                    "failed, or events were not done at exit%s)\n"
+                    % (_dropped, os.getpid(), "" if done else "; the writer was still stuck at exit"))
+        if _errors:
+            _stderr("[eaglepatch] %d internal error(s) in pid %d; timing records may be missing\n"
+                    % (_errors, os.getpid()))
+    except Exception:
+        pass
 
 
 def _stats():
     """For tests and tools: what the runtime holds now."""
     return {"errors": _errors, "buffered": len(_buf), "pending": len(_pending), "records": _records,
-            "timer": _timer_name if _kind is not None else None, "path": _path, "config": dict(_cfg)}
+            "dropped": _dropped, "timer": _timer_name, "path": _path, "log_dir": _dir_in_use,
+            "capture_relaxed": _capture_relaxed, "config": dict(_cfg)}
 
 
+_reset()
 try:
-    configure()
-except Exception:  # a bad _CONFIG line must not break the server's import
-    _error("configure")
+    _set_config(_load_config({}))
+except Exception:  # pragma: no cover - _load_config does not raise; belt and braces for a server's import
+    _set_config(dict(_DEFAULTS))
+    _error("configure", direct=True)
 try:
     atexit.register(_at_exit)
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork_child)
 except Exception:
-    _error("configure")
+    _error("configure", direct=True)
