@@ -24,8 +24,14 @@ import functools
 import sys
 from pathlib import Path
 
-# Oldest first. 0.5.23 is the newest release on PyPI when this list was last extended.
-PINNED = ["0.4.6", "0.4.10.post2", "0.5.3", "0.5.6", "0.5.10", "0.5.12", "0.5.16", "0.5.21", "0.5.23"]
+# Oldest first. 0.4.1.post4 is the oldest release on PyPI with an EAGLE worker (0.4.1.post3 and older have no
+# sglang/srt/speculative/eagle_worker.py); 0.5.23 is the newest release on PyPI when this list was last extended.
+# Between 0.4.1.post4 and 0.4.6 each release where the worker's shape changes is pinned: 0.4.1.post5 (the decode
+# draft extend renamed forward_draft_extend_after_decode; verify returns accept_length_cpu), 0.4.2.post2 (one
+# self.draft(...) call instead of a loop of forward_draft_decode steps), 0.4.3.post3 (forward_target_extend: the
+# first release whose prefill target forward the recipe times; no with blocks and no idle path yet).
+PINNED = ["0.4.1.post4", "0.4.1.post5", "0.4.2.post2", "0.4.3.post3", "0.4.6", "0.4.10.post2", "0.5.3", "0.5.6",
+          "0.5.10", "0.5.12", "0.5.16", "0.5.21", "0.5.23"]
 
 REPO = Path(__file__).resolve().parent.parent
 ENTRY_NAMES = ("forward_batch_generation", "forward_batch_speculative_generation")

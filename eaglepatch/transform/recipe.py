@@ -8,6 +8,7 @@ or must not be present), and the per-cycle facts (accepted tokens) read after a 
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from importlib import resources
 from pathlib import Path
@@ -22,15 +23,25 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 PHASES = ("target", "draft_extend", "draft", "verify")
 MODES = ("prefill", "decode")
+TIMERS = ("sync", "events")
+# The names a recipe puts into the lines eaglepatch writes (phases, locals, attributes) and the callees it matches.
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_FROM = re.compile(r"(?:\$|[A-Za-z_][A-Za-z0-9_]*)\Z")
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 
 @dataclasses.dataclass(frozen=True)
 class PhaseCall:
-    """One call shape that is a phase: ``call`` is the callee's dotted name, e.g. ``self.draft_worker.draft``."""
+    """One call shape that is a phase: ``calls`` are the callee's dotted names, e.g. ``self.draft_worker.draft``
+    (more than one when releases name the same step differently; any one of them is this phase).
+
+    ``required``: a class of the family without this call is refused. When False, a class without it is still
+    instrumented; if no other entry of the same phase and mode was found either, the result lists the phase as
+    missing (a warning: records of that mode carry no such phase)."""
 
     name: str
     mode: str
-    call: str
+    calls: tuple[str, ...]
     with_kwargs: tuple[str, ...] = ()
     without_kwargs: tuple[str, ...] = ()
     required: bool = True
@@ -63,6 +74,7 @@ class Family:
     helpers: tuple[str, ...] = ()
     phases: tuple[PhaseCall, ...] = ()
     facts: tuple[Fact, ...] = ()
+    timer: str = "sync"  # what ``--mode auto`` times this family with: "sync" or "events"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,9 +133,9 @@ def _tables(data: dict[str, Any], key: str, where: str, header: str) -> list[dic
     raise UsageError(f"{where}: '{key}' must be an array of tables ([[{header}]]), not {value!r}: {_SEE}")
 
 
-def _str(data: dict[str, Any], key: str, where: str, default: str | None = None) -> str | None:
-    """``data[key]`` as a string (``default`` when absent); a value of another type is a UsageError."""
-    value = data.get(key, default)
+def _str(data: dict[str, Any], key: str, where: str) -> str | None:
+    """``data[key]`` as a string (None when absent); a value of another type is a UsageError."""
+    value = data.get(key)
     if value is None or isinstance(value, str):
         return value
     raise UsageError(f"{where}: '{key}' must be a string, not {value!r}: {_SEE}")
@@ -134,6 +146,14 @@ def _bool(data: dict[str, Any], key: str, where: str, default: bool) -> bool:
     if isinstance(value, bool):
         return value
     raise UsageError(f"{where}: '{key}' must be true or false, not {value!r}: {_SEE}")
+
+
+def _names(values: tuple[str, ...], where: str, pattern: re.Pattern[str], what: str) -> tuple[str, ...]:
+    """``values``, each checked against ``pattern`` (they are written into the worker file or matched as code)."""
+    for v in values:
+        if not pattern.match(v):
+            raise UsageError(f"{where}: {v!r} is not {what}: {_SEE}")
+    return values
 
 
 def _int(data: dict[str, Any], key: str, where: str, default: int) -> int:
@@ -156,11 +176,19 @@ def parse_recipe(data: dict[str, Any], source: str) -> Recipe:
             raise UsageError(f"{where}: 'name' must be a string, not {name!r}: {_SEE}")
         classes = _strs(fam["classes"], f"{where} classes")
         entry = _strs(fam["entry"], f"{where} entry")
+        timer = fam.get("timer", "sync")
+        if timer not in TIMERS:
+            raise UsageError(f"{where}: timer must be one of {', '.join(TIMERS)}, not {timer!r}: {_SEE}")
         phases = []
         for j, ph in enumerate(_tables(fam, "phase", where, "family.phase")):
             pw = f"{where} phase #{j + 1}"
-            if not isinstance(ph.get("name"), str) or not isinstance(ph.get("call"), str):
-                raise UsageError(f"{pw}: needs string fields 'name' and 'call': {_SEE}")
+            call = ph.get("call")
+            if not isinstance(ph.get("name"), str) or not (
+                isinstance(call, str) or (isinstance(call, list) and call and all(isinstance(c, str) for c in call))
+            ):
+                raise UsageError(f"{pw}: needs a string field 'name' and 'call' (a string or a list of strings): "
+                                 f"{_SEE}")
+            _names((ph["name"],), pw, _IDENT, "a phase name (letters, digits, _)")
             mode = ph.get("mode", "decode")
             if mode not in MODES:
                 raise UsageError(f"{pw}: mode must be one of {', '.join(MODES)}, not {mode!r}: {_SEE}")
@@ -168,7 +196,8 @@ def parse_recipe(data: dict[str, Any], source: str) -> Recipe:
                 PhaseCall(
                     name=ph["name"],
                     mode=mode,
-                    call=ph["call"],
+                    calls=_names((call,) if isinstance(call, str) else tuple(call), pw, _DOTTED,
+                                 "a dotted name (self.draft)"),
                     with_kwargs=_strs(ph.get("with_kwargs"), f"{pw} with_kwargs"),
                     without_kwargs=_strs(ph.get("without_kwargs"), f"{pw} without_kwargs"),
                     required=_bool(ph, "required", pw, True),
@@ -182,11 +211,13 @@ def parse_recipe(data: dict[str, Any], source: str) -> Recipe:
             after, after_call = _str(fa, "after", fw), _str(fa, "after_call", fw)
             if (after is None) == (after_call is None):
                 raise UsageError(f"{fw}: give exactly one of 'after' (a phase) or 'after_call' (a callee): {_SEE}")
+            if after_call is not None:
+                _names((after_call,), fw, _DOTTED, "a dotted name (verify_input.verify)")
             facts.append(
                 Fact(
                     name="accepted",
-                    from_=_strs(fa.get("from"), f"{fw} from") or ("$",),
-                    attrs=_strs(fa.get("attrs"), f"{fw} attrs"),
+                    from_=_names(_strs(fa.get("from"), f"{fw} from"), fw, _FROM, "a local name or '$'") or ("$",),
+                    attrs=_names(_strs(fa.get("attrs"), f"{fw} attrs"), fw, _IDENT, "an attribute name"),
                     bonus_per_req=_int(fa, "bonus_per_req", fw, 0),
                     after=after,
                     after_call=after_call,
@@ -201,12 +232,13 @@ def parse_recipe(data: dict[str, Any], source: str) -> Recipe:
                 helpers=_strs(fam.get("helpers"), f"{where} helpers"),
                 phases=tuple(phases),
                 facts=tuple(facts),
+                timer=timer,
             )
         )
     unsupported = tuple(
         Unsupported(
             classes=_strs(u.get("classes"), f"{source}: unsupported #{k + 1} classes"),
-            reason=_str(u, "reason", f"{source}: unsupported #{k + 1}", "") or "",
+            reason=_str(u, "reason", f"{source}: unsupported #{k + 1}") or "",
         )
         for k, u in enumerate(_tables(data, "unsupported", source, "unsupported"))
     )

@@ -8,6 +8,7 @@ transform finds what ``EXPECTED`` says, per release, file and class.
 ``EXPECTED`` was read off the files themselves (the entry method's branches, its ``with`` blocks, the helpers that
 hold the prefill path from 0.5.21, the pipeline-parallel tail draft, NGRAM's lookup/verify/accept steps) and is
 frozen here: a change of what the transform finds on a real file is a change to review, not to accept silently.
+Every pinned release, from 0.4.1.post4 (the oldest on PyPI with an EAGLE worker), gets its decode phases timed.
 Collecting these tests needs no network; the download happens (once per cache) when a test runs.
 """
 
@@ -27,12 +28,14 @@ pytestmark = pytest.mark.real
 @dataclasses.dataclass(frozen=True)
 class Supported:
     """A class the transform instruments: its entry method, the distinct phases found (sorted), the number of
-    phase call sites (entry method and helpers together), and whether it reads the accepted-token count."""
+    phase call sites (entry method and helpers together), whether it reads the accepted-token count, and the
+    optional phases of the recipe it lacks (listed as missing, with a warning)."""
 
     method: str
     phases: list[str]
     sites: int
     accepted: bool
+    missing: tuple[str, ...] = ()
 
 
 INHERITS = "inherits"  # no entry method of its own: timed through its base class's instrumented method
@@ -41,6 +44,16 @@ UNSUPPORTED = "unsupported"  # listed by `show` with the recipe's reason, never 
 _ALL4 = ["draft", "draft_extend", "target", "verify"]
 V1 = Supported("forward_batch_generation", _ALL4, sites=5, accepted=True)
 V1_OLD = Supported("forward_batch_speculative_generation", _ALL4, sites=5, accepted=True)  # up to 0.5.1
+# Up to 0.4.3.post2 the prefill target forward is a plain self.target_worker.forward_batch_generation(...) (the call
+# later releases make on their idle path): not timed, listed as missing. 0.4.1.post4: the draft is a loop of
+# self.forward_draft_decode(batch) steps, the decode draft extend self.forward_extend_after_decode(batch), and
+# verify's tuple holds no accept counts; 0.4.1.post5: forward_draft_extend_after_decode, and verify's tuple holds
+# accept_length_cpu; 0.4.2.post2: one self.draft(batch) call.
+_NO_TARGET = ["draft", "draft_extend", "verify"]
+V1_LOOP = Supported("forward_batch_speculative_generation", _NO_TARGET, sites=4, accepted=False,
+                    missing=("prefill target",))
+V1_NO_TARGET = Supported("forward_batch_speculative_generation", _NO_TARGET, sites=4, accepted=True,
+                         missing=("prefill target",))
 V2 = Supported("forward_batch_generation", _ALL4, sites=5, accepted=True)
 # 0.5.21+: draft / verify / draft extend in the entry method, plus the pipeline-parallel tail draft
 # (with_topology=True); target + draft extend in _forward_prefill_batch; draft, verify and draft extend of a
@@ -51,6 +64,18 @@ V2_HELPERS = Supported("forward_batch_generation", _ALL4, sites=9, accepted=True
 NGRAM = Supported("forward_batch_generation", ["draft", "target", "verify"], sites=3, accepted=True)
 
 EXPECTED: dict[str, dict[str, dict[str, object]]] = {
+    "0.4.1.post4": {
+        "eagle_worker.py": {"EAGLEWorker": V1_LOOP},
+    },
+    "0.4.1.post5": {
+        "eagle_worker.py": {"EAGLEWorker": V1_NO_TARGET},
+    },
+    "0.4.2.post2": {
+        "eagle_worker.py": {"EAGLEWorker": V1_NO_TARGET},
+    },
+    "0.4.3.post3": {
+        "eagle_worker.py": {"EAGLEWorker": V1_OLD},
+    },
     "0.4.6": {
         "eagle_worker.py": {"EAGLEWorker": V1_OLD},
     },
@@ -160,10 +185,12 @@ def _added_lines(original: str, new: str) -> list[str]:
 
 
 def test_pinned_releases_include_the_required_ones():
-    """The issue pins at least these releases (and the newest on PyPI, 0.5.23 when this was written)."""
-    required = ["0.4.6", "0.4.10.post2", "0.5.3", "0.5.6", "0.5.10", "0.5.12", "0.5.16", "0.5.23"]
+    """The issue pins at least these releases (and the newest on PyPI, 0.5.23 when this was written), and the
+    oldest release on PyPI with an EAGLE worker, 0.4.1.post4 (0.4.1.post3 and older have no eagle_worker.py)."""
+    required = ["0.4.1.post4", "0.4.6", "0.4.10.post2", "0.5.3", "0.5.6", "0.5.10", "0.5.12", "0.5.16", "0.5.23"]
     assert set(required) <= set(sglang_releases.PINNED)
     assert set(EXPECTED) == set(sglang_releases.PINNED)
+    assert sglang_releases.PINNED[0] == "0.4.1.post4"
 
 
 @pytest.mark.parametrize("version", sglang_releases.PINNED)
@@ -196,7 +223,8 @@ def test_finds_the_expected_phases(sglang_release, recipe, version, rel):
     got: dict[str, object] = {}
     for w in res.workers:
         if w.status == "supported":
-            got[w.cls] = Supported(w.method, sorted({p.phase for p in w.phases}), len(w.phases), bool(w.facts))
+            got[w.cls] = Supported(w.method, sorted({p.phase for p in w.phases}), len(w.phases), bool(w.facts),
+                                   w.missing)
         else:
             got[w.cls] = w.status
             assert w.reason, f"{w.cls}: a class that is not instrumented needs a reason for `show`"
@@ -251,3 +279,64 @@ def test_crlf_copy_instruments_the_same_way(sglang_release, recipe, version, rel
     if isinstance(res, Instrumented):
         assert res.source == lf_res.source.replace("\n", "\r\n")
         assert strip(res.source) == crlf
+
+
+# The decode phases of each family, and where the release has a decode draft extend (NGRAM never does).
+DECODE = {"eagle-v1": {"draft", "verify", "draft_extend"}, "eagle-v2": {"draft", "verify", "draft_extend"},
+          "ngram": {"draft", "verify"}}
+
+
+@pytest.mark.parametrize("version", sglang_releases.PINNED)
+def test_every_pinned_release_gets_its_decode_phases_timed(sglang_release, recipe, version):
+    """Every pinned release has at least one EAGLE worker the transform instruments, and each instrumented class
+    has all its decode phases (draft, verify, and draft extend where the family has it) bracketed: the line after
+    each decode begin starts the phase statement, whose lines hold the callee, followed by its end."""
+    instrumented = 0
+    for rel, classes in EXPECTED[version].items():
+        src, res = _instrumented(sglang_release, recipe, version, rel)
+        if not isinstance(res, Instrumented):
+            continue
+        out = res.source.splitlines()
+        lines = src.splitlines()
+        for w in res.workers:
+            if w.status != "supported":
+                continue
+            instrumented += 1
+            decode = [p for p in w.phases if p.mode == "decode"]
+            assert {p.phase for p in decode} == DECODE[w.family], (rel, w.cls)
+            for p in decode:
+                stmt = lines[p.line - 1: p.end_line]
+                at = next(i for i in range(len(out)) if out[i + 1: i + 1 + len(stmt)] == stmt
+                          and out[i].strip() == f'_eaglepatch.begin("{p.phase}", "decode")  {MARKER}')
+                assert p.call.rsplit(".", 1)[-1] + "(" in "".join(stmt).replace(" ", "")
+                if p.form == "statement":
+                    assert out[at + 1 + len(stmt)].strip() == f'_eaglepatch.end("{p.phase}")  {MARKER}'
+    assert instrumented >= 1
+    assert any(f.startswith("eagle_worker") for f in EXPECTED[version])
+
+
+@pytest.mark.parametrize("version", ["0.4.1.post4", "0.4.1.post5", "0.4.2.post2"])
+def test_a_release_without_the_prefill_target_call_says_so(sglang_release, recipe, version):
+    """Up to 0.4.3.post2 the prefill target forward has no shape of its own (the optional target phase): the file
+    is instrumented with what is found, and the result says prefill records carry no target phase (a warning
+    for apply and show). The prefill draft extend is still timed, so those cycles are still prefill cycles."""
+    src, res = _instrumented(sglang_release, recipe, version, "eagle_worker.py")
+    assert isinstance(res, Instrumented)
+    (w,) = res.workers
+    assert w.missing == ("prefill target",)
+    assert ("eagle_worker.py: prefill target: not found in EAGLEWorker.forward_batch_speculative_generation of this "
+            "release: prefill records carry no target phase") in res.warnings
+    assert [(p.phase, p.call) for p in w.phases if p.mode == "prefill"] == [("draft_extend", "self.forward_draft_extend")]
+
+
+@pytest.mark.parametrize("version", ["0.4.1.post4", "0.4.1.post5"])
+def test_the_draft_loop_of_the_oldest_releases_is_timed_step_by_step(sglang_release, recipe, version):
+    """Before 0.4.2.post2 the draft is ``for i in range(speculative_num_steps): self.forward_draft_decode(batch)``:
+    begin/end go inside the loop, around each step, so the steps accumulate into one draft phase and the loop's
+    own bookkeeping stays out."""
+    src, res = _instrumented(sglang_release, recipe, version, "eagle_worker.py")
+    assert isinstance(res, Instrumented)
+    assert ("            for i in range(self.server_args.speculative_num_steps):\n"
+            '                _eaglepatch.begin("draft", "decode")  # [eaglepatch]\n'
+            "                self.forward_draft_decode(batch)\n"
+            '                _eaglepatch.end("draft")  # [eaglepatch]\n') in res.source

@@ -784,12 +784,16 @@ def test_a_tab_indented_class_after_a_statement(recipe):
         in res.source
 
 
-def test_calls_are_found_in_source_order_as_a_visitor_finds_them():
-    """``_calls_in`` walks the nodes' fields itself: the same calls as a CSTVisitor, in the same (source) order,
-    none inside a lambda, a nested def or class; ``a if b else c`` in that order though its fields say b, a, c."""
+def test_calls_are_found_in_source_order_as_a_visitor_finds_them(monkeypatch):
+    """``_positions`` walks the nodes' fields itself: the same calls as a CSTVisitor, in the same (source) order,
+    including those inside lambdas, comprehensions, nested defs and classes, each with why it may not run once
+    with its statement; ``a if b else c`` in that order though its fields say b, a, c."""
     import libcst as cst
 
-    from eaglepatch.transform.engine import _calls_in
+    from eaglepatch.transform import engine
+    from eaglepatch.transform.engine import _positions
+
+    monkeypatch.setattr(engine, "_FIELDS", {})  # the fields of each node type, computed afresh for this test
 
     class Visitor(cst.CSTVisitor):
         def __init__(self):
@@ -799,27 +803,28 @@ def test_calls_are_found_in_source_order_as_a_visitor_finds_them():
         def visit_Call(self, n):
             self.found.append(n)
 
-        def visit_Lambda(self, n):
-            return False
-
-        def visit_FunctionDef(self, n):
-            return False
-
-        def visit_ClassDef(self, n):
-            return False
-
     src = ("x = a(b(c), k=d()) if e(f) else g[h()]((lambda: i()), *j(), **k())\n"
            "y: T[m()] = [n(o) for p in q() if r()] + {s(): t() for u in v()}\n"
            "z = f'{w()!r:{x()}}' and (yield aa()) or not bb(cc := dd())\n"
            "del ee()[ff()]; assert gg(), hh()\n"
-           "with ii() as jj, kk(): pass\n")
+           "with ii() as jj, kk(): pass\n"
+           "@dec(xx())\ndef ll(a=yy(), /, p=mm(), *q, r=zz()) -> ww():\n    return nn()\n"
+           "class oo(pp()):\n    qq = rr()\n")
     module = cst.parse_module(src)
-    names = []
+    found = []
     for stmt in module.body:
         v = Visitor()
         stmt.visit(v)
-        ours = _calls_in(stmt)
-        assert [id(c) for c in ours] == [id(c) for c in v.found]
-        names += [module.code_for_node(c.func) for c in ours]
+        ours = _positions(stmt, frozenset(), frozenset()).calls
+        assert [id(c) for c, _why in ours] == [id(c) for c in v.found]
+        found += [(module.code_for_node(c.func), why) for c, why in ours]
+    names = [n for n, _why in found]
     assert names[:5] == ["a", "b", "d", "e", "g[h()]"]
-    assert "i" not in names  # inside the lambda
+    why = dict(found)
+    assert why["e"] is None and why["b"] and "conditional" in why["b"] and "conditional" in why["i"]
+    assert "lambda" not in why["i"]  # the outermost reason wins: the lambda sits in the else branch
+    assert "annotation" in why["m"] and "comprehension" in why["n"] and "comprehension" in why["q"]
+    assert "f-string" in why["w"] and why["bb"] and "'and'/'or'" in why["bb"]
+    assert why["ee"] is None and why["ii"] is None
+    assert "default argument" in why["mm"] and "defined in the method" in why["nn"]
+    assert "defined in the method" in why["pp"] and "defined in the method" in why["rr"]
