@@ -1,14 +1,18 @@
 """Benchmark ``eaglepatch.report.aggregate()`` against the floor: a bare ``json.loads`` of every line.
 
 Generates (seeded) a realistic timing log of ``--records`` records (default 1,000,000) as two files, one per
-rank, the way the runtime writes them: decode cycles at bs 1/2/4/8 with draft/verify/draft_extend, about 2 %
-prefill cycles (target/draft_extend), gaps of a millisecond or two between cycles and a few idle pauses.
+rank, the way the runtime writes them: a run header line at the top of each file and the run's id in every
+record (one run: both ranks of one launch), decode cycles at bs 1/2/4/8 with draft/verify/draft_extend, about
+2 % prefill cycles (target/draft_extend), gaps of a millisecond or two between cycles and a few idle pauses.
+``--legacy`` writes the older format instead (no header line, no ``"run"``: each file is then a run of its own).
 Then times, median of ``--repeat`` runs each, the two sides interleaved (``ratio`` is the median of the
 per-round ratios, so that a change in the machine's load hits both sides alike):
 
 * ``json_parse_s``: ``for line in open(f): json.loads(line)`` over the same files;
 * ``report_s``: ``aggregate(files)`` (statistics included, no rendering);
 * ``report_by_bs_s`` (once, for information): ``aggregate(files, by="bs")``;
+* ``report_latest_s`` (once, for information): ``aggregate(files, latest=True)`` (what ``report`` does by
+  default: the newest run only);
 * with ``--cli``, ``cli_s``: the whole ``eaglepatch report FILE FILE`` command as a subprocess (interpreter start,
   imports, aggregation and the rendered table, output discarded), in the same interleaved rounds, and
   ``cli_ratio``, the median of its per-round ratios to ``json_parse_s``.
@@ -61,8 +65,12 @@ print(json.dumps({"maxrss_kb": kb}))
 """
 
 
-def generate(folder: str, records: int, seed: int = 1234) -> list[str]:
-    """Write ``records`` records split over two rank files in ``folder``; return the paths."""
+RUN_ID = "20251130T105320-gpu1-4242-3f9c"
+
+
+def generate(folder: str, records: int, seed: int = 1234, legacy: bool = False) -> list[str]:
+    """Write ``records`` records split over two rank files in ``folder``; return the paths. Each file starts
+    with a run header line and every record carries ``"run"`` (one run), unless ``legacy``."""
     rng = random.Random(seed)
     host = "gpu1"
     paths = []
@@ -74,6 +82,14 @@ def generate(folder: str, records: int, seed: int = 1234) -> list[str]:
         t = 1764500000.0 + rank * 0.0003
         buf = []
         with open(path, "w", encoding="utf-8") as f:
+            if not legacy:
+                f.write(json.dumps({
+                    "v": 1, "kind": "run", "run": RUN_ID, "t": round(t - 30.0, 6), "host": host, "pid": pid,
+                    "rank": rank, "timer": "sync",
+                    "flags": {"speculative-algorithm": "EAGLE3", "speculative-num-steps": "3",
+                              "speculative-eagle-topk": "1", "speculative-num-draft-tokens": "4"},
+                    "argv": ["/opt/venv/bin/python", "-m", "sglang.launch_server", "--speculative-algorithm",
+                             "EAGLE3"]}) + "\n")
             for i in range(count):
                 if rng.random() < 0.02:
                     bs = rng.choice((1, 2, 4))
@@ -95,6 +111,8 @@ def generate(folder: str, records: int, seed: int = 1234) -> list[str]:
                            "worker": "EAGLEWorker", "mode": "decode", "bs": bs, "cycle_ms": cyc,
                            "timer": "sync", "phases": {"draft": draft, "verify": verify, "draft_extend": dext},
                            "accepted": acc}
+                if not legacy:
+                    rec["run"] = RUN_ID
                 buf.append(json.dumps(rec))
                 gap = rng.uniform(0.0008, 0.0025)
                 if rng.random() < 0.0005:
@@ -150,13 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--cli", action="store_true", help="also time the whole `eaglepatch report` command")
+    ap.add_argument("--legacy", action="store_true",
+                    help="write the older log format (no run header line, no \"run\" in the records)")
     args = ap.parse_args(argv)
 
     from eaglepatch.report import aggregate
 
     with tempfile.TemporaryDirectory(prefix="bench-report-") as tmp:
         t0 = time.perf_counter()
-        paths = generate(tmp, args.records, args.seed)
+        paths = generate(tmp, args.records, args.seed, args.legacy)
         gen_s = time.perf_counter() - t0
         size = sum(os.path.getsize(p) for p in paths)
         # Warm the page cache once, so neither side pays for the first read.
@@ -174,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         report_s = statistics.median(report_t)
         ratio = statistics.median([r / p for r, p in zip(report_t, parse_t)])
         by_bs_s = timed(lambda: aggregate(paths, by="bs"), 1)
+        latest_s = timed(lambda: aggregate(paths, latest=True), 1)
         result = aggregate(paths)
         base_kb = child_maxrss_kb("import", paths)
         run_kb = child_maxrss_kb("run", paths)
@@ -181,12 +202,15 @@ def main(argv: list[str] | None = None) -> int:
         "records": result.records,
         "skipped_lines": result.skipped_lines,
         "groups": len(result.groups),
+        "runs": len(result.runs),
+        "format": "legacy" if args.legacy else "runs",
         "bytes": size,
         "json_parse_s": round(parse_s, 3),
         "report_s": round(report_s, 3),
         "ratio": round(ratio, 3),
         "peak_mb": round((run_kb - base_kb) / 1024.0, 1),
         "report_by_bs_s": round(by_bs_s, 3),
+        "report_latest_s": round(latest_s, 3),
         "child_maxrss_mb": round(run_kb / 1024.0, 1),
         "baseline_maxrss_mb": round(base_kb / 1024.0, 1),
         "generate_s": round(gen_s, 1),

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import enum
 import json
 import os
 import sys
+import time
 import traceback
 from typing import Any, Callable, List, Optional
 
@@ -20,22 +22,94 @@ from eaglepatch.errors import EaglepatchError, ExitCode, UsageError
 from eaglepatch.ops import actions
 from eaglepatch.ops.core import FactsOptions, RuntimeOptions
 
+EXIT_CODES = (
+    "Exit codes: 0 done (or nothing to do); 1 internal error; 2 usage error (also: an install this user cannot "
+    "write); 3 connection or authentication failure, host key not trusted; 4 not supported (no sglang, no "
+    "recognisable worker); 5 conflict (a file changed since it was read, a lock held by another run); 6 the "
+    "patched file does not compile on the host; 7 restart failed (rolled back; the message says whether that "
+    "worked)."
+)
+
 app = typer.Typer(
-    add_completion=False,
     no_args_is_help=True,
+    rich_markup_mode=None,  # help texts are plain: "[user@]host[:port]" must print as written
     context_settings={"help_option_names": ["-h", "--help"]},
     help="Time the draft, verify and draft-extend phases of SGLang speculative decoding on a live server, "
-    "and put every byte back afterwards.",
+    "and put every byte back afterwards. TARGET is an SSH destination ([user@]host[:port] or a Host of "
+    "~/.ssh/config) or a local path (an sglang install). Docs: README.md and docs/ in the repository.",
+    epilog=EXIT_CODES,
 )
+
+
+class Mode(str, enum.Enum):
+    """--mode: the timer each worker gets."""
+
+    auto = "auto"
+    sync = "sync"
+    events = "events"
+
+
+class By(str, enum.Enum):
+    """report --by."""
+
+    bs = "bs"
+    rank = "rank"
+    host = "host"
+
+
+class _Out:
+    """Where messages go (stderr): ``--quiet`` keeps only warnings and errors; on a terminal, the progress lines
+    of a restart ("waiting for sglang ...") and a sweep ("run k/N ...") share one live status line (rich), elsewhere
+    they are plain lines."""
+
+    # without a terminal, a restart's "waiting for sglang" lines (one per poll) at most this often
+    PLAIN_EVERY_S = 15.0
+
+    def __init__(self) -> None:
+        self.quiet = False
+        self.status: Any = None
+        self.head = ""
+        self.last_wait = 0.0
+
+    def live(self) -> bool:
+        return not self.quiet and sys.stderr.isatty() and not os.environ.get("EAGLEPATCH_PLAIN")
+
+    def __call__(self, msg: str) -> None:
+        text = msg.strip()
+        transient = text.startswith(("waiting for sglang on", "run ")) or text.startswith("waiting up to")
+        if self.quiet and not text.startswith(("note:", "warning:", "eaglepatch:")):
+            return
+        if transient and self.live():
+            if text.startswith("run "):
+                self.head = text
+            line = f"{self.head}  {text}" if self.head and not text.startswith("run ") else text
+            if self.status is None:
+                from rich.console import Console
+
+                self.status = Console(stderr=True).status(line[:200])
+                self.status.start()
+            else:
+                self.status.update(line[:200])
+            return
+        if text.startswith("waiting for sglang on"):
+            now = time.monotonic()
+            if now - self.last_wait < self.PLAIN_EVERY_S:
+                return
+            self.last_wait = now
+        self.stop()
+        print(msg, file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+
+say = _Out()
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Messages and exit codes
-
-
-def say(msg: str) -> None:
-    """A message for the person: stderr, never stdout."""
-    print(msg, file=sys.stderr, flush=True)
 
 
 def _exit_code(exc: BaseException) -> ExitCode:
@@ -87,6 +161,7 @@ def for_each_target(targets: List[str], fn: Callable[[str], Any]) -> list[Outcom
 
 def finish(outcomes: list[Outcome], emit_json: bool, render: Callable[[Any], str] | None) -> None:
     """Print each outcome (data to stdout, errors to stderr) and exit with the worst code."""
+    say.stop()
     values = []
     for o in outcomes:
         if o.error is not None:
@@ -111,12 +186,15 @@ def finish(outcomes: list[Outcome], emit_json: bool, render: Callable[[Any], str
 # ----------------------------------------------------------------------------------------------------------------
 # Shared options
 
+JsonOpt = typer.Option(False, "--json", help="JSON on stdout (the shapes of docs/contract.md).")
+CsvOpt = typer.Option(False, "--csv", help="CSV on stdout.")
 IdentityOpt = typer.Option(None, "-i", "--identity", help="SSH private key file.")
 PortOpt = typer.Option(None, "-p", "--port", help="SSH port.")
 JumpOpt = typer.Option(None, "-J", "--jump", help="ProxyJump host: [user@]host[:port].")
 PythonOpt = typer.Option(None, "--python", help="The remote interpreter (default: the server's, else python3).")
 SglangPathOpt = typer.Option(None, "--sglang-path", help="The sglang package directory (skips discovery).")
-TimeoutOpt = typer.Option(10.0, "--connect-timeout", help="SSH connect timeout, seconds.")
+TimeoutOpt = typer.Option(None, "--connect-timeout",
+                          help="SSH connect timeout, seconds (default: ConnectTimeout of the SSH config, else 10).")
 AcceptOpt = typer.Option(False, "--accept-new-host-key", help="Accept and save an unknown host key.")
 RecipeOpt = typer.Option(None, "--recipe", help="A recipe file replacing the built-in one (see patches/README.md).")
 RestartCmdOpt = typer.Option(None, "--restart-cmd", help="Restart with this shell command on the target.")
@@ -155,13 +233,19 @@ def _guard(fn: Callable[[], None]) -> None:
 @app.command()
 def show(
     target: str = typer.Argument(..., help="SSH destination or local path."),
-    json_out: bool = typer.Option(False, "--json", help="JSON (docs/contract.md)."),
+    json_out: bool = JsonOpt,
     recipe: Optional[str] = RecipeOpt,
     identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
     python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
-    connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+    connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
 ) -> None:
-    """The sglang install, its worker files, entry methods with numbered source, phase call sites, patch state."""
+    """The sglang install, its worker files, entry methods with numbered source, phase call sites, patch state.
+
+    \b
+    Examples:
+      eaglepatch show root@gpu-host
+      eaglepatch show /opt/venv --json
+    """
     def go() -> None:
         c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
         r = actions.load_recipe(recipe)
@@ -172,17 +256,23 @@ def show(
 @app.command()
 def diff(
     target: str = typer.Argument(..., help="SSH destination or local path."),
-    mode: str = typer.Option("sync", "--mode", help="sync or events."),
+    mode: Mode = typer.Option(Mode.auto, "--mode", help="auto (each worker its family's timer), sync or events."),
     recipe: Optional[str] = RecipeOpt,
     identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
     python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
-    connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+    connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
 ) -> None:
-    """The unified diff that apply would make; changes nothing."""
+    """The unified diff that apply would make; changes nothing.
+
+    \b
+    Examples:
+      eaglepatch diff root@gpu-host | less
+      eaglepatch diff root@gpu-host --mode events
+    """
     def go() -> None:
         c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
         r = actions.load_recipe(recipe)
-        ropts = RuntimeOptions(mode=mode)
+        ropts = RuntimeOptions(mode=mode.value)
         finish(for_each_target([target], lambda t: actions.diff(t, c, r, ropts, say)), False, lambda v: v)
     _guard(go)
 
@@ -190,25 +280,33 @@ def diff(
 @app.command()
 def apply(
     targets: List[str] = typer.Argument(..., help="SSH destinations or local paths."),
-    mode: str = typer.Option("sync", "--mode", help="sync (synchronize + perf_counter) or events (CUDA events)."),
+    mode: Mode = typer.Option(Mode.auto, "--mode", help="auto (sync without the overlap scheduler, events under "
+                              "it), sync (synchronize + perf_counter) or events (CUDA events)."),
     every: int = typer.Option(1, "--every", help="Time one cycle in N."),
     log_dir: str = typer.Option("/tmp/eaglepatch", "--log-dir", help="Timing log directory on the target."),
     recipe: Optional[str] = RecipeOpt,
     no_restart: bool = typer.Option(False, "--no-restart", help="Patch only; do not restart the server."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the diff; change nothing."),
-    json_out: bool = typer.Option(False, "--json"),
+    json_out: bool = JsonOpt,
     restart_cmd: Optional[str] = RestartCmdOpt, systemd_unit: Optional[str] = UnitOpt,
     timeout: float = ReadyTimeoutOpt,
     server_port: List[int] = ServerPortOpt,
     identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
     python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
-    connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+    connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
 ) -> None:
-    """Instrument every supported worker file, back up the originals, restart the server, wait until ready."""
+    """Instrument every supported worker file, back up the originals, restart the server, wait until ready.
+
+    \b
+    Examples:
+      eaglepatch apply root@gpu-host
+      eaglepatch apply root@gpu-host --server-port 30000 --timeout 1800
+      eaglepatch apply root@gpu-host --no-restart --dry-run
+    """
     def go() -> None:
         c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key, server_port)
         r = actions.load_recipe(recipe)
-        ropts = RuntimeOptions(mode=mode, every=every, log_dir=log_dir)
+        ropts = RuntimeOptions(mode=mode.value, every=every, log_dir=log_dir)
         restart = None if no_restart else actions.restart_options(restart_cmd, systemd_unit, timeout)
         actions.check_targets(targets, c)
         outcomes = for_each_target(targets, lambda t: actions.apply(t, c, r, ropts, restart, dry_run, say))
@@ -220,16 +318,22 @@ def apply(
 def revert(
     targets: List[str] = typer.Argument(..., help="SSH destinations or local paths."),
     force: bool = typer.Option(False, "--force", help="Revert a drifted file: keep a copy, remove our lines."),
-    no_restart: bool = typer.Option(False, "--no-restart"),
-    json_out: bool = typer.Option(False, "--json"),
+    no_restart: bool = typer.Option(False, "--no-restart", help="Put the files back only; do not restart."),
+    json_out: bool = JsonOpt,
     restart_cmd: Optional[str] = RestartCmdOpt, systemd_unit: Optional[str] = UnitOpt,
     timeout: float = ReadyTimeoutOpt,
     server_port: List[int] = ServerPortOpt,
     identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
     python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
-    connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+    connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
 ) -> None:
-    """Put back the original bytes, remove what apply added, restart."""
+    """Put back the original bytes, remove what apply added, restart.
+
+    \b
+    Examples:
+      eaglepatch revert root@gpu-host
+      eaglepatch revert root@gpu-host --force
+    """
     def go() -> None:
         c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key, server_port)
         r = actions.load_recipe(None)
@@ -243,12 +347,18 @@ def revert(
 @app.command()
 def status(
     targets: List[str] = typer.Argument(..., help="SSH destinations or local paths."),
-    json_out: bool = typer.Option(False, "--json"),
+    json_out: bool = JsonOpt,
     identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
     python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
-    connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+    connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
 ) -> None:
-    """Patch state per file (pristine, patched, drifted) and the server process."""
+    """Patch state per file (pristine, patched, drifted) and the server process.
+
+    \b
+    Examples:
+      eaglepatch status root@gpu-host
+      eaglepatch status gpu1 gpu2 --json
+    """
     def go() -> None:
         c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
         r = actions.load_recipe(None)
@@ -262,13 +372,19 @@ def restart(
     targets: List[str] = typer.Argument(..., help="SSH destinations or local paths."),
     restart_cmd: Optional[str] = RestartCmdOpt, systemd_unit: Optional[str] = UnitOpt,
     timeout: float = ReadyTimeoutOpt,
-    json_out: bool = typer.Option(False, "--json"),
+    json_out: bool = JsonOpt,
     server_port: List[int] = ServerPortOpt,
     identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
     python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
-    connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+    connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
 ) -> None:
-    """Restart the server and wait until it is ready."""
+    """Restart the server and wait until it is ready.
+
+    \b
+    Examples:
+      eaglepatch restart root@gpu-host
+      eaglepatch restart root@gpu-host --systemd-unit sglang
+    """
     def go() -> None:
         c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key, server_port)
         ropts = actions.restart_options(restart_cmd, systemd_unit, timeout)
@@ -281,30 +397,52 @@ def restart(
 @app.command()
 def report(
     sources: List[str] = typer.Argument(..., help="Timing logs: local files or folders, or TARGETs to fetch from."),
-    json_out: bool = typer.Option(False, "--json"),
-    csv_out: bool = typer.Option(False, "--csv"),
-    by: Optional[str] = typer.Option(None, "--by", help="Group by bs, rank or host."),
+    json_out: bool = JsonOpt,
+    csv_out: bool = CsvOpt,
+    by: Optional[By] = typer.Option(None, "--by", help="Group by batch size, rank or host."),
     skip: int = typer.Option(0, "--skip", help="Drop the first N cycles of each process (warm-up)."),
     trace: Optional[str] = typer.Option(None, "--trace", help="Write a Chrome trace (Perfetto) to FILE."),
     compare: bool = typer.Option(False, "--compare", help="Two or more sources side by side, with deltas."),
+    chart: Optional[str] = typer.Option(None, "--chart", help="With --compare: a chart of the phases side by side, "
+                                        "to FILE: .svg, or .png with the plot extra."),
     log_dir: Optional[str] = typer.Option(None, "--log-dir", help="Log directory on a TARGET (default: from its manifest)."),
+    merge_runs: bool = typer.Option(False, "--merge-runs", help="All runs together (their figures blend)."),
+    run: List[str] = typer.Option([], "--run", help="Only this run (its id, or a prefix of it; repeatable)."),
+    since: Optional[str] = typer.Option(None, "--since", help="Only runs started since TIME: an epoch, "
+                                        "'2026-12-01 15:40', or an age: 30m, 2h, 1d."),
+    all_runs: bool = typer.Option(False, "--all-runs", help="Every run, each apart (a TARGET's default: the runs "
+                                  "of the servers that run now)."),
     identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
     python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
-    connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+    connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
 ) -> None:
-    """Aggregate timing logs: per-phase mean and percentiles, share of the cycle, accept length, tokens/s."""
+    """Aggregate timing logs: per-phase mean and percentiles, share of the cycle, accept length, tokens/s.
+
+    \b
+    Examples:
+      eaglepatch report root@gpu-host
+      eaglepatch report ./logs --all-runs --by rank
+      eaglepatch report --compare before/ after/ --chart phases.svg
+    """
     def go() -> None:
         if json_out and csv_out:
             raise UsageError("--json and --csv exclude each other: give one")
-        if by is not None and by not in ("bs", "rank", "host"):
-            raise UsageError(f"--by must be bs, rank or host, not {by!r}")
         if skip < 0:
             raise UsageError("--skip must be 0 or more")
         if compare and len(sources) < 2:
             raise UsageError("--compare needs two or more sources")
+        if chart is not None:
+            if not compare:
+                raise UsageError("--chart goes with --compare (a sweep draws its own: eaglepatch sweep --chart)")
+            from eaglepatch.tuning.chart import check_chart_path
+
+            check_chart_path(chart)
         c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
-        text = actions.report(sources, c, by=by, skip=skip, trace=trace, compare=compare, log_dir=log_dir,
-                              fmt="json" if json_out else "csv" if csv_out else "table", say=say)
+        runs = actions.RunSelection(merge=merge_runs, ids=tuple(run), all=all_runs,
+                                    since=None if since is None else actions.parse_since(since))
+        text = actions.report(sources, c, by=None if by is None else by.value, skip=skip, trace=trace, compare=compare, log_dir=log_dir,
+                              fmt="json" if json_out else "csv" if csv_out else "table", say=say, runs=runs,
+                              chart=chart)
         sys.stdout.write(text)
     _guard(go)
 
@@ -321,8 +459,8 @@ LogWaitOpt = typer.Option(4.5, "--log-wait", help="Seconds to wait after the loa
 
 def _bench_options(requests: int, concurrency: int, input_len: int, max_new_tokens: int, warmup: int, seed: int,
                    log_wait: float) -> Any:
-    from eaglepatch.load import LoadSpec
-    from eaglepatch.ops.tuning import BenchOptions
+    from eaglepatch.tuning.load import LoadSpec
+    from eaglepatch.tuning.drive import BenchOptions
 
     load = LoadSpec(requests=requests, concurrency=concurrency, input_len=input_len, max_new_tokens=max_new_tokens,
                     warmup=warmup, seed=seed)
@@ -334,16 +472,21 @@ def bench(
     target: str = typer.Argument(..., help="SSH destination or local path."),
     requests: int = RequestsOpt, concurrency: int = ConcurrencyOpt, input_len: int = InputLenOpt,
     max_new_tokens: int = MaxNewOpt, warmup: int = WarmupOpt, seed: int = SeedOpt, log_wait: float = LogWaitOpt,
-    json_out: bool = typer.Option(False, "--json"),
+    json_out: bool = JsonOpt,
     server_port: List[int] = ServerPortOpt,
     identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
     python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
-    connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+    connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
 ) -> None:
     """A fixed, seeded load on the running server (through the SSH connection): client tok/s, TTFT, latency,
-    accept length, and the timing report of the same window."""
+    accept length, and the timing report of the same window.
+
+    \b
+    Examples:
+      eaglepatch bench root@gpu-host --requests 64 --concurrency 8
+    """
     def go() -> None:
-        from eaglepatch.ops import tuning
+        from eaglepatch.tuning import drive as tuning
 
         c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key, server_port)
         opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait)
@@ -363,22 +506,29 @@ def sweep(
     keep_best: bool = typer.Option(False, "--keep-best", help="Leave the best point's server running."),
     allow_flag: List[str] = typer.Option([], "--allow-flag", help="Accept this launch flag in --grid too."),
     fresh: bool = typer.Option(False, "--fresh", help="Forget the saved runs of this sweep and start over."),
-    json_out: bool = typer.Option(False, "--json"),
-    csv_out: bool = typer.Option(False, "--csv"),
-    chart: Optional[str] = typer.Option(None, "--chart", help="Write a chart to FILE (SVG for *.svg, else PNG)."),
+    json_out: bool = JsonOpt,
+    csv_out: bool = CsvOpt,
+    chart: Optional[str] = typer.Option(None, "--chart", help="Write a chart to FILE: .svg, or .png with the plot extra "
+                                         "(pip install 'eaglepatch[plot]')."),
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds for each launch to be ready."),
     requests: int = RequestsOpt, concurrency: int = ConcurrencyOpt, input_len: int = InputLenOpt,
     max_new_tokens: int = MaxNewOpt, warmup: int = WarmupOpt, seed: int = SeedOpt, log_wait: float = LogWaitOpt,
     server_port: List[int] = ServerPortOpt,
     identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
     python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
-    connect_timeout: float = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+    connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
 ) -> None:
     """Restart the server once per point of a grid of launch flags, bench each, one table with the speedup over
-    the baseline; resumable; puts the server back at the end."""
+    the baseline; resumable; puts the server back at the end.
+
+    \b
+    Examples:
+      eaglepatch sweep root@gpu-host --grid speculative-num-steps=1,2,3,5 --baseline --repeat 3 --chart s.svg
+      eaglepatch sweep root@gpu-host --env NCCL_PROTO=LL,Simple --grid disable-custom-all-reduce=on,off
+    """
     def go() -> None:
-        from eaglepatch import sweep as sw
-        from eaglepatch.ops import tuning
+        from eaglepatch.tuning import sweep as sw
+        from eaglepatch.tuning import drive as tuning
 
         if json_out and csv_out:
             raise UsageError("--json and --csv exclude each other: give one")
@@ -388,15 +538,17 @@ def sweep(
             keep_best=keep_best, fresh=fresh, timeout=timeout,
             bench=_bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait))
         opts.points()  # bad input: exit 2 before the target is touched
-        if chart is not None and not os.path.isdir(os.path.dirname(os.path.abspath(chart))):
-            raise UsageError(f"--chart {chart}: no such folder")
+        if chart is not None:
+            from eaglepatch.tuning.chart import check_chart_path
+
+            check_chart_path(chart)  # folder, .svg/.png, matplotlib for .png: exit 2 before the sweep runs
         actions.check_targets([target], c)
         [outcome] = for_each_target([target], lambda t: tuning.sweep(t, c, opts, say))
         if outcome.error is not None:
             finish([outcome], json_out, None)
         doc = outcome.value
         if chart is not None:
-            from eaglepatch.chart import write_chart
+            from eaglepatch.tuning.chart import write_chart
 
             write_chart(doc, chart)
             say(f"chart written to {chart}")
@@ -419,6 +571,35 @@ def sweep(
     _guard(go)
 
 
+@app.command()
+def doctor(
+    target: str = typer.Argument(..., help="SSH destination or local path."),
+    json_out: bool = JsonOpt,
+    log_dir: Optional[str] = typer.Option(None, "--log-dir", help="Timing log directory on the target "
+                                          "(default: from its manifest)."),
+    server_port: List[int] = ServerPortOpt,
+    identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
+    python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
+    connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+) -> None:
+    """Name what makes speculative decoding slow on the running server, with the evidence and the next step;
+    reads only (docs/doctor.md).
+
+    \b
+    Examples:
+      eaglepatch doctor root@gpu-host
+      eaglepatch doctor root@gpu-host --json
+    """
+    def go() -> None:
+        from eaglepatch.doctor.collect import doctor as run_doctor
+        from eaglepatch.doctor.render import render
+
+        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key, server_port)
+        actions.check_targets([target], c)
+        finish(for_each_target([target], lambda t: run_doctor(t, c, say, log_dir=log_dir)), json_out, render)
+    _guard(go)
+
+
 def version_callback(value: bool) -> None:
     if value:
         print(f"eaglepatch {__version__}")
@@ -429,12 +610,20 @@ def version_callback(value: bool) -> None:
 def _main(
     version: bool = typer.Option(False, "--version", callback=version_callback, is_eager=True,
                                  help="Print the version and exit."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Only warnings and errors on stderr (data still goes "
+                               "to stdout)."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="More on stderr: tracebacks of internal errors, "
+                                 "the SSH library's own log."),
 ) -> None:
-    pass
+    if quiet and verbose:
+        raise typer.BadParameter("-q and -v exclude each other")
+    say.quiet = quiet
+    if verbose:
+        os.environ["EAGLEPATCH_DEBUG"] = "1"
 
 
 def main() -> None:
-    """Console entry point. Usage errors from Click exit 2, as CONTRACT.md says."""
+    """Console entry point. Usage errors from Click exit 2, as docs/contract.md says."""
     try:
         app(standalone_mode=True)
     except KeyboardInterrupt:

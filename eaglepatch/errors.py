@@ -1,4 +1,4 @@
-"""Typed errors, each with a message for a person and the exit code CONTRACT.md gives it.
+"""Typed errors, each with a message for a person and the exit code docs/contract.md gives it.
 
 Only the CLI turns these into exit codes (``eaglepatch.cli``); nothing below it calls ``sys.exit``.
 """
@@ -9,7 +9,7 @@ import enum
 
 
 class ExitCode(enum.IntEnum):
-    """The exit codes of CONTRACT.md."""
+    """The exit codes of docs/contract.md."""
 
     OK = 0
     INTERNAL = 1

@@ -1,7 +1,7 @@
 """The one narrow interface to the outside world: run a command, read, write, stat, rename, remove.
 
-Two implementations: ``LocalHost`` (this machine's filesystem and processes) and ``SSHHost`` (paramiko; the only
-module that imports it). Everything above this layer (discovery, plans, restart, report fetching)
+Two implementations: ``LocalHost`` (this machine's filesystem and processes) and ``SSHHost`` (``hosts.ssh``, on
+paramiko; ``hosts.ssh_config`` says where and how to connect). Everything above this layer (discovery, plans, restart, report fetching)
 talks to a ``Host`` and never knows which one it has, so a local target runs the same code path as a remote one.
 
 Batched work: steps that must happen on the host in one round trip are small Python programs shipped on stdin to

@@ -25,11 +25,14 @@ class LocalHost:
         self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
     ) -> CommandResult:
         try:
+            # its own session: a Ctrl-C in the terminal, or a signal to eaglepatch's process group (timeout(1),
+            # a cancelled CI job), must not stop a helper halfway through its request (a relaunch, a plan)
             proc = subprocess.run(
                 list(argv),
                 input=stdin if stdin is not None else b"",
                 capture_output=True,
                 timeout=timeout,
+                start_new_session=True,
             )
         except FileNotFoundError as exc:
             return CommandResult(127, b"", str(exc).encode())
@@ -91,7 +94,9 @@ class _LocalProcess:
     """``LocalHost.spawn``: a child with three pipes; its stderr is collected by a thread."""
 
     def __init__(self, argv: list[str]):
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        # its own session, as LocalHost.run's helpers: a signal to eaglepatch's group does not cut a request short
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True)
         self.err = bytearray()
         self._err_thread = threading.Thread(target=self._drain_err, daemon=True, name="eaglepatch-agent-stderr")
         self._err_thread.start()

@@ -1,17 +1,20 @@
-"""``SSHHost``: the ``Host`` interface over one SSH connection (paramiko).
+"""``SSHHost``: the ``Host`` interface over one SSH connection (paramiko): connecting, commands, agents, files.
 
-This is the only module of eaglepatch that imports paramiko.
+The module of eaglepatch that imports paramiko (``ssh_config``'s fallback uses its ``SSHConfig`` too, after this
+module has imported it). Its neighbours: ``ssh_config`` says what to connect to and how (``ssh -G``, else paramiko's
+``SSHConfig``: see there), ``tunnel`` forwards ports, ``spec`` holds the parsed TARGET.
 
-- ``~/.ssh/config`` (and ``/etc/ssh/ssh_config``, in that order: the first value found wins) are read at connect
-  time with paramiko's ``SSHConfig`` (``_Hop`` applies them to a host):
-  ``HostName``, ``User``, ``Port``, ``IdentityFile``, ``ProxyJump``, ``ProxyCommand``, ``ConnectTimeout``,
-  ``UserKnownHostsFile``, ``GlobalKnownHostsFile``, ``HashKnownHosts``. ``-i`` adds a key (tried first), ``-p`` and
-  ``-J`` override. ``-i`` also applies to the jump hosts.
-- Authentication: the ``-i`` key, ``IdentityFile`` keys, the ssh-agent, then ``~/.ssh/id_*``. Never a password,
-  never a prompt (a server that asks for a second factor is refused, not prompted for).
-- Host keys: checked against the known-hosts files (``~`` expanded at connect time). An unknown key is refused
-  unless ``--accept-new-host-key``, which accepts it and appends it to the first ``UserKnownHostsFile``
-  (``~/.ssh/known_hosts``); a changed key is always refused. The same for every jump host.
+- Connecting: ``ssh_config.resolve`` gives the chain of hops (jump hosts, then the target); each is one paramiko
+  client, the next one reached over a ``direct-tcpip`` channel of the one before (or through the first hop's
+  ``ProxyCommand``). Each waits its own timeout (``--connect-timeout``, else its ``ConnectTimeout``, else 10 s) for
+  the TCP connection and the SSH handshake.
+- Authentication: the hop's identity files (``-i`` first, then ``IdentityFile``, else OpenSSH's default
+  ``~/.ssh/id_*``; those that exist), then the ssh-agent unless ``IdentitiesOnly``. Never a password, never a
+  prompt (a server that asks for a second factor is refused, not prompted for).
+- Host keys: checked against the hop's known-hosts files, as its ``ssh_config.HostKeyPolicy`` says: an unknown key
+  is refused (``StrictHostKeyChecking yes``/``ask``), or accepted and saved to the first ``UserKnownHostsFile``
+  (``accept-new``, or ``--accept-new-host-key``), or accepted and not saved (``no``); a changed key is always
+  refused. The same for every jump host.
 - One connection per ``SSHHost``, reused for every call; one SFTP session, opened on first use.
 """
 
@@ -19,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import errno
-import getpass
 import hashlib
 import importlib.util
 import logging
@@ -72,15 +74,18 @@ from paramiko.ssh_exception import (  # noqa: E402
     SSHException,
 )
 
-from eaglepatch.errors import ConnectionFailed, UsageError  # noqa: E402
+from eaglepatch.errors import ConnectionFailed  # noqa: E402
 from eaglepatch.hosts.base import Agents, CommandResult, FileStat  # noqa: E402
-from eaglepatch.hosts.target import (  # noqa: E402
-    DEFAULT_CONNECT_TIMEOUT,
-    Hop,
-    TargetSpec,
-    format_destination,
-    parse_jump,
+from eaglepatch.hosts.spec import DEFAULT_CONNECT_TIMEOUT, TargetSpec, format_destination  # noqa: E402
+from eaglepatch.hosts.ssh_config import (  # noqa: E402
+    CHECK_ACCEPT_NEW,
+    CHECK_YES,
+    HostKeyPolicy,
+    ResolvedHop,
+    describe,
+    resolve,
 )
+from eaglepatch.hosts.tunnel import Tunnel  # noqa: E402
 
 T = TypeVar("T")
 
@@ -94,8 +99,6 @@ if not os.environ.get("EAGLEPATCH_DEBUG"):
 
 _CHUNK = 1 << 15
 _PID_MARKER = b"@eaglepatch-pid:"
-_DEFAULT_USER_KNOWN_HOSTS = "~/.ssh/known_hosts ~/.ssh/known_hosts2"
-_DEFAULT_GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -116,21 +119,22 @@ class _UnknownHostKey(Exception):
 
 
 class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
-    """Refuse an unknown host key, or (with --accept-new-host-key) accept it and append it to known_hosts.
+    """A ``HostKeyPolicy`` applied: paramiko asks it about a key that no loaded known-hosts file has for the host.
 
-    paramiko calls this only for a host that has no key at all in the loaded known-hosts files; a key that differs
-    from a known one raises ``BadHostKeyException`` before any policy is asked, so a changed key is never accepted.
+    ``check`` "yes": refused; "accept-new": accepted, appended to ``save_to``; "no": accepted for this connection
+    only. paramiko calls this only for a host that has no key at all in the loaded files; a key that differs from a
+    known one raises ``BadHostKeyException`` before any policy is asked, so a changed key is never accepted.
     """
 
-    def __init__(self, accept_new: bool, known_hosts_file: str, hash_names: bool):
-        self.accept_new = accept_new
-        self.known_hosts_file = known_hosts_file
-        self.hash_names = hash_names
+    def __init__(self, policy: HostKeyPolicy):
+        self.policy = policy
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        if not self.accept_new:
+        policy = self.policy
+        if policy.check == CHECK_YES:
             raise _UnknownHostKey(hostname, key)
-        append_known_host(self.known_hosts_file, hostname, key, hashed=self.hash_names)
+        if policy.check == CHECK_ACCEPT_NEW and policy.save_to:
+            append_known_host(policy.save_to, hostname, key, hashed=policy.hash_names)
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
@@ -186,62 +190,43 @@ class _NoPromptTransport(paramiko.Transport):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# SSH config
-
-
-def _read_ssh_config() -> paramiko.SSHConfig:
-    """``~/.ssh/config`` then ``/etc/ssh/ssh_config`` in one ``SSHConfig`` (a lookup takes the first value found,
-    so the user's file wins, as with OpenSSH); ``~`` is expanded now, not at import."""
-    config = paramiko.SSHConfig()
-    for path in ("~/.ssh/config", "/etc/ssh/ssh_config"):
-        path = os.path.expanduser(path)
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8", errors="replace") as f:
-                config.parse(f)
-    return config
-
-
-def _local_user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # no such user in the passwd database (a container's uid), no LOGNAME/USER
-        return str(os.getuid())
+# one hop
 
 
 class _Hop:
-    """One SSH connection (the target, or a jump host on the way): the SSH config applied to ``host`` (``HostName``,
-    ``User``, ``Port``, ``IdentityFile``, ``ConnectTimeout``, ``ProxyCommand``), and its paramiko client.
+    """One SSH connection (the target, or a jump host on the way): a ``ResolvedHop`` and its paramiko client.
+    ``connect_kwargs`` go to ``SSHClient.connect`` (a ``sock`` is added for a hop reached through another)."""
 
-    ``gateway``: None to use the config's ``ProxyCommand`` if it has one, False for none (``ProxyJump`` is the
-    host's business: ``SSHHost`` chains the hops itself). ``connect_kwargs`` go to ``SSHClient.connect``; the
-    config's ``IdentityFile`` keys are added after the ``key_filename`` given."""
-
-    def __init__(self, host: str, user: str | None, port: int | None, ssh_config: paramiko.SSHConfig,
-                 gateway: Any, connect_kwargs: dict[str, Any]):
-        self.ssh_config = ssh_config.lookup(host)
-        self.original_host = host
-        self.host = self.ssh_config.get("hostname", host)
-        self.user = user or self.ssh_config.get("user") or _local_user()
-        self.port = int(port or self.ssh_config.get("port", 22))  # ValueError for "Port abc"
-        self.gateway = self.ssh_config.get("proxycommand") if gateway is None else gateway
-        timeout = self.ssh_config.get("connecttimeout")
-        self.connect_timeout: float | None = int(timeout) if timeout is not None else None
-        kwargs = dict(connect_kwargs)
-        keys = list(kwargs.get("key_filename") or []) + list(self.ssh_config.get("identityfile") or [])
-        if keys:
-            kwargs["key_filename"] = keys
+    def __init__(self, resolved: ResolvedHop):
+        self.resolved = resolved
+        self.original_host = resolved.name
+        self.host = resolved.hostname
+        self.user = resolved.user
+        self.port = resolved.port
+        self.gateway = resolved.proxy_command
+        self.connect_timeout = resolved.timeout
+        timeout = resolved.timeout
+        kwargs: dict[str, Any] = {
+            "allow_agent": not resolved.identities_only,
+            "look_for_keys": False,  # the default keys are in identity_files when they are in force
+            "banner_timeout": timeout,
+            "auth_timeout": max(timeout, 15.0),
+            "channel_timeout": timeout,
+            "transport_factory": _NoPromptTransport,
+        }
+        if resolved.identity_files:
+            kwargs["key_filename"] = list(resolved.identity_files)
         self.connect_kwargs = kwargs
         self.client = paramiko.SSHClient()
+        # Host keys: our policy, our known-hosts files (loaded in SSHHost._open); never paramiko's AutoAddPolicy.
+        self.client.set_missing_host_key_policy(_KnownHostsPolicy(resolved.host_keys))
         self.transport: paramiko.Transport | None = None
 
     def open(self) -> None:
-        kwargs = dict(self.connect_kwargs, username=self.user, hostname=self.host, port=self.port)
-        if self.gateway:
+        kwargs = dict(self.connect_kwargs, username=self.user, hostname=self.host, port=self.port,
+                      timeout=self.connect_timeout)
+        if self.gateway and "sock" not in kwargs:
             kwargs["sock"] = paramiko.ProxyCommand(self.gateway)
-        if self.connect_timeout:
-            kwargs["timeout"] = self.connect_timeout
-        if "key_filename" in kwargs and not kwargs["key_filename"]:
-            del kwargs["key_filename"]
         self.client.connect(**kwargs)
         self.transport = self.client.get_transport()
 
@@ -258,7 +243,7 @@ class SSHHost:
     """A remote machine over SSH. Same semantics as ``LocalHost``; see ``eaglepatch.hosts.base.Host``.
 
     ``SSHHost(spec)`` does not connect; the first call does (``connect()`` to do it now, as ``open_host`` does).
-    After ``close()`` a later call connects again.
+    After ``close()`` a later call connects again (and resolves the destination again).
     """
 
     is_local = False
@@ -268,7 +253,7 @@ class SSHHost:
             raise ValueError(f"SSHHost needs an SSH target, not {spec.text!r}")
         self.spec = spec
         self.name = spec.name
-        #: ``user@host:port`` after ~/.ssh/config, known once connected.
+        #: ``user@host:port`` after the SSH config, known once connected.
         self.destination: str = spec.destination
         self._lock = threading.RLock()  # connect/close, and one SFTP request at a time
         self._conn: _Hop | None = None
@@ -276,7 +261,9 @@ class SSHHost:
         self._transport: paramiko.Transport | None = None
         self._sftp: paramiko.SFTPClient | None = None
         self._timeout = DEFAULT_CONNECT_TIMEOUT
-        self._tunnels: list[_Tunnel] = []
+        self._tunnels: list[Tunnel] = []
+        #: The hops of the last connection, as ``ssh_config.resolve`` gave them (jump hosts, then the target).
+        self.resolved: list[ResolvedHop] = []
         self.agents = Agents(self)
 
     def __repr__(self) -> str:
@@ -311,39 +298,16 @@ class SSHHost:
                 raise
 
     def _connect_locked(self) -> None:
-        spec = self.spec
-        try:
-            config = _read_ssh_config()
-            lookup = config.lookup(spec.host)
-        except Exception as exc:  # paramiko.ConfigParseError and friends
-            raise UsageError(f"cannot read the SSH config (~/.ssh/config, /etc/ssh/ssh_config): {exc}: fix it") from exc
-        timeout = spec.connect_timeout
-        if timeout is None:
-            try:
-                timeout = float(lookup.get("connecttimeout", DEFAULT_CONNECT_TIMEOUT))
-            except ValueError:
-                timeout = DEFAULT_CONNECT_TIMEOUT
-        self._timeout = timeout
-
-        jump = spec.jump
-        if jump is None and "proxyjump" in lookup:
-            try:
-                jump = parse_jump(lookup["proxyjump"])
-            except UsageError:
-                raise UsageError(
-                    f"ProxyJump {lookup['proxyjump']!r} for {spec.host} in the SSH config is not "
-                    "[user@]host[:port][,...]: fix it, or give -J/--jump"
-                ) from None
-            if any(hop.host in (spec.host, lookup.get("hostname")) for hop in jump):
-                jump = ()  # a wildcard ProxyJump that names the target itself: no host is its own jump host
-        # None: no jump at all, so the target's ProxyCommand from the SSH config runs, if there is one.
-        gateway: Any = None if (jump is None and "proxycommand" in lookup) else False
-
-        hops = [self._make_connection(config, hop, timeout) for hop in (jump or ())]
-        main = self._make_connection(config, Hop(spec.host, spec.user, spec.port), timeout, gateway=gateway)
+        # UsageError for a config eaglepatch cannot use, ConnectionFailed for an ssh -G that hangs
+        chain = [_Hop(r) for r in resolve(self.spec)]
+        self.resolved = [c.resolved for c in chain]
+        if os.environ.get("EAGLEPATCH_DEBUG"):
+            for line in describe(self.resolved).splitlines():
+                print(f"eaglepatch: {self.name}: {line}", file=sys.stderr)
+        hops, main = chain[:-1], chain[-1]
+        self._timeout = main.connect_timeout
         self._hops = hops
         self._conn = main
-        chain = hops + [main]
         sock = None
         for i, conn in enumerate(chain):
             role = "jump host" if i < len(hops) else "target"
@@ -354,7 +318,7 @@ class SSHHost:
                 nxt = chain[i + 1]
                 try:
                     sock = conn.transport.open_channel(
-                        "direct-tcpip", (nxt.host, int(nxt.port)), ("", 0), timeout=timeout
+                        "direct-tcpip", (nxt.host, int(nxt.port)), ("", 0), timeout=nxt.connect_timeout
                     )
                 except (ChannelException, SSHException, EOFError, OSError) as exc:
                     reason = getattr(exc, "text", None) or str(exc) or type(exc).__name__
@@ -365,56 +329,12 @@ class SSHHost:
         self._transport.set_keepalive(30)
         self.destination = _label(main)
 
-    def _make_connection(self, config: paramiko.SSHConfig, hop: Hop, timeout: float, gateway: Any = False) -> _Hop:
-        spec = self.spec
-        keys = [spec.identity] if spec.identity else []
-        kwargs: dict[str, Any] = {
-            "allow_agent": True,
-            "look_for_keys": True,
-            "banner_timeout": timeout,
-            "auth_timeout": max(timeout, 15.0),
-            "channel_timeout": timeout,
-            "transport_factory": _NoPromptTransport,
-        }
-        if keys:
-            kwargs["key_filename"] = keys
-        try:
-            conn = _Hop(hop.host, hop.user, hop.port, config, gateway, kwargs)
-        except ValueError as exc:  # e.g. "Port abc" in ~/.ssh/config
-            raise UsageError(f"bad SSH config for {hop}: {exc}: fix ~/.ssh/config") from None
-        conn.connect_timeout = timeout  # the config's ConnectTimeout is in whole seconds; this is the one in force
-        # OpenSSH skips IdentityFile entries that do not exist; paramiko would raise on them.
-        found = []
-        for key in conn.connect_kwargs.get("key_filename") or []:
-            key = os.path.expanduser(key)
-            if os.path.isfile(key) and key not in found:
-                found.append(key)
-        if found:
-            conn.connect_kwargs["key_filename"] = found
-        else:
-            conn.connect_kwargs.pop("key_filename", None)
-
-        # Host keys: our policy, our known-hosts files (loaded in _open); never paramiko's AutoAddPolicy.
-        ssh_cfg = conn.ssh_config
-        user_files = [os.path.expanduser(p) for p in ssh_cfg.get("userknownhostsfile", _DEFAULT_USER_KNOWN_HOSTS).split()]
-        conn.client.set_missing_host_key_policy(
-            _KnownHostsPolicy(
-                accept_new=spec.accept_new_host_key,
-                known_hosts_file=user_files[0] if user_files else os.path.expanduser("~/.ssh/known_hosts"),
-                hash_names=str(ssh_cfg.get("hashknownhosts", "no")).lower() == "yes",
-            )
-        )
-        return conn
-
     def _open(self, conn: _Hop, role: str) -> None:
         label = _label(conn)
         where = f"{role} {label}" if role != "target" else label
         # Known hosts are read now, not when the _Hop was made: a jump host's key accepted a moment ago
         # counts for the next hop.
-        ssh_cfg = conn.ssh_config
-        files = ssh_cfg.get("userknownhostsfile", _DEFAULT_USER_KNOWN_HOSTS).split()
-        files += ssh_cfg.get("globalknownhostsfile", _DEFAULT_GLOBAL_KNOWN_HOSTS).split()
-        for path in (os.path.expanduser(p) for p in files):
+        for path in conn.resolved.host_keys.known_hosts:
             _load_known_hosts(conn.client, path)
         try:
             conn.open()
@@ -443,7 +363,8 @@ class SSHHost:
             ) from None
         except (socket.timeout, TimeoutError) as exc:
             raise ConnectionFailed(
-                f"cannot connect to {where}: timed out after {self._timeout:g} s: check the host, or raise --connect-timeout"
+                f"cannot connect to {where}: timed out after {_timeout_text(conn)}: check the host, or raise "
+                "--connect-timeout"
             ) from exc
         except SSHException as exc:
             text = str(exc).strip()
@@ -452,7 +373,7 @@ class SSHHost:
             if text in ("No existing session", "Error reading SSH protocol banner") or "timed out" in text.lower():
                 # paramiko's words for a handshake that did not finish within the timeout
                 raise ConnectionFailed(
-                    f"cannot connect to {where}: no SSH handshake within {self._timeout:g} s ({text}): "
+                    f"cannot connect to {where}: no SSH handshake within {_timeout_text(conn)} ({text}): "
                     "is it an SSH server? raise --connect-timeout if it is just slow"
                 ) from None
             raise ConnectionFailed(f"cannot connect to {where}: {str(exc).strip() or type(exc).__name__}") from None
@@ -661,7 +582,7 @@ class SSHHost:
         when the connection is gone; a refused forward (``AllowTcpForwarding no``, nothing listening) shows
         as a connection that the local side sees closed at once, and ``probe_tunnel`` tells why."""
         transport = self._live_transport()
-        tunnel = _Tunnel(transport, remote_host, int(remote_port), self.name, self._timeout)
+        tunnel = Tunnel(transport, remote_host, int(remote_port), self.name, self._timeout)
         with self._lock:
             self._tunnels.append(tunnel)
         return tunnel.port
@@ -878,121 +799,6 @@ class _SSHProcess:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# port forwarding
-
-
-class _Tunnel:
-    """A local listening socket on 127.0.0.1 whose connections are forwarded over one SSH transport to
-    ``remote_host:remote_port`` (as the host sees it): one accept thread, one pump thread per connection."""
-
-    def __init__(self, transport: paramiko.Transport, remote_host: str, remote_port: int, name: str, timeout: float):
-        self.transport = transport
-        self.remote = (remote_host, remote_port)
-        self.name = name
-        self.timeout = timeout
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port: int = self.sock.getsockname()[1]
-        self.closed = threading.Event()
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, name=f"eaglepatch-tunnel-{name}-{self.port}", daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.closed.is_set():
-            try:
-                client, addr = self.sock.accept()
-            except OSError:
-                return
-            if self.closed.is_set():
-                client.close()
-                return
-            threading.Thread(target=self._serve, args=(client, addr), daemon=True,
-                             name=f"eaglepatch-tunnel-conn-{self.port}").start()
-
-    def _serve(self, client: socket.socket, addr: Any) -> None:
-        try:
-            chan = self.transport.open_channel("direct-tcpip", self.remote, addr, timeout=self.timeout)
-        except Exception:  # refused by the server, nothing listening there, or the connection is gone
-            client.close()
-            return
-        with self._lock:
-            self._conns.add(client)
-        try:
-            _pump(client, chan, self.closed)
-        finally:
-            with self._lock:
-                self._conns.discard(client)
-            for thing in (chan, client):
-                try:
-                    thing.close()
-                except Exception:
-                    pass
-
-    def close(self) -> None:
-        self.closed.set()
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-        with self._lock:
-            conns = list(self._conns)
-        for c in conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-
-def _pump(client: socket.socket, chan: paramiko.Channel, closed: threading.Event) -> None:
-    """Copy bytes both ways between a local socket and an SSH channel until either side closes; a half-close
-    (EOF from one side) is passed on to the other, which may still answer."""
-    client_open, chan_open = True, True
-    while (client_open or chan_open) and not closed.is_set():
-        watch = ([client] if client_open else []) + ([chan] if chan_open else [])
-        try:
-            ready, _, _ = select.select(watch, [], [], 1.0)
-        except (OSError, ValueError):
-            return
-        if client in ready:
-            try:
-                data = client.recv(_CHUNK)
-            except OSError:
-                return
-            if data:
-                try:
-                    chan.sendall(data)
-                except Exception:
-                    return
-            else:
-                client_open = False
-                try:
-                    chan.shutdown_write()
-                except Exception:
-                    return
-        if chan in ready:
-            try:
-                data = chan.recv(_CHUNK)
-            except Exception:
-                return
-            if data:
-                try:
-                    client.sendall(data)
-                except OSError:
-                    return
-            else:
-                chan_open = False
-                try:
-                    client.shutdown(socket.SHUT_WR)
-                except OSError:
-                    return
-        if not chan_open and (not client_open or chan.closed):
-            return
-
-
-# --------------------------------------------------------------------------------------------------------------
 # helpers
 
 
@@ -1005,18 +811,25 @@ def _label(conn: _Hop) -> str:
 
 
 def _auth_message(conn: _Hop, where: str, exc: BaseException | None) -> str:
-    keys = conn.connect_kwargs.get("key_filename") or []
+    keys = conn.resolved.identity_files
     tried = f"keys {', '.join(keys)}" if len(keys) > 1 else f"key {keys[0]}" if keys else "no key file"
-    agent = "the ssh-agent" if os.environ.get("SSH_AUTH_SOCK") else "no ssh-agent"
-    found = [p for p in ("~/.ssh/id_rsa", "~/.ssh/id_ecdsa", "~/.ssh/id_ed25519") if os.path.isfile(os.path.expanduser(p))]
-    default = ", ".join(found) if found else "no ~/.ssh/id_* key"
+    if conn.resolved.identities_only:
+        agent = "not the ssh-agent: IdentitiesOnly"
+    else:
+        agent = "the ssh-agent" if os.environ.get("SSH_AUTH_SOCK") else "no ssh-agent"
     detail = (str(exc).strip().rstrip(".") if exc is not None else "") or "Authentication failed"
-    return f"cannot connect to {where}: {detail} (tried {tried}; {agent}; {default}): check -i/--identity or your ssh-agent"
+    return f"cannot connect to {where}: {detail} (tried {tried}; {agent}): check -i/--identity or your ssh-agent"
+
+
+def _timeout_text(conn: _Hop) -> str:
+    text = f"{conn.connect_timeout:g} s"
+    if conn.resolved.timeout_from == "ConnectTimeout":
+        text += " (ConnectTimeout in the SSH config)"
+    return text
 
 
 def _known_hosts_name(conn: _Hop) -> str:
-    port = int(conn.port)
-    return conn.host if port == 22 else f"[{conn.host}]:{port}"
+    return conn.resolved.known_hosts_name
 
 
 def _os_error(exc: OSError, op: str, path: str, host: str) -> OSError:

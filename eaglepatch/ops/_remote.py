@@ -60,7 +60,7 @@ def _package_from_hint(hint):
         d = os.path.dirname(hint)
         while d != os.path.dirname(d):
             if os.path.basename(d) == "sglang" and os.path.isfile(os.path.join(d, "__init__.py")):
-                return d
+                return os.path.realpath(d)
             d = os.path.dirname(d)
         return None
     if os.path.basename(hint) == "sglang" and os.path.isfile(os.path.join(hint, "__init__.py")):
@@ -130,41 +130,162 @@ def _lock_info(path):
         return None
 
 
+# The steps of op_facts, each a function of its own (tests/unit/test_host_steps.py runs them on a temp folder).
+
+ENTRY_PATTERN = r"def (forward_batch_generation|forward_batch_speculative_generation)\b"
+
+
+def facts_scan_servers():
+    """Every sglang server on this host, each with the package its own interpreter imports (``op_scan`` of
+    server/_remote.py). Returns (servers, error): a /proc that cannot be read is not fatal for patching, so its
+    error comes back as a string (the answer's ``scan_error``) with no servers."""
+    try:
+        # every server with the sglang package its own interpreter imports, as it was launched
+        return op_scan({"identify": True})["servers"], None  # noqa: F821 (from eaglepatch/server/_remote.py)
+    except Exception as exc:  # a /proc we cannot read is not fatal for patching
+        return [], str(exc)
+
+
+def facts_find_package(payload, servers):
+    """The sglang package to act on. Returns (package, stop): ``stop`` (a dict to answer as it is, with nothing
+    read) is ``{"error"}`` when ``--sglang-path`` names no package or ``--python`` cannot run, or
+    ``{"ambiguous"}`` when servers of several installs run and nothing named one (guessing could stop the wrong
+    server). Otherwise the package is ``--sglang-path``'s, ``--python``'s, the one the running servers import, or
+    this interpreter's; "" or None when there is none."""
+    if payload.get("sglang_path"):
+        pkg = _package_from_hint(payload["sglang_path"])
+        if pkg is None:
+            return None, {"error": "no sglang package at %s" % payload["sglang_path"]}
+        return pkg, None
+    if payload.get("python"):
+        pkg = _package_of_python(payload["python"])
+        if pkg is None:
+            return None, {"error": "cannot run %s on the host" % payload["python"]}
+        return pkg, None
+    serving = sorted({srv["package_dir"] for srv in servers if srv.get("package_dir")})
+    if len(serving) > 1:
+        # several installs serve here: guessing one could stop the wrong server
+        return None, {"ambiguous": [{"package_dir": p, "servers": [{"pid": srv["pid"], "port": _port_of(srv)}
+                                                                   for srv in servers if srv.get("package_dir") == p]}
+                                    for p in serving]}
+    return (serving[0] if serving else _package_of_python(sys.executable)), None
+
+
+def facts_servers_of(servers, pkg):
+    """(mine, others): only a server that runs this very package is ours to report and restart; the others are
+    listed by pid, port and package."""
+    mine = [srv for srv in servers if pkg and srv.get("package_dir") == pkg]
+    others = [{"pid": srv["pid"], "port": _port_of(srv), "package_dir": srv.get("package_dir")}
+              for srv in servers if srv not in mine]
+    return mine, others
+
+
+def facts_take_lock(spec, lock):
+    """apply and revert take the install's lock in the facts request, before the files are read (a round trip
+    saved): ``op_lock``'s answer, or None when no lock was asked for or there is no speculative folder."""
+    if not lock or not os.path.isdir(spec):
+        return None
+    return op_lock({"lock_path": os.path.join(spec, LOCK_NAME), "owner": lock["owner"],
+                    "ttl": lock.get("ttl", 7200), "dead_pids": []})
+
+
+def facts_worker_files(pkg, spec, pattern):
+    """The worker files under ``spec``: each ``*.py`` whose text matches ``pattern`` (an entry method or a class),
+    in sorted order, folders too; never the runtime module, a temp file, ``__pycache__`` or the backups. Each
+    with its bytes (base64), sha256, mode, owner and mtime; ``path`` relative to the package's parent
+    (sglang/srt/...). A file that cannot be read is left out."""
+    files = []
+    entry_re = re.compile(pattern)
+    if not os.path.isdir(spec):
+        return files
+    for root, dirs, names in os.walk(spec):
+        dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", BACKUP_DIRNAME))
+        for name in sorted(names):
+            if not name.endswith(".py") or name == RUNTIME_NAME or TMP_TAG in name:
+                continue
+            path = os.path.join(root, name)
+            try:
+                data = _read(path)
+            except OSError:
+                continue
+            if not entry_re.search(data.decode("utf-8", "replace")):
+                continue
+            st = os.stat(path)
+            files.append(
+                {
+                    "path": os.path.relpath(path, os.path.dirname(pkg)),
+                    "abs": path,
+                    "data": _b64(data),
+                    "sha256": _sha(data),
+                    "mode": st.st_mode,
+                    "uid": st.st_uid,
+                    "gid": st.st_gid,
+                    "mtime": st.st_mtime,
+                }
+            )
+    return files
+
+
+def facts_manifest(manifest_path):
+    """The manifest ``apply`` left, or None when there is none (or it cannot be read or parsed)."""
+    try:
+        return json.loads(_read(manifest_path).decode())
+    except (OSError, ValueError):
+        return None
+
+
+def facts_backups(manifest):
+    """backup path -> sha256 of its bytes (None: missing or unreadable), for every file the manifest names."""
+    backups = {}
+    if manifest:
+        for f in manifest.get("files", []):
+            b = f.get("backup")
+            try:
+                backups[b] = _sha(_read(b))
+            except (OSError, TypeError):
+                backups[b] = None
+    return backups
+
+
+def facts_runtime(runtime_path):
+    """What is at the runtime module's path: ``runtime_sha256`` (None: no file), its bytes (``runtime_data``,
+    base64: for the diff of a config change, --mode or --every) and ``runtime_mtime``."""
+    out = {}
+    try:
+        data = _read(runtime_path)
+        out["runtime_sha256"] = _sha(data)
+        out["runtime_data"] = _b64(data)  # for the diff of a config change (--mode, --every)
+        out["runtime_mtime"] = os.stat(runtime_path).st_mtime
+    except OSError:
+        out["runtime_sha256"] = None
+    return out
+
+
+def facts_writable(spec):
+    """Whether this user may write the speculative folder (``writable``), and who owns it (``owner``: for the
+    message that says whom to run as)."""
+    out = {"writable": os.access(spec, os.W_OK) if os.path.isdir(spec) else False}
+    try:
+        out["owner"] = _user_name(os.stat(spec).st_uid)
+    except OSError:
+        out["owner"] = None
+    return out
+
+
 def op_facts(payload):
     """Everything eaglepatch needs to decide: server, interpreter, package, worker files, manifest, lock."""
     out = {"hostname": socket.gethostname(), "self_python": sys.executable, "servers": [],
            "user": _user_name(os.geteuid()), "euid": os.geteuid()}
-    try:
-        # every server with the sglang package its own interpreter imports, as it was launched
-        servers = op_scan({"identify": True})["servers"]  # noqa: F821 (from eaglepatch/server/_remote.py)
-    except Exception as exc:  # a /proc we cannot read is not fatal for patching
-        servers = []
-        out["scan_error"] = str(exc)
-    pkg = None
-    if payload.get("sglang_path"):
-        pkg = _package_from_hint(payload["sglang_path"])
-        if pkg is None:
-            out["error"] = "no sglang package at %s" % payload["sglang_path"]
-            return out
-    elif payload.get("python"):
-        pkg = _package_of_python(payload["python"])
-        if pkg is None:
-            out["error"] = "cannot run %s on the host" % payload["python"]
-            return out
-    else:
-        serving = sorted({srv["package_dir"] for srv in servers if srv.get("package_dir")})
-        if len(serving) > 1:
-            # several installs serve here: guessing one could stop the wrong server
-            out["ambiguous"] = [{"package_dir": p, "servers": [{"pid": srv["pid"], "port": _port_of(srv)}
-                                                             for srv in servers if srv.get("package_dir") == p]}
-                                for p in serving]
-            return out
-        pkg = serving[0] if serving else _package_of_python(sys.executable)
-    # Only a server that runs this very package is ours to report and restart.
-    mine = [srv for srv in servers if pkg and srv.get("package_dir") == pkg]
+    servers, scan_error = facts_scan_servers()
+    if scan_error is not None:
+        out["scan_error"] = scan_error
+    pkg, stop = facts_find_package(payload, servers)
+    if stop is not None:
+        out.update(stop)
+        return out
+    mine, others = facts_servers_of(servers, pkg)
     out["servers"] = mine
-    out["other_servers"] = [{"pid": srv["pid"], "port": _port_of(srv), "package_dir": srv.get("package_dir")}
-                            for srv in servers if srv not in mine]
+    out["other_servers"] = others
     out["python"] = payload.get("python") or (mine[0].get("interpreter") if mine else None) or sys.executable
     out["package_dir"] = pkg or None
     if not pkg:
@@ -172,71 +293,22 @@ def op_facts(payload):
     out["version"] = _version(pkg)
     spec = os.path.join(pkg, "srt", "speculative")
     out["spec_dir"] = spec
-    if payload.get("lock") and os.path.isdir(spec):
-        # apply and revert take the install's lock here, before reading the files, to save a round trip.
-        lock = payload["lock"]
-        out["lock_result"] = op_lock({"lock_path": os.path.join(spec, LOCK_NAME), "owner": lock["owner"],
-                                      "ttl": lock.get("ttl", 7200), "dead_pids": []})
-    files = []
-    entry_re = re.compile(payload.get("pattern", r"def (forward_batch_generation|forward_batch_speculative_generation)\b"))
-    if os.path.isdir(spec):
-        for root, dirs, names in os.walk(spec):
-            dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", BACKUP_DIRNAME))
-            for name in sorted(names):
-                if not name.endswith(".py") or name == RUNTIME_NAME or TMP_TAG in name:
-                    continue
-                path = os.path.join(root, name)
-                try:
-                    data = _read(path)
-                except OSError:
-                    continue
-                if not entry_re.search(data.decode("utf-8", "replace")):
-                    continue
-                st = os.stat(path)
-                files.append(
-                    {
-                        "path": os.path.relpath(path, os.path.dirname(pkg)),
-                        "abs": path,
-                        "data": _b64(data),
-                        "sha256": _sha(data),
-                        "mode": st.st_mode,
-                        "uid": st.st_uid,
-                        "gid": st.st_gid,
-                        "mtime": st.st_mtime,
-                    }
-                )
-    out["files"] = files
+    taken = facts_take_lock(spec, payload.get("lock"))
+    if taken is not None:
+        out["lock_result"] = taken
+    out["files"] = facts_worker_files(pkg, spec, payload.get("pattern", ENTRY_PATTERN))
     backup_dir = os.path.join(spec, BACKUP_DIRNAME)
     manifest_path = os.path.join(backup_dir, "manifest.json")
     out["backup_dir"] = backup_dir
     out["manifest_path"] = manifest_path
-    try:
-        out["manifest"] = json.loads(_read(manifest_path).decode())
-    except (OSError, ValueError):
-        out["manifest"] = None
-    backups = {}
-    if out["manifest"]:
-        for f in out["manifest"].get("files", []):
-            b = f.get("backup")
-            try:
-                backups[b] = _sha(_read(b))
-            except (OSError, TypeError):
-                backups[b] = None
-    out["backups"] = backups
+    out["manifest"] = facts_manifest(manifest_path)
+    out["backups"] = facts_backups(out["manifest"])
     runtime = os.path.join(spec, RUNTIME_NAME)
-    try:
-        out["runtime_sha256"] = _sha(_read(runtime))
-        out["runtime_mtime"] = os.stat(runtime).st_mtime
-    except OSError:
-        out["runtime_sha256"] = None
+    out.update(facts_runtime(runtime))
     out["runtime_path"] = runtime
     out["lock_path"] = os.path.join(spec, LOCK_NAME)
     out["lock"] = _lock_info(out["lock_path"])
-    out["writable"] = os.access(spec, os.W_OK) if os.path.isdir(spec) else False
-    try:
-        out["owner"] = _user_name(os.stat(spec).st_uid)
-    except OSError:
-        out["owner"] = None
+    out.update(facts_writable(spec))
     return out
 
 
@@ -389,34 +461,57 @@ def op_execute(payload):
             signal.signal(sig, old)
 
 
-def _execute(payload):
-    """Carry out a plan: check, write temps, compile, back up, swap in. All or nothing: when a step fails,
-    every file this run replaced, created or removed (worker files, runtime, backups, manifest) is put back.
+# The steps of _execute, each a function of its own (tests/unit/test_host_steps.py runs them on a temp folder).
+# They share an ``ExecRun``: what the run has done so far, so that any later step can undo all of it.
 
-    payload: token, writes [{path, expect_sha256 (null: must not exist), data | null (= remove), backup?,
-    compile: bool}], manifest {path, data | null}.
-    """
+
+class ExecRun:
+    """One execution of a plan, as far as it got: ``prev`` (path -> (bytes or None, stat or None): what each path
+    held before this run changed it), ``temps`` (temp files made, removed at the end whatever happens),
+    ``touched`` (paths changed so far, in order: undone in reverse), ``made_dirs`` (folders created)."""
+
+    def __init__(self, token):
+        self.token = token
+        self.prev = {}
+        self.temps = []
+        self.touched = []
+        self.made_dirs = []
+
+
+def exec_check_lock(payload):
+    """None when the install's lock still holds this run's token; else the conflict answer (the lock expired and
+    another run took it over: it may be changing the same files)."""
     token = payload["token"]
     held = _lock_info(payload["lock_path"]) or {}
     if held.get("token") != token:
         return {"ok": False, "kind": "conflict", "error": "lost the lock %s" % payload["lock_path"]}
-    writes = payload["writes"]
+    return None
+
+
+def exec_dirs(payload):
+    """The folders a plan writes in (the lock's, each write's, each backup's, the manifest's): where a run that
+    was killed may have left temp files."""
     man = payload.get("manifest") or {}
-    dirs = [os.path.dirname(payload["lock_path"])] + [os.path.dirname(w["path"]) for w in writes]
-    dirs += [os.path.dirname(w["backup"]) for w in writes if w.get("backup")]
+    dirs = [os.path.dirname(payload["lock_path"])] + [os.path.dirname(w["path"]) for w in payload["writes"]]
+    dirs += [os.path.dirname(w["backup"]) for w in payload["writes"] if w.get("backup")]
     if man.get("path"):
         dirs.append(os.path.dirname(man["path"]))
-    stale = _drop_stale_temps(dirs)
-    # 1. Nothing changed since it was read; keep what each path holds now, to put it back on failure.
-    prev = {}  # path -> (bytes | None, stat | None)
+    return dirs
 
-    def remember(path):
-        if path not in prev:
-            try:
-                prev[path] = (_read(path), os.stat(path))
-            except FileNotFoundError:
-                prev[path] = (None, None)
 
+def exec_remember(run, path):
+    """Keep what ``path`` holds now (its bytes and stat; (None, None): nothing), once, to put it back on failure."""
+    if path not in run.prev:
+        try:
+            run.prev[path] = (_read(path), os.stat(path))
+        except FileNotFoundError:
+            run.prev[path] = (None, None)
+
+
+def exec_check_unchanged(run, writes):
+    """Step 1: nothing changed since it was read. None when every path holds what the plan was made from
+    (``expect_sha256``; None: no file there), keeping what each holds in ``run.prev``; else the answer that
+    refuses the plan (a conflict, or the error reading a path), with nothing written."""
     for w in writes:
         try:
             cur = _read(w["path"])
@@ -424,114 +519,138 @@ def _execute(payload):
             cur = None
         except OSError as exc:
             return {"ok": False, "kind": "io", "path": w["path"], "error": exc.strerror}
-        prev[w["path"]] = (cur, os.stat(w["path"]) if cur is not None else None)
+        run.prev[w["path"]] = (cur, os.stat(w["path"]) if cur is not None else None)
         cur = _sha(cur) if cur is not None else None
         if cur != w["expect_sha256"]:
             return {"ok": False, "kind": "conflict", "path": w["path"],
                     "error": "changed since it was read (expected %s, found %s)" % (
                         (w["expect_sha256"] or "no file")[:12], (cur or "no file")[:12])}
-    temps = []
-    touched = []  # paths changed so far, in order
-    made_dirs = []
+    return None
 
-    def cleanup():
-        for t in temps:
+
+def exec_cleanup(run):
+    """Remove the temp files this run made (those already renamed into place are gone: nothing to do)."""
+    for t in run.temps:
+        try:
+            os.remove(t)
+        except OSError:
+            pass
+
+
+def exec_undo(run):
+    """Put back every path this run touched as it was (bytes, mode, owner; a path that held nothing is removed),
+    newest first, then remove the folders it made and its temp files. Returns the paths that could not be put
+    back."""
+    failed = []
+    for path in reversed(run.touched):
+        data, st = run.prev[path]
+        try:
+            if data is None:
+                if os.path.lexists(path):
+                    os.remove(path)
+            else:
+                rtmp = _tmp_name(path, run.token + "r")
+                run.temps.append(rtmp)
+                _write_new(rtmp, data, st)
+                _replace(rtmp, path)
+        except OSError:
+            failed.append(path)
+    for d in reversed(run.made_dirs):
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+    exec_cleanup(run)
+    return failed
+
+
+def exec_fail(run, exc, path=None):
+    """Undo the run and answer the I/O error ``exc`` (at ``path``), naming what could not be put back."""
+    unrestored = exec_undo(run)
+    out = {"ok": False, "kind": "io", "path": path,
+           "error": "%s%s" % ("" if path else (getattr(exc, "filename", None) or "") + ": ",
+                              exc.strerror or exc)}
+    if unrestored:
+        out["unrestored"] = unrestored
+    return out
+
+
+def exec_makedirs(run, d):
+    """Create ``d`` and its missing parents (0700), remembering them so that undoing the run removes them."""
+    missing = []
+    while d and not os.path.isdir(d):
+        missing.append(d)
+        d = os.path.dirname(d)
+    for m in reversed(missing):
+        os.mkdir(m, 0o700)
+        run.made_dirs.append(m)
+
+
+def exec_stage(run, writes):
+    """Step 2: a temp file beside each destination, fsync'd, with the mode and owner of the file it replaces, and
+    compiled with this (the server's) interpreter when the write asks. Returns (staged, None): staged is (write,
+    temp path or None for a removal), in plan order; or (None, answer) when a file does not compile (its temp
+    files removed, nothing else touched). An OSError propagates (the caller undoes)."""
+    staged = []
+    for w in writes:
+        if w.get("data") is None:
+            staged.append((w, None))
+            continue
+        data = _unb64(w["data"])
+        tmp = _tmp_name(w["path"], run.token)
+        like = run.prev[w["path"]][1]
+        run.temps.append(tmp)
+        _write_new(tmp, data, like, mode=w.get("mode", 0o644))
+        if w.get("compile"):
             try:
-                os.remove(t)
-            except OSError:
-                pass
+                compile(data, w["path"], "exec", dont_inherit=True)
+            except SyntaxError as exc:
+                exec_cleanup(run)
+                return None, {"ok": False, "kind": "compile", "path": w["path"],
+                              "error": "%s (line %s)" % (exc.msg, exc.lineno), "python": sys.executable}
+        staged.append((w, tmp))
+    return staged, None
 
-    def undo():
-        """Put back every touched path as it was; return the paths that could not be."""
-        failed = []
-        for path in reversed(touched):
-            data, st = prev[path]
+
+def exec_back_up(run, writes):
+    """Step 3: the original of each write that names a backup, copied there (mode and owner kept) before anything
+    is replaced; a backup that already holds those bytes is left alone (apply run again after a crash). An
+    OSError propagates (the caller undoes)."""
+    for w in writes:
+        b = w.get("backup")
+        if b and w["expect_sha256"] is not None:
+            exec_makedirs(run, os.path.dirname(b))
             try:
-                if data is None:
-                    if os.path.lexists(path):
-                        os.remove(path)
-                else:
-                    rtmp = _tmp_name(path, token + "r")
-                    temps.append(rtmp)
-                    _write_new(rtmp, data, st)
-                    _replace(rtmp, path)
+                same = _sha(_read(b)) == w["expect_sha256"]
             except OSError:
-                failed.append(path)
-        for d in reversed(made_dirs):
-            try:
-                os.rmdir(d)
-            except OSError:
-                pass
-        cleanup()
-        return failed
+                same = False
+            if not same:
+                exec_remember(run, b)
+                btmp = _tmp_name(b, run.token)
+                run.temps.append(btmp)
+                _write_new(btmp, run.prev[w["path"]][0], run.prev[w["path"]][1])
+                _replace(btmp, b)
+                run.touched.append(b)
 
-    def fail(exc, path=None):
-        unrestored = undo()
-        out = {"ok": False, "kind": "io", "path": path,
-               "error": "%s%s" % ("" if path else (getattr(exc, "filename", None) or "") + ": ",
-                                  exc.strerror or exc)}
-        if unrestored:
-            out["unrestored"] = unrestored
-        return out
 
-    def makedirs(d):
-        missing = []
-        while d and not os.path.isdir(d):
-            missing.append(d)
-            d = os.path.dirname(d)
-        for m in reversed(missing):
-            os.mkdir(m, 0o700)
-            made_dirs.append(m)
+def exec_write_manifest(run, man):
+    """Step 3 (after the backups, before any replacement): the manifest the plan leaves, when it leaves one
+    (``man["data"]`` None: it is removed last, by ``exec_remove_manifest``), 0600, sorted keys. An OSError
+    propagates (the caller undoes)."""
+    if man.get("data") is not None:
+        exec_makedirs(run, os.path.dirname(man["path"]))
+        exec_remember(run, man["path"])
+        mtmp = _tmp_name(man["path"], run.token)
+        run.temps.append(mtmp)
+        _write_new(mtmp, json.dumps(man["data"], indent=1, sort_keys=True).encode(), None, 0o600)
+        _replace(mtmp, man["path"])
+        run.touched.append(man["path"])
 
-    try:
-        # 2. Temp files beside their destinations, validated with this (the server's) interpreter.
-        staged = []
-        for w in writes:
-            if w.get("data") is None:
-                staged.append((w, None))
-                continue
-            data = _unb64(w["data"])
-            tmp = _tmp_name(w["path"], token)
-            like = prev[w["path"]][1]
-            temps.append(tmp)
-            _write_new(tmp, data, like, mode=w.get("mode", 0o644))
-            if w.get("compile"):
-                try:
-                    compile(data, w["path"], "exec", dont_inherit=True)
-                except SyntaxError as exc:
-                    cleanup()
-                    return {"ok": False, "kind": "compile", "path": w["path"],
-                            "error": "%s (line %s)" % (exc.msg, exc.lineno), "python": sys.executable}
-            staged.append((w, tmp))
-        _fault(payload, "execute:after-upload")
-        # 3. Backups of the originals, then the manifest: before anything is replaced.
-        for w in writes:
-            b = w.get("backup")
-            if b and w["expect_sha256"] is not None:
-                makedirs(os.path.dirname(b))
-                try:
-                    same = _sha(_read(b)) == w["expect_sha256"]
-                except OSError:
-                    same = False
-                if not same:
-                    remember(b)
-                    btmp = _tmp_name(b, token)
-                    temps.append(btmp)
-                    _write_new(btmp, prev[w["path"]][0], prev[w["path"]][1])
-                    _replace(btmp, b)
-                    touched.append(b)
-        if man.get("data") is not None:
-            makedirs(os.path.dirname(man["path"]))
-            remember(man["path"])
-            mtmp = _tmp_name(man["path"], token)
-            temps.append(mtmp)
-            _write_new(mtmp, json.dumps(man["data"], indent=1, sort_keys=True).encode(), None, 0o600)
-            _replace(mtmp, man["path"])
-            touched.append(man["path"])
-        _fault(payload, "execute:after-backup")
-    except OSError as exc:
-        return fail(exc)
-    # 4. Swap in (and remove what the plan removes, the manifest last). A failure puts everything back.
+
+def exec_swap_in(run, staged, payload):
+    """Step 4: rename each temp file over its destination, or remove the path the plan removes, in plan order
+    (the failpoint ``execute:between-renames`` fires before the second). None when all went; else the run is
+    undone and the answer names the path that failed."""
     for n, (w, tmp) in enumerate(staged):
         if n == 1:
             _fault(payload, "execute:between-renames")
@@ -542,25 +661,77 @@ def _execute(payload):
             else:
                 _replace(tmp, w["path"])
         except OSError as exc:  # a failed rename or remove leaves its path as it was
-            return fail(exc, w["path"])
-        touched.append(w["path"])
+            return exec_fail(run, exc, w["path"])
+        run.touched.append(w["path"])
+    return None
+
+
+def exec_remove_manifest(run, man):
+    """Step 4, last: the manifest removed when the plan leaves none (revert), and its folder when that is then
+    empty (a kept copy of a drifted file stays, and so does the folder). None, or the failure's answer (the run
+    undone)."""
     if man.get("path") and man.get("data") is None and os.path.exists(man["path"]):
-        remember(man["path"])
+        exec_remember(run, man["path"])
         try:
             os.remove(man["path"])
         except OSError as exc:
-            return fail(exc, man["path"])
-        touched.append(man["path"])
+            return exec_fail(run, exc, man["path"])
+        run.touched.append(man["path"])
         try:
             os.rmdir(os.path.dirname(man["path"]))  # only when empty: a kept drifted copy stays
         except OSError:
             pass
-    cleanup()
+    return None
+
+
+def exec_drop_bytecode(writes):
+    """The cached bytecode of every Python file written or removed, deleted (an old .pyc must not outlive its
+    source); the names removed."""
     removed = []
     for w in writes:
         if w["path"].endswith(".py"):
             removed += _drop_bytecode(w["path"])
-    return {"ok": True, "bytecode_removed": removed, "stale_temps_removed": stale}
+    return removed
+
+
+def _execute(payload):
+    """Carry out a plan: check, write temps, compile, back up, swap in. All or nothing: when a step fails,
+    every file this run replaced, created or removed (worker files, runtime, backups, manifest) is put back.
+
+    payload: token, writes [{path, expect_sha256 (null: must not exist), data | null (= remove), backup?,
+    compile: bool}], manifest {path, data | null}.
+    """
+    refused = exec_check_lock(payload)
+    if refused is not None:
+        return refused
+    writes = payload["writes"]
+    man = payload.get("manifest") or {}
+    stale = _drop_stale_temps(exec_dirs(payload))
+    run = ExecRun(payload["token"])
+    # 1. Nothing changed since it was read; keep what each path holds now, to put it back on failure.
+    refused = exec_check_unchanged(run, writes)
+    if refused is not None:
+        return refused
+    try:
+        # 2. Temp files beside their destinations, validated with this (the server's) interpreter.
+        staged, refused = exec_stage(run, writes)
+        if refused is not None:
+            return refused
+        _fault(payload, "execute:after-upload")
+        # 3. Backups of the originals, then the manifest: before anything is replaced.
+        exec_back_up(run, writes)
+        exec_write_manifest(run, man)
+        _fault(payload, "execute:after-backup")
+    except OSError as exc:
+        return exec_fail(run, exc)
+    # 4. Swap in (and remove what the plan removes, the manifest last). A failure puts everything back.
+    failed = exec_swap_in(run, staged, payload)
+    if failed is None:
+        failed = exec_remove_manifest(run, man)
+    if failed is not None:
+        return failed
+    exec_cleanup(run)
+    return {"ok": True, "bytecode_removed": exec_drop_bytecode(writes), "stale_temps_removed": stale}
 
 
 def op_logs(payload):
@@ -570,9 +741,8 @@ def op_logs(payload):
     if not os.path.isdir(d):
         return {"error": "no timing logs at %s: apply first (or give --log-dir), then put load on the server" % d}
     files = []
-    for name in sorted(os.listdir(d)):
-        if not name.endswith(".jsonl"):
-            continue
+    names = sorted(n for n in os.listdir(d) if n.endswith(".jsonl"))
+    for name in names:
         path = os.path.join(d, name)
         try:
             size = os.path.getsize(path)
@@ -591,7 +761,7 @@ def op_logs(payload):
         if cut == 0:
             continue
         files.append({"name": name, "offset": off, "data": _b64(data[:cut])})
-    return {"files": files}
+    return {"files": files, "names": names}
 
 
 def op_read(payload):
@@ -611,4 +781,186 @@ def op_read(payload):
     return {"files": out}
 
 
-OPS.update({"read": op_read, "logs": op_logs, "facts": op_facts, "lock": op_lock, "unlock": op_unlock, "execute": op_execute})  # noqa: F821
+
+# ---------------------------------------------------------------------------------------------------------------
+# doctor: what a server's process, log, HTTP API and model configs say; reads only
+
+
+def _doctor_log_sources(pids):
+    """The regular files that the stdout and stderr of ``pids`` write to (each once), and what the others are."""
+    import stat as _st
+
+    files, other, seen = [], [], set()
+    for pid in pids:
+        for fd in (1, 2):
+            link = "/proc/%d/fd/%d" % (pid, fd)
+            try:
+                target = os.readlink(link)
+                st = os.stat(link)
+            except OSError:
+                continue
+            if not _st.S_ISREG(st.st_mode):
+                other.append(target)  # a pipe, a socket (journald), a terminal, /dev/null: nothing to read here
+                continue
+            key = (st.st_dev, st.st_ino)
+            if key not in seen:
+                seen.add(key)
+                files.append((link, target, st.st_size))
+    return files, sorted(set(other))
+
+
+def _doctor_read_log(link, size, pattern, head_bytes, tail_bytes, max_lines):
+    """The lines of a log that match ``pattern``, from its start (``head_bytes``) and its end (``tail_bytes``),
+    from the last ``server_args=`` line on (the current launch), at most ``max_lines`` (the last ones)."""
+    regions = [(0, size)] if size <= head_bytes + tail_bytes else [(0, head_bytes), (size - tail_bytes, size)]
+    kept = []
+    with open(link, "rb") as f:
+        for begin, end in regions:
+            f.seek(begin)
+            data = f.read(end - begin)
+            lines = re.split(r"\r\n|\r|\n", data.decode("utf-8", "replace"))
+            if begin > 0 and lines:
+                lines = lines[1:]  # cut in the middle of a line
+            if end < size and lines:
+                lines = lines[:-1]  # likewise
+            kept.extend(ln.rstrip() for ln in lines if pattern.search(ln))
+    start = 0
+    for i, ln in enumerate(kept):
+        if "server_args=ServerArgs(" in ln:
+            start = i
+    kept = kept[start:]
+    if len(kept) > max_lines:
+        head = [kept[0]] if "server_args=ServerArgs(" in kept[0] else []
+        kept = head + kept[-(max_lines - len(head)):]
+    return kept
+
+
+def _doctor_http_json(url, timeout, api_key):
+    """(status, parsed JSON or None, error) of a GET on this host, without proxies."""
+    import urllib.error
+    import urllib.request
+
+    headers = {"Authorization": "Bearer " + api_key} if api_key else {}
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(urllib.request.Request(url, headers=headers), timeout=timeout) as resp:
+            body = resp.read(8 << 20)
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code, None, "HTTP %d" % exc.code
+    except (urllib.error.URLError, socket.timeout, OSError) as exc:
+        return None, None, str(getattr(exc, "reason", exc))
+    try:
+        return status, json.loads(body.decode("utf-8", "replace")), None
+    except ValueError:
+        return status, None, "not JSON"
+
+
+def _doctor_server_info(host, port, api_key, timeout):
+    base = "http://%s:%d" % ("[%s]" % host if ":" in host else host, port)
+    for endpoint in ("/server_info", "/get_server_info"):  # /server_info from 0.5.6; before, only the other
+        status, doc, err = _doctor_http_json(base + endpoint, timeout, api_key)
+        if status == 404:
+            continue
+        return {"endpoint": endpoint, "status": status, "doc": doc if isinstance(doc, dict) else None,
+                "error": err}
+    return {"endpoint": None, "status": 404, "doc": None, "error": "no /server_info or /get_server_info"}
+
+
+def _doctor_hf_snapshot(name, env):
+    """config.json of a Hugging Face repo id in the server's hub cache (HF_HUB_CACHE, HF_HOME/hub,
+    ~/.cache/huggingface/hub), or None."""
+    if not re.match(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$", name):
+        return None
+    hubs = []
+    if env.get("HF_HUB_CACHE"):
+        hubs.append(env["HF_HUB_CACHE"])
+    if env.get("HF_HOME"):
+        hubs.append(os.path.join(env["HF_HOME"], "hub"))
+    if env.get("HOME"):
+        hubs.append(os.path.join(env["HOME"], ".cache", "huggingface", "hub"))
+    for hub in hubs:
+        repo = os.path.join(hub, "models--" + name.replace("/", "--"))
+        snaps = os.path.join(repo, "snapshots")
+        try:
+            ref = _read(os.path.join(repo, "refs", "main")).decode().strip()
+        except OSError:
+            ref = None
+        cands = [ref] if ref else []
+        try:
+            cands += sorted(os.listdir(snaps), key=lambda d: -os.path.getmtime(os.path.join(snaps, d)))
+        except OSError:
+            continue
+        for c in cands:
+            p = os.path.join(snaps, c, "config.json")
+            if os.path.isfile(p):
+                return p
+    return None
+
+
+def _doctor_model_config(name, cwd, env):
+    """``{"path", "text"}`` of a model's config.json (a local folder, or a repo id in the hub cache), or
+    ``{"error"}``."""
+    path = name if os.path.isabs(name) else os.path.join(cwd or "/", name)
+    cfg = os.path.join(path, "config.json") if os.path.isdir(path) else None
+    if cfg is None:
+        cfg = _doctor_hf_snapshot(name, env or {})
+        if cfg is None:
+            return {"error": "not a local folder, and not in the server's Hugging Face cache"}
+    try:
+        if os.path.getsize(cfg) > (4 << 20):
+            return {"path": cfg, "error": "config.json is over 4 MB"}
+        return {"path": cfg, "text": _read(cfg).decode("utf-8", "replace")}
+    except OSError as exc:
+        return {"path": cfg, "error": exc.strerror or str(exc)}
+
+
+def _doctor_nvidia_smi(timeout):
+    import shutil
+
+    exe = shutil.which("nvidia-smi") or ("/usr/bin/nvidia-smi" if os.path.exists("/usr/bin/nvidia-smi") else None)
+    if exe is None:
+        return {"error": "no nvidia-smi on this host"}
+    out = {}
+    for key, argv in (("list", [exe, "-L"]), ("topo", [exe, "topo", "-m"])):
+        try:
+            p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               timeout=timeout)
+            out[key] = p.stdout[:65536].decode("utf-8", "replace")
+            if p.returncode:
+                out[key + "_error"] = "exit %d: %s" % (p.returncode, p.stderr[:300].decode("utf-8", "replace"))
+        except (OSError, subprocess.SubprocessError) as exc:
+            out[key + "_error"] = str(exc)
+    return out
+
+
+def op_doctor(payload):
+    """What ``eaglepatch doctor`` reads of each server, changing nothing: the logs its processes write (their
+    stdout and stderr, when they are files; only the lines matching ``filter``), its ``/server_info``, the
+    config.json of the models it names, and (once) ``nvidia-smi -L`` and ``nvidia-smi topo -m``."""
+    pattern = re.compile(payload.get("filter") or "Decode batch")
+    out = {"servers": []}
+    for srv in payload.get("servers") or []:
+        one = {"pid": srv["pid"], "logs": [], "configs": {}}
+        files, other = _doctor_log_sources([srv["pid"]] + list(srv.get("children") or []))
+        one["log_other"] = other
+        for link, target, size in files:
+            try:
+                lines = _doctor_read_log(link, size, pattern, int(payload.get("head_bytes", 2 << 20)),
+                                         int(payload.get("tail_bytes", 32 << 20)), int(payload.get("max_lines", 1500)))
+                one["logs"].append({"path": target, "size": size, "lines": lines})
+            except OSError as exc:
+                one["logs"].append({"path": target, "size": size, "error": exc.strerror or str(exc)})
+        if srv.get("port"):
+            one["server_info"] = _doctor_server_info(srv.get("host") or "127.0.0.1", int(srv["port"]),
+                                                     srv.get("api_key"), float(payload.get("http_timeout", 10)))
+        for name in srv.get("models") or []:
+            one["configs"][name] = _doctor_model_config(name, srv.get("cwd"), srv.get("env") or {})
+        out["servers"].append(one)
+    if payload.get("gpus", True):
+        out["gpus"] = _doctor_nvidia_smi(float(payload.get("smi_timeout", 20)))
+    return out
+
+
+OPS.update({"read": op_read, "logs": op_logs, "facts": op_facts, "lock": op_lock, "unlock": op_unlock, "execute": op_execute,
+             "doctor": op_doctor})  # noqa: F821

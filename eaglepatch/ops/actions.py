@@ -7,11 +7,13 @@ is a typed error (``eaglepatch.errors``) and leaves the target as it was, or as 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import pathlib
+import re
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 from eaglepatch.errors import RestartFailed, Unsupported, UsageError
 from eaglepatch.failpoints import failpoint
@@ -19,6 +21,7 @@ from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.local import LocalHost
 from eaglepatch.hosts.target import SSHOptions, TargetSpec, is_local_target, open_host, parse_target
 from eaglepatch.ops.core import (
+    AmbiguousInstall,
     FactsOptions,
     HostFacts,
     Plan,
@@ -33,6 +36,7 @@ from eaglepatch.ops.core import (
     plan_revert,
     preload_transform,
     source_slices,
+    worker_timer,
 )
 from eaglepatch.transform.recipe import Recipe, builtin_recipe, load_recipe_file
 
@@ -46,7 +50,7 @@ class Connect:
     identity: str | None = None
     port: int | None = None
     jump: str | None = None
-    connect_timeout: float | None = 10.0
+    connect_timeout: float | None = None  # None: the SSH config's ConnectTimeout, else 10 s
     accept_new_host_key: bool = False
     facts: FactsOptions = FactsOptions()
 
@@ -132,6 +136,9 @@ def render_show(doc: dict[str, Any]) -> str:
                 continue
             lines = w.get("lines") or [None, None]
             out.append(f"  {w['class']}.{w['method']} (lines {lines[0]}-{lines[1]}): phases {', '.join(w['phases'])}")
+            if w.get("timer"):
+                timer, why = worker_timer("auto", w["timer"])
+                out.append(f"    timer         {timer} with --mode auto ({why})")
             for site in w.get("call_sites", []):
                 out.append(f"    {site['phase']:<13} {site['mode']:<8} line {site['line']} in {site['method']}")
             for a in w.get("accepted", []):
@@ -278,7 +285,11 @@ def apply(text: str, c: Connect, recipe: Recipe, ropts: RuntimeOptions, restart:
                 say(f"{t.spec.name}: already patched: nothing to change")
                 behind = lc.stale(servers, facts) if restart is not None else []
                 restarted = False
-                if behind:
+                if behind and denied:
+                    # a patched server that fails would need the files reverted, which this user cannot do
+                    say(f"note: {denied.split(': ', 1)[1]}: the server(s) that still run the original code were not "
+                        "restarted")
+                elif behind:
                     # an apply cut off before its restart, or --no-restart: the servers still run the original code
                     say(f"{t.spec.name}: " + ", ".join(f"the server on :{s.port} (pid {s.pid})" for s in behind)
                         + " started before the files were patched: restarting it")
@@ -289,10 +300,16 @@ def apply(text: str, c: Connect, recipe: Recipe, ropts: RuntimeOptions, restart:
                 raise UsageError(denied)
             if restart is not None:
                 lc.check_relaunchable(servers, restart)  # before anything changes
+            for cls, family_timer in plan.timers:
+                timer, why = worker_timer(ropts.mode, family_timer)
+                say(f"timer: {cls}: {timer} ({why})")
             # Without a restart, the lock is released by the same round trip that carries out the plan.
             session.execute(plan, release=restart is None)
             failpoint("apply:after-execute")
-            say(f"{t.spec.name}: patched {len(plan.files)} file(s); originals in {facts.backup_dir}")
+            if plan.worker_writes:
+                say(f"{t.spec.name}: patched {plan.worker_writes} file(s); originals in {facts.backup_dir}")
+            else:
+                say(f"{t.spec.name}: the runtime's configuration changed; the worker files were already patched")
             restarted = False
             if restart is not None:
                 restarted = _restart_after_apply(t, recipe, session, servers, restart, say)
@@ -362,10 +379,14 @@ def revert(text: str, c: Connect, recipe: Recipe, force: bool, restart: Any, say
             wants = restart is not None and (bool(plan.files) or bool(servers))
             pairs, units = _revert_relaunches(t, facts, servers, c.facts.server_ports, restart, say,
                                               recorded=bool(plan.files)) if wants else ([], [])
+            from eaglepatch.server.control import relaunch_payload, relaunch_timeout
+
             then = {"batch": [relaunch_payload(cur, spec, restart.grace, restart.port_timeout)
                               for cur, spec in pairs]} if pairs else None
             if plan.changed:
-                res = session.execute(plan, release=not wants, then=then)
+                res = session.execute(plan, release=not wants, then=then,
+                                      then_timeout=relaunch_timeout(restart.grace, restart.port_timeout, len(pairs))
+                                      if pairs else 0.0)
                 failpoint("revert:after-execute")
                 for n in plan.notes:
                     say(f"note: {n}")
@@ -382,46 +403,37 @@ def revert(text: str, c: Connect, recipe: Recipe, force: bool, restart: Any, say
             session.unlock()
 
 
-def relaunch_payload(current: Any, spec: Any, grace: float, port_timeout: float) -> dict[str, Any]:
-    from eaglepatch.server.control import relaunch_payload as payload
-
-    return payload(current, spec, grace, port_timeout)
-
-
 def call_relaunch(host: Host, python: str, then: dict[str, Any], ropts: Any) -> Any:
     """A batch of relaunches in one request on the host (nothing to write with them)."""
     from eaglepatch.server.control import relaunch_timeout
     from eaglepatch.server.process import call_remote
 
-    n = max(1, len(then.get("batch") or ()))
-    return call_remote(host, python, "relaunch", then, timeout=n * relaunch_timeout(ropts.grace, ropts.port_timeout))
+    n = len(then.get("batch") or ())
+    return call_remote(host, python, "relaunch", then, timeout=relaunch_timeout(ropts.grace, ropts.port_timeout, n))
 
 
 def _revert_relaunches(t: _Target, facts: HostFacts, servers: Sequence[Any], ports: Sequence[int], ropts: Any,
-                       say: Say, recorded: bool) -> tuple[list[tuple[Any, Any]], list[Any]]:
+                       say: Say, recorded: bool) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]]:
     """What revert restarts: ``(current, launch spec)`` pairs that the host relaunches in the same request as
     the revert (with ``recorded``, a server apply recorded that is gone now is started from its recorded spec),
-    and the servers that systemd runs. Raises UsageError, before anything changes, for a server that cannot be
-    restarted."""
-    from eaglepatch.server.process import LaunchSpec
-
+    and ``(current, options)`` for the servers that systemd runs. Raises UsageError, before anything changes, for
+    a server that cannot be restarted."""
     lc = lifecycle()
     if lc.custom(ropts):
         return [], []
     lc.check_relaunchable(servers, ropts)
     pairs = [(srv, srv.launch_spec()) for srv in servers if not srv.unit]
-    units = [srv for srv in servers if srv.unit]
-    running_ports = {srv.port for srv in lc.servers_of(facts)}
-    for rec in facts.manifest_servers() if recorded else ():
-        port = rec.get("port")
-        if rec.get("launch") and port not in running_ports and (not ports or port in ports):
-            say(f"{t.spec.name}: no server of this install runs on :{port}; starting the one recorded at apply time")
-            pairs.append((None, LaunchSpec.from_json(rec["launch"])))
+    units = [(srv, ropts) for srv in servers if srv.unit]
+    for spec, opts in lc.recorded_gone(facts, ports, ropts, say, t.spec.name) if recorded else ():
+        if spec is not None:
+            pairs.append((None, spec))
+        else:
+            units.append((None, opts))
     return pairs, units
 
 
 def _restart_after_revert(t: _Target, facts: HostFacts, ropts: Any, pairs: Sequence[tuple[Any, Any]],
-                          units: Sequence[Any], res: dict[str, Any], say: Say) -> bool:
+                          units: Sequence[tuple[Any, Any]], res: dict[str, Any], say: Say) -> bool:
     from eaglepatch.server.restart import after_relaunch, restart
 
     lc = lifecycle()
@@ -429,12 +441,13 @@ def _restart_after_revert(t: _Target, facts: HostFacts, ropts: Any, pairs: Seque
     if lc.custom(ropts):
         servers = lc.servers_of(facts)
         results.append(restart(t.host, current=servers[0] if servers else None, options=ropts, progress=say,
-                               python=facts.python))
+                               python=facts.python, package_dir=facts.package_dir))
     answers = (res.get("then") or {}).get("batch") or []
     for (cur, spec), answer in zip(pairs, answers):
         results.append(after_relaunch(t.host, cur, spec, answer, options=ropts, progress=say, python=facts.python))
-    for srv in units:
-        results.append(restart(t.host, current=srv, options=ropts, progress=say, python=facts.python))
+    for cur, opts in units:
+        results.append(restart(t.host, current=cur, options=opts, progress=say, python=facts.python,
+                               package_dir=facts.package_dir))
     if not results:
         _no_server_note(say, t.spec.name, "reverted")
         return False
@@ -446,38 +459,41 @@ def _restart_after_revert(t: _Target, facts: HostFacts, ropts: Any, pairs: Seque
 
 
 def restart_target(text: str, c: Connect, ropts: Any, say: Say) -> dict[str, Any]:
-    from eaglepatch.server.process import LaunchSpec
     from eaglepatch.server.restart import NoServerRunning, restart
 
     lc = lifecycle()
     with _Target(text, c) as t:
-        facts = _facts(t, builtin_recipe(), transform=False)
-        servers = lc.chosen(facts, c.facts.server_ports)
-        lc.check_relaunchable(servers, ropts)
-        jobs: list[tuple[Any, Any]] = [(srv, None) for srv in servers]
-        if not servers and not lc.custom(ropts):
-            # none runs: the ones apply recorded (the server crashed, or a run was killed between stop and start)
-            recorded = [rec for rec in facts.manifest_servers() if rec.get("launch")
-                        and (not c.facts.server_ports or rec.get("port") in c.facts.server_ports)]
-            if not recorded:
-                raise NoServerRunning(t.spec.name)
-            for rec in recorded:
-                say(f"{t.spec.name}: no server of this install runs on :{rec['port']}; starting the one recorded "
-                    "at apply time")
-                jobs.append((None, LaunchSpec.from_json(rec["launch"])))
-        if lc.custom(ropts):
-            jobs = jobs[:1] or [(None, None)]
-        results = []
-        for cur, launch in jobs:
-            res = restart(t.host, current=cur, launch=launch, options=ropts, progress=say, python=facts.python)
-            if not res.ready:
-                raise RestartFailed(f"{t.spec.name}: not ready within {ropts.timeout:.0f} s: {res.message}\n"
-                                    f"{res.log_tail}".rstrip())
-            results.append(res.to_json())
-        doc = dict(results[0])
-        doc["target"] = t.spec.name
-        doc["servers"] = results
-        return doc
+        owner = new_lock_owner("restart")
+        facts = _facts(t, builtin_recipe(), owner, transform=False)
+        session = Session(t.host, facts.python, facts)
+        if not facts.cannot_write():
+            session.lock(owner)  # no apply, revert or sweep of this install restarts its servers meanwhile
+        try:
+            servers = lc.chosen(facts, c.facts.server_ports)
+            lc.check_relaunchable(servers, ropts)
+            jobs: list[tuple[Any, Any, Any]] = [(srv, None, ropts) for srv in servers]
+            if not servers and not lc.custom(ropts):
+                # none runs: the ones apply recorded (a crash, or a run killed between a stop and a start)
+                jobs = [(None, spec, opts) for spec, opts in
+                        lc.recorded_gone(facts, c.facts.server_ports, ropts, say, t.spec.name)]
+                if not jobs:
+                    raise NoServerRunning(t.spec.name)
+            if lc.custom(ropts):
+                jobs = jobs[:1] or [(None, None, ropts)]
+            results = []
+            for cur, launch, opts in jobs:
+                res = restart(t.host, current=cur, launch=launch, options=opts, progress=say, python=facts.python,
+                              package_dir=facts.package_dir)
+                if not res.ready:
+                    raise RestartFailed(f"{t.spec.name}: not ready within {opts.timeout:.0f} s: {res.message}\n"
+                                        f"{res.log_tail}".rstrip())
+                results.append(res.to_json())
+            doc = dict(results[0])
+            doc["target"] = t.spec.name
+            doc["servers"] = results
+            return doc
+        finally:
+            session.unlock()
 
 
 def render_restart(doc: dict[str, Any]) -> str:
@@ -494,32 +510,44 @@ def _cache_root() -> pathlib.Path:
     return pathlib.Path(base) / "eaglepatch" / "logs"
 
 
-def fetch_logs(text: str, c: Connect, log_dir: str | None, say: Say) -> str:
-    """Copy a target's timing logs into the local cache, fetching only bytes not fetched before; return the
-    local folder."""
+@dataclasses.dataclass(frozen=True)
+class FetchedLogs:
+    """A target's timing logs copied into the local cache: the ``folder``, and the processes of the servers of
+    the install that run now (launchers and their children: every rank), whose logs are the current run's."""
+
+    folder: str
+    current: frozenset[int] = frozenset()
+
+
+def fetch_logs(text: str, c: Connect, log_dir: str | None, say: Say) -> FetchedLogs:
+    """Copy a target's timing logs into the local cache, fetching only bytes not fetched before."""
     with _Target(text, c) as t:
         python = c.facts.python or "python3"
-        if log_dir is None:
-            try:
-                facts = _facts(t, builtin_recipe(), transform=False)
-                log_dir = ((facts.manifest or {}).get("runtime") or {}).get("log_dir")
-                python = facts.python
-            except Unsupported:
-                pass
-        log_dir = log_dir or "/tmp/eaglepatch"
-        return fetch_logs_from(t.host, t.spec.name, python, log_dir, say)
+        current: frozenset[int] = frozenset()
+        try:
+            facts = _facts(t, builtin_recipe(), transform=False)
+            log_dir = log_dir or ((facts.manifest or {}).get("runtime") or {}).get("log_dir")
+            python = facts.python
+            current = frozenset(p for s in facts.servers for p in (s["pid"], *(s.get("children") or ())))
+        except (Unsupported, AmbiguousInstall):
+            pass  # the logs can still be read (--log-dir, or the default folder); which run is current is unknown
+        folder = fetch_logs_from(t.host, t.spec.name, python, log_dir or "/tmp/eaglepatch", say)
+        return FetchedLogs(folder, current)
 
 
 def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say) -> str:
     """``fetch_logs`` on an open host: copy the new bytes of ``log_dir``'s timing logs into the local cache
-    folder of the target ``name``; return that folder."""
+    folder of the target ``name`` and that log dir (another ``--log-dir`` has a folder of its own), dropping
+    the cached copies of files that are no longer on the host; return that folder."""
     safe = "".join(ch if ch.isalnum() or ch in "-_.@" else "_" for ch in name)
-    dest = _cache_root() / safe
+    dest = _cache_root() / safe / hashlib.sha256(log_dir.encode("utf-8", "surrogateescape")).hexdigest()[:16]
     dest.mkdir(parents=True, exist_ok=True, mode=0o700)
     have = {p.name: p.stat().st_size for p in dest.glob("*.jsonl")}
     res = call(host, python, "logs", log_dir=log_dir, have=have)
     if res.get("error"):
         raise UsageError(f"{name}: {res['error']}")
+    for gone in set(have) - set(res.get("names") or ()):
+        (dest / gone).unlink(missing_ok=True)  # deleted on the host: never reported again
     fetched = 0
     import base64
 
@@ -532,33 +560,112 @@ def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say) 
             with open(p, "ab") as fh:
                 fh.write(data)
         fetched += len(data)
-    say(f"{name}: {len(res['files'])} log file(s) from {log_dir}, {fetched} new bytes -> {dest}")
+    names = res.get("names") or ()
+    say(f"{name}: {len(names)} log file(s) in {log_dir}, {fetched} new bytes from {len(res['files'])} of them "
+        f"-> {dest}")
     return str(dest)
 
 
-def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, trace: str | None, compare: bool,
-           log_dir: str | None, fmt: str, say: Say) -> str:
+@dataclasses.dataclass(frozen=True)
+class RunSelection:
+    """``report``'s choice of runs: ``merge`` (all together, said so), ``ids`` (these, by id or prefix), ``since``
+    (runs that started at or after an epoch), ``all`` (every run apart). None of them: a TARGET's current runs
+    (those of the servers that run now, else its newest), every run of local files."""
+
+    merge: bool = False
+    ids: tuple[str, ...] = ()
+    since: float | None = None
+    all: bool = False
+
+    def __post_init__(self) -> None:
+        if sum((self.merge, bool(self.ids), self.since is not None, self.all)) > 1:
+            raise UsageError("--merge-runs, --run, --since and --all-runs exclude each other: give one")
+
+    @property
+    def explicit(self) -> bool:
+        return self.merge or bool(self.ids) or self.since is not None or self.all
+
+
+def parse_since(text: str, now: float | None = None) -> float:
+    """``--since``: an epoch (``1764500000``), a local date and time (``2026-12-01 15:40``, ``2026-12-01T15:40:00``)
+    or an age (``30m``, ``2h``, ``1d``, ``90s``). Raises UsageError."""
+    import datetime
+
+    now = time.time() if now is None else now
+    t = text.strip()
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if t[-1:] in units and t[:-1].replace(".", "", 1).isdigit():
+        return now - float(t[:-1]) * units[t[-1]]
+    try:
+        return float(t)
+    except ValueError:
+        pass
+    try:
+        return datetime.datetime.fromisoformat(t.replace(" ", "T", 1)).timestamp()
+    except ValueError:
+        raise UsageError(f"--since {text!r}: give an epoch, a date and time (2026-12-01 15:40) or an age "
+                         "(30m, 2h, 1d)") from None
+
+
+def _is_log_source(path: str) -> bool:
+    """A local SOURCE that is timing logs itself (a .jsonl file, or a folder with some), not an install."""
     from eaglepatch import report as rep
 
-    local: list[str] = []
+    if os.path.isfile(path):
+        return True
+    try:
+        return bool(rep.iter_log_files([path]))
+    except UsageError:  # a folder without logs: an install, or nothing
+        return False
+
+
+def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, trace: str | None, compare: bool,
+           log_dir: str | None, fmt: str, say: Say, runs: RunSelection = RunSelection(),
+           chart: str | None = None) -> str:
+    from eaglepatch import report as rep
+
+    per_source: list[list[str]] = []  # the log files of each source
+    latest = False
     for s in sources:
-        if os.path.exists(s) or is_local_target(s):
-            local.append(s)
-        else:
-            local.append(fetch_logs(s, c, log_dir, say))
+        if (os.path.exists(s) or is_local_target(s)) and _is_log_source(s):
+            per_source.append(rep.iter_log_files([s]))
+            continue
+        # a TARGET: a remote one, or a local install (package, venv, checkout): the same code path
+        fetched = fetch_logs(s, c, log_dir, say)
+        files = rep.iter_log_files([fetched.folder])
+        if not runs.explicit:
+            # by default the current run: the logs of the processes of the servers that run now (every rank)
+            mine = logs_of(files, fetched.current)
+            if mine:
+                files = mine
+            else:
+                latest = True
+                say(f"note: {s}: no timing log of the server that runs now: the newest run is shown (--all-runs "
+                    "for every run)")
+        per_source.append(files)
+    select: dict[str, Any] = {"merge_runs": runs.merge, "run_ids": list(runs.ids) or None, "since": runs.since,
+                              "latest": latest}
     if compare:
-        results = [rep.aggregate(rep.iter_log_files([p]), by=by, skip=skip) for p in local]
+        results, traces = rep.aggregate_each(per_source, list(sources), trace_path=trace, by=by, skip=skip,
+                                             **select)
+        for path in traces:
+            say(f"trace written to {path}: open it in https://ui.perfetto.dev")
         cmp = rep.compare(results, list(sources))
+        if chart is not None:
+            from eaglepatch.tuning.chart import write_compare_chart
+
+            write_compare_chart(cmp.to_json(), chart)
+            say(f"chart written to {chart}")
         if fmt == "json":
             return json.dumps(cmp.to_json(), indent=1) + "\n"
         if fmt == "csv":
             return rep.render_compare_csv(cmp)
         return rep.render_compare_table(cmp) + "\n"
-    files = rep.iter_log_files(local)
+    files = [f for fs in per_source for f in fs]
     if not files:
         raise UsageError(f"no timing logs (*.jsonl) in {', '.join(sources)}: apply first, then put load on the "
                          "server")
-    result = rep.aggregate(files, by=by, skip=skip, trace_path=trace)
+    result = rep.aggregate(files, by=by, skip=skip, trace_path=trace, **select)
     if trace:
         say(f"trace written to {trace}: open it in https://ui.perfetto.dev")
     if fmt == "json":
@@ -568,3 +675,13 @@ def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, tra
     if fmt == "csv":
         return rep.render_csv(result)
     return rep.render_table(result) + "\n"
+
+
+# a timing log's name: <host>-<pid>-rank<r>.jsonl
+_LOG_PID = re.compile(r"-(\d+)-rank\d+\.jsonl$")
+
+
+def logs_of(files: Sequence[str], pids: Collection[int]) -> list[str]:
+    """The timing logs among ``files`` that the processes ``pids`` wrote (a server's launcher and children: every
+    rank), by the pid in their names."""
+    return [f for f in files if (m := _LOG_PID.search(os.path.basename(f))) and int(m.group(1)) in pids]

@@ -68,15 +68,18 @@ _CONFIG_LINE = re.compile(r"^_CONFIG = .*# eaglepatch:config$", re.M)
 
 @dataclasses.dataclass(frozen=True)
 class RuntimeOptions:
-    """How the runtime inside the server times: ``apply --mode/--every/--log-dir``."""
+    """How the runtime inside the server times: ``apply --mode/--every/--log-dir``.
 
-    mode: str = "sync"
+    ``auto`` (the default) gives each worker its family's timer (the recipe's ``timer``): ``sync`` where the worker
+    runs without the overlap scheduler, ``events`` where it runs under it; ``sync``/``events`` force one for all."""
+
+    mode: str = "auto"
     every: int = 1
     log_dir: str = "/tmp/eaglepatch"
 
     def __post_init__(self) -> None:
-        if self.mode not in ("sync", "events", "cpu"):
-            raise UsageError(f"--mode must be sync or events, not {self.mode!r}")
+        if self.mode not in MODES:
+            raise UsageError(f"--mode must be auto, sync or events, not {self.mode!r}")
         if self.every < 1:
             raise UsageError("--every must be 1 or more")
         if not self.log_dir.startswith("/"):
@@ -92,15 +95,35 @@ class FactsOptions:
     server_ports: tuple[int, ...] = ()  # --server-port: act on these servers of the install only
 
 
+MODES = ("auto", "sync", "events", "cpu")
+# Why a worker gets its timer, for show and apply.
+TIMER_WHY = {
+    "sync": "no overlap scheduler: verify waits for the GPU anyway, so synchronize + perf_counter costs little",
+    "events": "overlap scheduler: a synchronize would stall it, CUDA events time the GPU without waiting",
+}
+
+
+def worker_timer(mode: str, family_timer: str | None) -> tuple[str, str]:
+    """(timer, why) a worker gets under ``--mode``: its family's with ``auto``, else the one asked for."""
+    if mode == "auto":
+        timer = family_timer or "sync"
+        return timer, TIMER_WHY[timer]
+    if mode == "sync" and family_timer == "events":
+        return mode, ("--mode sync on an overlap-scheduler worker: each synchronize stalls the overlap (it cost "
+                      "23-44% of throughput on an H200, docs/benchmarks.md); --mode auto gives it events")
+    return mode, f"--mode {mode}"
+
+
 @functools.lru_cache(maxsize=1)
 def runtime_template() -> str:
     return (pathlib.Path(__file__).parent.parent / "runtime" / RUNTIME_FILE).read_text(encoding="utf-8")
 
 
-def render_runtime(opts: RuntimeOptions) -> str:
-    """The runtime module's source with its config line set to ``opts``."""
-    config = {"mode": opts.mode, "every": opts.every, "log_dir": opts.log_dir,
-              "summary_every": 2000, "flush_records": 256, "flush_seconds": 2.0}
+def render_runtime(opts: RuntimeOptions, timers: dict[str, str] | None = None) -> str:
+    """The runtime module's source with its config line set to ``opts``; ``timers``: worker class -> its timer,
+    for ``auto`` (the runtime picks by the class of the worker it times)."""
+    config = {"mode": opts.mode, "timers": dict(sorted((timers or {}).items())), "every": opts.every,
+              "log_dir": opts.log_dir, "summary_every": 2000, "flush_records": 256, "flush_seconds": 2.0}
     line = f"_CONFIG = {json.dumps(config)}  # eaglepatch:config"
     src, n = _CONFIG_LINE.subn(lambda _m: line, runtime_template(), count=1)
     if n != 1:
@@ -158,10 +181,7 @@ class HostFacts:
     owner: str | None = None
     writable: bool = True
     runtime_mtime: float | None = None
-
-    @property
-    def server(self) -> dict[str, Any] | None:
-        return self.servers[0] if self.servers else None
+    runtime_data: bytes | None = None
 
     @property
     def code_mtime(self) -> float | None:
@@ -241,6 +261,10 @@ def call_error(name: str, interp: str, exc: RemoteScriptError) -> EaglepatchErro
     return EaglepatchError(f"{name}: {exc}")
 
 
+class AmbiguousInstall(UsageError):
+    """Servers of several sglang installs run on the host, and nothing named the one meant."""
+
+
 def new_lock_owner(what: str = "") -> dict[str, Any]:
     """Who takes a lock: a fresh token, this machine, this process (so a lock left by a dead run is known stale),
     and what it does (``apply``, ``revert``, ``sweep``: status names it)."""
@@ -256,12 +280,12 @@ def gather(host: Host, opts: FactsOptions, entry_names: Sequence[str],
     lock = {"owner": lock_owner, "ttl": ttl} if lock_owner else None
     raw = call(host, opts.python or "python3", "facts", python=opts.python, sglang_path=opts.sglang_path,
                pattern=pattern, lock=lock)
-    if raw.get("ambiguous"):
+    if raw.get("ambiguous"):  # AmbiguousInstall: a UsageError
         listing = "; ".join(f"{a['package_dir']} (" + ", ".join(f"pid {s['pid']} on :{s['port']}"
                                                                   for s in a["servers"]) + ")"
                             for a in raw["ambiguous"])
-        raise UsageError(f"{host.name}: servers of several sglang installs run here: {listing}: name the one to "
-                         "act on with --sglang-path DIR (or --python)")
+        raise AmbiguousInstall(f"{host.name}: servers of several sglang installs run here: {listing}: name the one "
+                               "to act on with --sglang-path DIR (or --python)")
     if raw.get("error"):
         hint = " (give --python or --sglang-path)" if not opts.sglang_path else ""
         raise Unsupported(f"{host.name}: {raw['error']}{hint}")
@@ -296,6 +320,7 @@ def gather(host: Host, opts: FactsOptions, entry_names: Sequence[str],
         owner=raw.get("owner"),
         writable=bool(raw.get("writable", True)),
         runtime_mtime=raw.get("runtime_mtime"),
+        runtime_data=base64.b64decode(raw["runtime_data"]) if raw.get("runtime_data") else None,
     )
 
 
@@ -321,6 +346,8 @@ def file_state(facts: HostFacts, f: WorkerFile, recipe: Recipe) -> str:
 
 def worker_json(w: WorkerInfo) -> dict[str, Any]:
     out: dict[str, Any] = {"class": w.cls, "method": w.method, "phases": w.phase_names}
+    if w.status == "supported":
+        out["timer"] = w.timer or "sync"  # the family's: what --mode auto gives it
     if w.status != "supported":
         out["status"] = w.status
         out["reason"] = w.reason
@@ -331,29 +358,26 @@ def worker_json(w: WorkerInfo) -> dict[str, Any]:
     return out
 
 
-def server_json(facts: HostFacts) -> dict[str, Any] | None:
-    """The contract's ``server`` (the first server of the install), or None."""
-    servers = servers_json(facts)
-    return servers[0] if servers else None
-
-
 def servers_json(facts: HostFacts) -> list[dict[str, Any]]:
     """Every server of the install: pid, argv, port, cwd, launcher, how it was launched, its start, and ``code``:
     ``current`` when it started after the code on disk last changed, ``stale`` when before (it still runs the
     code from before the last apply or revert: restart it), ``unknown`` when that cannot be told."""
     from eaglepatch.server.process import ServerProcess
 
-    mtime = facts.code_mtime
     out = []
     for item in facts.servers:
         srv = ServerProcess.from_scan(item)
-        doc = srv.to_json()
-        if srv.started_at is None or mtime is None:
-            doc["code"] = "unknown"
-        else:
-            doc["code"] = "current" if srv.started_at >= mtime - CLOCK_SLACK_S else "stale"
-        out.append(doc)
+        out.append(dict(srv.to_json(), code=code_state(srv.started_at, facts)))
     return out
+
+
+def code_state(started_at: float | None, facts: HostFacts) -> str:
+    """``current`` when a server that started at ``started_at`` runs the code on disk, ``stale`` when it started
+    before that code last changed, ``unknown`` when one of the two times is not known."""
+    mtime = facts.code_mtime
+    if started_at is None or mtime is None:
+        return "unknown"
+    return "current" if started_at >= mtime - CLOCK_SLACK_S else "stale"
 
 
 # /proc's start time has 10 ms ticks and the boot time read with it 10 ms more: a server eaglepatch restarts
@@ -378,7 +402,7 @@ def analyze_all(facts: HostFacts, recipe: Recipe) -> dict[str, TransformResult]:
 
 def describe(facts: HostFacts, recipe: Recipe,
              analyses: dict[str, TransformResult] | None = None) -> dict[str, Any]:
-    """The ``status --json`` / ``show --json`` object of CONTRACT.md (show adds slices on top)."""
+    """The ``status --json`` / ``show --json`` object of docs/contract.md (show adds slices on top)."""
     analyses = analyses if analyses is not None else analyze_all(facts, recipe)
     Refused = _engine().Refused
     files = []
@@ -460,6 +484,12 @@ class Plan:
     manifest: dict[str, Any] | None  # None: remove it
     notes: tuple[str, ...] = ()
     files: tuple[dict[str, Any], ...] = ()  # per worker file: path, before_sha256, after_sha256, backup
+    timers: tuple[tuple[str, str], ...] = ()  # (worker class, its family's timer), for apply's messages
+
+    @property
+    def worker_writes(self) -> int:
+        """How many worker files an apply plan writes (its other write is the runtime module)."""
+        return sum(1 for w in self.writes if not w.path.endswith("/" + RUNTIME_FILE))
 
     @property
     def changed(self) -> bool:
@@ -491,6 +521,7 @@ def plan_apply(facts: HostFacts, recipe: Recipe, opts: RuntimeOptions, *,
     notes: list[str] = []
     files: list[dict[str, Any]] = []
     refused: list[str] = []
+    timers: dict[str, str] = {}
     engine = _engine()
     instrument, strip, Refused, NotApplicable = engine.instrument, engine.strip, engine.Refused, engine.NotApplicable
     for f in facts.files:
@@ -504,6 +535,9 @@ def plan_apply(facts: HostFacts, recipe: Recipe, opts: RuntimeOptions, *,
                     notes.append(f"{_short(f.path)}: {w.cls} not supported: {w.reason}")
             continue
         notes.extend(res.warnings)
+        for w in res.workers:
+            if w.status == "supported":
+                timers[w.cls] = w.timer or "sync"
         entry = facts.manifest_entry(f.path)
         if entry is not None and f.sha256 == entry.get("after_sha256"):
             original_sha = entry["before_sha256"]  # the manifest knows it: no second parse to strip the file
@@ -519,12 +553,16 @@ def plan_apply(facts: HostFacts, recipe: Recipe, opts: RuntimeOptions, *,
         raise Unsupported(refused[0] + (f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""))
     if not files:
         raise Unsupported(f"{facts.target}: no recognisable speculative worker in {facts.spec_dir}")
-    runtime = render_runtime(opts).encode("utf-8")
+    runtime = render_runtime(opts, timers).encode("utf-8")
     if facts.runtime_sha256 != _sha(runtime):
-        # expect_sha256 of the runtime is the one read from the target (Session._payload)
-        writes.append(Write(facts.runtime_path, _rel(facts, facts.runtime_path), None, runtime))
+        # the runtime as it is on the target: a change of --mode or --every is a one-line diff of its config
+        writes.append(Write(facts.runtime_path, _rel(facts, facts.runtime_path), facts.runtime_data, runtime))
+        if facts.runtime_data is not None and not any(w.path != facts.runtime_path for w in writes):
+            notes.append("the worker files are already patched: only the runtime's configuration changes ("
+                         + (config_change(facts.runtime_data, runtime) or "its code") + ")")
+    timer_list = tuple(sorted(timers.items()))
     if not writes:
-        return Plan((), facts.manifest, tuple(notes), tuple(files))
+        return Plan((), facts.manifest, tuple(notes), tuple(files), timer_list)
     old = facts.manifest or {}
     manifest = {
         "eaglepatch": __version__,
@@ -536,11 +574,24 @@ def plan_apply(facts: HostFacts, recipe: Recipe, opts: RuntimeOptions, *,
         "sglang_version": facts.version,
         "package_dir": facts.package_dir,
         "runtime": {"path": facts.runtime_path, "sha256": _sha(runtime), "mode": opts.mode, "every": opts.every,
-                    "log_dir": opts.log_dir},
+                    "log_dir": opts.log_dir, "timers": dict(sorted(timers.items()))},
         "files": files,
         "servers": list(servers) if servers is not None else facts.manifest_servers(),
     }
-    return Plan(tuple(writes), manifest, tuple(notes), tuple(files))
+    return Plan(tuple(writes), manifest, tuple(notes), tuple(files), timer_list)
+
+
+def config_change(old: bytes, new: bytes) -> str:
+    """What differs between two runtime modules' configs, for a person: ``mode sync -> auto, every 1 -> 4``."""
+    def config(data: bytes) -> dict[str, Any]:
+        m = _CONFIG_LINE.search(data.decode("utf-8", "replace"))
+        try:
+            return json.loads(m.group(0).split("=", 1)[1].rsplit("#", 1)[0]) if m else {}
+        except ValueError:
+            return {}
+
+    a, b = config(old), config(new)
+    return ", ".join(f"{k} {a.get(k)} -> {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
 
 
 def _rel(facts: HostFacts, path: str) -> str:
@@ -641,11 +692,13 @@ class Session:
             pass
         self.token = None
 
-    def execute(self, plan: Plan, release: bool = False, then: dict[str, Any] | None = None) -> dict[str, Any]:
+    def execute(self, plan: Plan, release: bool = False, then: dict[str, Any] | None = None,
+                then_timeout: float = 0.0) -> dict[str, Any]:
         """Carry out ``plan`` on the host in one round trip (releasing the lock in it when ``release``); raises
         typed errors, the target unchanged. ``then``: a relaunch (``server.control.relaunch_payload``, or a
         ``{"batch": [...]}`` of them) that the host runs right after the plan succeeds, in the same request; its
-        answer is the result's ``then``."""
+        answer is the result's ``then``; ``then_timeout``: how long those may take (the client waits that much
+        longer, never killing the helper between a stop and a start)."""
         payload = {
             "release": release,
             "token": self.token,
@@ -655,7 +708,7 @@ class Session:
             "fault": remote_fault(),
             "then": then,
         }
-        res = call(self.host, self.python, "execute", timeout=300 + (600 if then else 0), **payload)
+        res = call(self.host, self.python, "execute", timeout=300 + then_timeout, **payload)
         if release:
             self.token = None
         if res.get("ok"):
@@ -675,7 +728,7 @@ class Session:
     def _payload(self, w: Write) -> dict[str, Any]:
         p = w.payload()
         if w.path == self.facts.runtime_path:
-            p["expect_sha256"] = self.facts.runtime_sha256
+            p["expect_sha256"] = self.facts.runtime_sha256  # what was read, whether or not its bytes came along
         return p
 
 

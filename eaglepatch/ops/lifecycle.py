@@ -15,8 +15,8 @@ from typing import Any, Callable, Sequence
 
 from eaglepatch.errors import RestartFailed, UsageError
 from eaglepatch.failpoints import failpoint
-from eaglepatch.ops.core import HostFacts, Session, plan_revert
-from eaglepatch.server.control import relaunch_payload
+from eaglepatch.ops.core import HostFacts, Session, code_state, plan_revert
+from eaglepatch.server.control import relaunch_payload, relaunch_timeout
 from eaglepatch.server.process import LaunchSpec, ServerProcess, select_servers
 from eaglepatch.server.restart import RestartOptions, RestartResult, after_relaunch, restart
 from eaglepatch.transform.recipe import Recipe
@@ -41,12 +41,7 @@ def chosen(facts: HostFacts, ports: Sequence[int]) -> list[ServerProcess]:
 def stale(servers: Sequence[ServerProcess], facts: HostFacts) -> list[ServerProcess]:
     """The servers that started before the code on disk last changed (they run what was there before: an
     apply or revert that was cut off before its restart, a --no-restart, --server-port leaving one out)."""
-    from eaglepatch.ops.core import CLOCK_SLACK_S
-
-    mtime = facts.code_mtime
-    if mtime is None:
-        return []
-    return [s for s in servers if s.started_at is not None and s.started_at < mtime - CLOCK_SLACK_S]
+    return [s for s in servers if code_state(s.started_at, facts) == "stale"]
 
 
 def custom(ropts: RestartOptions) -> bool:
@@ -73,6 +68,24 @@ def manifest_record(servers: Sequence[ServerProcess]) -> list[dict[str, Any]]:
             launch = None
         out.append({"pid": srv.pid, "start": srv.start, "port": srv.port, "launch": launch,
                     "systemd_unit": srv.unit})
+    return out
+
+
+def recorded_gone(facts: HostFacts, ports: Sequence[int], ropts: RestartOptions, say: Say,
+                  name: str) -> list[tuple[LaunchSpec | None, RestartOptions]]:
+    """The servers apply recorded that no server of the install replaces now (it crashed, or was stopped):
+    ``(launch spec, options)`` to start each (a systemd server: no spec, its unit in the options)."""
+    running = {s.port for s in servers_of(facts)}
+    out: list[tuple[LaunchSpec | None, RestartOptions]] = []
+    for rec in facts.manifest_servers():
+        port = rec.get("port")
+        if port in running or (ports and port not in ports) or not (rec.get("launch") or rec.get("systemd_unit")):
+            continue
+        say(f"{name}: no server of this install runs on :{port}; starting the one recorded at apply time")
+        if rec.get("launch"):
+            out.append((LaunchSpec.from_json(rec["launch"]), ropts))
+        else:
+            out.append((None, dataclasses.replace(ropts, systemd_unit=rec["systemd_unit"])))
     return out
 
 
@@ -104,8 +117,9 @@ def rollback(t: Any, refetch: Callable[[], HostFacts], recipe: Recipe, session: 
              servers: Sequence[ServerProcess], failed: RestartResult, say: Say) -> RestartFailed:
     """The patched server did not come up: put the original files back and start the original servers
     (``servers``: those apply restarted, the failed one last) on them, in one request on the host; wait for them
-    with a generous timeout. Returns the RestartFailed to raise, whose message says what came back (and, for a
-    server that did not, the exact command line and folder to start it)."""
+    with a generous timeout, never stopping one that is only slow. With ``--restart-cmd``/``--systemd-unit``,
+    the files go back and the same command runs again. Returns the RestartFailed to raise, whose message says what
+    came back (and, for a server that did not, how to start it by hand)."""
     name = t.spec.name
     say(f"{name}: the patched server is not ready ({failed.message}); rolling back")
     if failed.log_tail:
@@ -116,32 +130,48 @@ def rollback(t: Any, refetch: Callable[[], HostFacts], recipe: Recipe, session: 
     plan = plan_revert(fresh, recipe, force=True)
     running = {s.port: s for s in servers_of(fresh)}
     slow = dataclasses.replace(ropts, timeout=max(ropts.timeout, ROLLBACK_TIMEOUT_S), stop_on_failure=False)
-    pairs = []  # (what runs on the port now, the original's launch spec)
-    by_unit = []
-    for srv in servers:
-        if srv.unit:
-            by_unit.append(srv)
-        else:
-            pairs.append((running.get(srv.port), srv.launch_spec()))
-    then = {"batch": [relaunch_payload(cur, spec, slow.grace, slow.port_timeout) for cur, spec in pairs]}
-    res = session.execute(plan, then=then if pairs else None)
+    pairs = []  # (what runs on the port now, the original's launch spec): relaunched with the revert
+    by_command = []  # (port, what runs there now, the options that restart it): after the revert
+    if custom(ropts):
+        by_command = [(s.port, running.get(s.port), slow) for s in servers[:1]] or [(None, None, slow)]
+    else:
+        for srv in servers:
+            if srv.unit:
+                by_command.append((srv.port, running.get(srv.port), dataclasses.replace(slow, systemd_unit=srv.unit)))
+            else:
+                pairs.append((running.get(srv.port), srv.launch_spec()))
+    batch = [relaunch_payload(cur, spec, slow.grace, slow.port_timeout) for cur, spec in pairs]
+    res = session.execute(plan, then={"batch": batch} if batch else None,
+                          then_timeout=relaunch_timeout(slow.grace, slow.port_timeout, len(batch)))
     failpoint("rollback:after-relaunch")
-    answers = (res.get("then") or {}).get("batch") or []
-    outcomes: list[tuple[int, LaunchSpec | None, RestartResult]] = []
-    for (cur, spec), answer in zip(pairs, answers):
-        outcomes.append((spec.port, spec, after_relaunch(t.host, cur, spec, answer, options=slow, progress=say,
-                                                         python=fresh.python)))
-    for srv in by_unit:
-        outcomes.append((srv.port, None, restart(t.host, current=running.get(srv.port), options=slow,
-                                                 progress=say, python=fresh.python)))
-    down = [(port, spec, r) for port, spec, r in outcomes if not r.ready]
-    head = f"{name}: the patched server was not ready within {ropts.timeout:.0f} s; original files restored; "
-    if not down:
-        return RestartFailed(head + ("the original server is up again" if len(outcomes) == 1
-                                     else f"the {len(outcomes)} original servers are up again"))
-    parts = []
-    for port, spec, r in down:
-        how = f"to start it yourself: {spec.command_line()}" if spec is not None else "check its unit"
-        parts.append(f"the original server on :{port} did NOT come back up within {slow.timeout:.0f} s "
-                     f"({r.message}); {how}")
-    return RestartFailed(head + "; ".join(parts))
+    outcomes: list[tuple[int | None, RestartResult]] = []
+    for (cur, spec), answer in zip(pairs, (res.get("then") or {}).get("batch") or []):
+        outcomes.append((spec.port, after_relaunch(t.host, cur, spec, answer, options=slow, progress=say,
+                                                   python=fresh.python)))
+    for port, cur, opts in by_command:
+        outcomes.append((port, restart(t.host, current=cur, options=opts, progress=say, python=fresh.python,
+                                       package_dir=fresh.package_dir)))
+    if failed.untouched:  # the server was never stopped: no patched server ran
+        head = f"{name}: the server could not be restarted ({failed.message}); original files restored; "
+    else:
+        head = f"{name}: the patched server was not ready within {ropts.timeout:.0f} s; original files restored; "
+    down = [(port, r) for port, r in outcomes if not r.ready and not r.untouched]
+    kept = [(port, r) for port, r in outcomes if r.untouched]
+    if not outcomes:
+        return RestartFailed(head + "no server was running to start again")
+    clauses = [f"the original server on :{port} (pid {r.pid}) was never stopped and runs on" for port, r in kept]
+    if not down and len(kept) < len(outcomes):
+        up = len(outcomes) - len(kept)
+        clauses.insert(0, "the original server is up again" if up == 1 else f"the {up} original servers are up again")
+    clauses += [not_back(port, r, slow.timeout) for port, r in down]
+    return RestartFailed(head + "; ".join(clauses))
+
+
+def not_back(port: int | None, r: RestartResult, timeout: float) -> str:
+    """One clause for a server that did not come back: still loading (wait for it), or down (how to start it)."""
+    where = f"the original server on :{port}" if port else "the original server"
+    by_hand = f"start it yourself with: sh {r.script}" if r.script else "start it yourself"
+    if r.state is not None and r.state.value == "timeout" and r.pid is not None:
+        return (f"{where} is still starting after {timeout:.0f} s (pid {r.pid}, log {r.log_path}): wait for it; if "
+                f"it stops, {by_hand}")
+    return f"{where} did NOT come back up ({r.message}); {by_hand}"

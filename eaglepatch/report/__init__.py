@@ -3,9 +3,16 @@
 Typical use (what ``eaglepatch report`` does)::
 
     files = iter_log_files(["/tmp/eaglepatch"])
-    result = aggregate(files, by="bs", skip=10, trace_path="trace.json")
+    result = aggregate(files, by="bs", skip=10, trace_path="trace.json", latest=True)
     print(render_table(result))          # or json.dumps(result.to_json()), render_csv(result)
-    print(render_compare_table(compare([r1, r2], ["before", "after"])))
+
+    # --compare: each source on its own, one trace per source (trace.1.json, trace.2.json)
+    results, traces = aggregate_each([iter_log_files([s]) for s in sources], sources, trace_path="trace.json",
+                                     latest=True)
+    print(render_compare_table(compare(results, sources)))
+
+Runs (one server launch each) are never merged unless ``merge_runs=True``; ``run_ids``, ``since`` and
+``latest`` select some (see ``aggregate``).
 """
 
 from eaglepatch.report.aggregation import (
@@ -14,15 +21,20 @@ from eaglepatch.report.aggregation import (
     GroupStats,
     PhaseStats,
     ReportResult,
+    RunInfo,
     Stats,
     aggregate,
+    compact_flags,
     iter_log_files,
 )
 from eaglepatch.report.comparison import (
+    CompareColumn,
     CompareGroup,
     CompareResult,
     CompareRow,
+    aggregate_each,
     compare,
+    numbered_paths,
     render_compare_csv,
     render_compare_table,
 )
@@ -35,17 +47,22 @@ __all__ = [
     "BetweenStats",
     "CANONICAL_PHASES",
     "CSV_COLUMNS",
+    "CompareColumn",
     "CompareGroup",
     "CompareResult",
     "CompareRow",
     "GroupStats",
     "PhaseStats",
     "ReportResult",
+    "RunInfo",
     "Stats",
     "TraceWriter",
     "aggregate",
+    "aggregate_each",
+    "compact_flags",
     "compare",
     "iter_log_files",
+    "numbered_paths",
     "percentile",
     "phase_order",
     "render_compare_csv",

@@ -1,4 +1,4 @@
-"""Aggregate timing logs (CONTRACT.md "The timing log") into per-group statistics.
+"""Aggregate timing logs (docs/contract.md "The timing log") into per-group statistics.
 
 ``aggregate`` streams every line of every file once and never holds the records: per group it keeps one compact
 ``array('d')`` per series (cycle, each phase, between, and the host-clock series of the ``events`` timer) so that
@@ -19,6 +19,29 @@ Assumptions, stated once:
   ``host_cycle_ms`` / ``host_phases`` are optional. Anything else (bad JSON, trailing garbage, a non-object,
   a missing or mistyped field, ``NaN``/``Infinity`` literals, another ``v``) is counted in ``skipped_lines``.
   Blank lines are ignored and not counted.
+
+Runs (docs/contract.md "The timing log"; never merged unless asked):
+
+* A record's ``"run"`` (a string) names the server launch that wrote it; a record without one (older logs, or
+  ``null``) belongs to the synthetic run ``"file:<basename>"`` of its file (``"file:<path>"`` when two files
+  given share a basename). A ``"run"`` of another type makes the line a skipped line.
+* A run header line (``{"v": 1, "kind": "run", "run": ID, "t", "timer", "flags", ...}``) is metadata: neither a
+  record nor a skipped line. It is read wherever it lies, also outside a ``t_min``/``t_max`` window. A line with
+  ``"kind": "run"`` that is not a valid header (no string ``run``, another ``v``) is a skipped line.
+* A run's ``start`` is the earliest ``t`` of its header lines and of its records (inside the window). Records are
+  looked at for this only where the run (or the spec, the file or the process) changes from one line to the
+  next, which gives the earliest ``t`` under the assumption above (a process's records in ``t`` order within a
+  file); so does the record's ``timer``. A run's ``timer`` is the set of the timers its header lines and those
+  records name, ``"auto"`` left out when a record names the timer it resolved to, joined with ``"+"`` when
+  several; ``flags`` come from its header lines (the first header wins a conflict).
+* The groups are per run, per mode, per ``by`` value and per ``"spec"`` (a record's speculative settings under
+  adaptive speculation, as the compact string ``"steps=3,topk=1,draft_tokens=4"``); the spec shows in a
+  group's key only where it varies within the (run, mode, ``by``) group, the run only where the result holds
+  more than one run. ``merge_runs`` concatenates the runs' series afterwards (exact percentiles still).
+* The runs known to a result are those with a valid record (in the window), plus, without a window, those
+  that only have header lines (a server started that has timed nothing yet). Selection (``run_ids``,
+  ``since``, ``latest``) picks among them after the scan; with ``trace_path`` and a selection that leaves a run
+  out, the files are read a second time to write the trace of the selected runs alone.
 """
 
 from __future__ import annotations
@@ -26,6 +49,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from array import array
 from bisect import bisect_right
 from collections import Counter
@@ -63,7 +87,7 @@ class Stats:
     total: float
 
     def to_json(self) -> dict[str, Any]:
-        """Return ``{"mean", "p50", "p90", "p99", "max"}`` rounded to 4 decimals (the CONTRACT.md shape)."""
+        """Return ``{"mean", "p50", "p90", "p99", "max"}`` rounded to 4 decimals (the docs/contract.md shape)."""
         return {
             "mean": round_json(self.mean),
             "p50": round_json(self.p50),
@@ -113,7 +137,7 @@ class BetweenStats:
     total: float
 
     def to_json(self) -> dict[str, Any]:
-        """Return ``{"mean","p50","p90"}`` (CONTRACT.md) plus the extra key ``"n"``."""
+        """Return ``{"mean","p50","p90"}`` (docs/contract.md) plus the extra key ``"n"``."""
         return {
             "mean": round_json(self.mean),
             "p50": round_json(self.p50),
@@ -122,14 +146,123 @@ class BetweenStats:
         }
 
 
+def key_label(key: Sequence[tuple[str, Any]]) -> str:
+    """A group key for people, without its ``run``: ``""``, ``"bs=1"``, ``"bs=? spec=steps=3,topk=1,..."``."""
+    return " ".join(f"{k}={'?' if v is None else v}" for k, v in key if k != "run")
+
+
+def local_time(epoch: float | None) -> str:
+    """``epoch`` as local time, ``"2026-12-01 15:46:44"``; ``"?"`` when unknown."""
+    if epoch is None:
+        return "?"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+    except (OverflowError, OSError, ValueError):
+        return "?"
+
+
+# Speculative flags shown first in a run's compact flags, with their short names.
+_FLAG_SHORT: tuple[tuple[str, str], ...] = (
+    ("speculative-algorithm", ""),
+    ("speculative-draft-model-path", "draft"),
+    ("speculative-num-steps", "steps"),
+    ("speculative-eagle-topk", "topk"),
+    ("speculative-num-draft-tokens", "draft_tokens"),
+)
+
+
+def compact_flags(flags: Sequence[tuple[str, Any]] | dict[str, Any]) -> str:
+    """A run's speculative flags in one short string: ``"EAGLE3 draft=llama-eagle3 steps=3 topk=1
+    draft_tokens=4"``.
+
+    Only the ``speculative-*`` flags show (the JSON's ``flags`` keep them all). The algorithm's value stands
+    alone; the draft model path shows by its last component; the others lose their ``speculative-`` prefix
+    (``name=value``; after the well-known ones, by name). A flag whose value is ``true`` shows by its name alone,
+    ``false``/``null`` ones are left out."""
+    items = dict(flags)
+    out: list[str] = []
+
+    def one(name: str, short: str, v: Any) -> None:
+        if v is None or v is False:
+            return
+        if v is True:
+            out.append(short or name)
+            return
+        text = str(v)
+        if name == "speculative-draft-model-path":
+            text = text.rstrip("/").rsplit("/", 1)[-1] or text
+        out.append(text if not short else f"{short}={text}")
+
+    for name, short in _FLAG_SHORT:
+        if name in items:
+            one(name, short, items.pop(name))
+    for name in sorted(items):
+        if name.startswith("speculative-"):
+            one(name, name[len("speculative-"):], items[name])
+    return " ".join(out)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One run (a server launch with one patch configuration): ``id`` (a record's ``"run"``, or
+    ``"file:<basename>"`` for records without one), ``start`` (epoch seconds: the earliest ``t`` of its header
+    lines and records; ``None`` when unknown), ``timer`` (``"sync"``, ``"events"``, ``"cpu"``, ``"auto"``,
+    several joined with ``"+"``, or ``None``), ``flags`` (from its header lines, as ``(name, value)`` pairs in
+    the header's order) and ``records`` (its valid records, those ``skip`` dropped included)."""
+
+    id: str
+    start: float | None
+    timer: str | None = None
+    flags: tuple[tuple[str, Any], ...] = ()
+    records: int = 0
+
+    def flags_dict(self) -> dict[str, Any]:
+        """The flags as a dict."""
+        return dict(self.flags)
+
+    def start_label(self) -> str:
+        """The start as local time, ``"2026-12-01 15:46:44"`` (``"?"`` when unknown)."""
+        return local_time(self.start)
+
+    def title(self) -> str:
+        """The run's header line: ``"run 2026-12-01 15:46:44  EAGLE3 steps=3 topk=1 draft_tokens=4  timer=events
+        (id ...)"`` (no flags part without header flags, ``timer=?`` when unknown)."""
+        parts = [f"run {self.start_label()}"]
+        flags = compact_flags(self.flags)
+        if flags:
+            parts.append(flags)
+        parts.append(f"timer={self.timer or '?'}")
+        parts.append(f"(id {self.id})")
+        return "  ".join(parts)
+
+    def short(self) -> str:
+        """One line for lists: ``"ID (2026-12-01 15:46:44, timer=sync, EAGLE3 steps=3)"``."""
+        flags = compact_flags(self.flags)
+        return f"{self.id} ({self.start_label()}, timer={self.timer or '?'}{', ' + flags if flags else ''})"
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"id", "start", "timer", "flags", "records"}`` (``records`` is an extra key)."""
+        return {"id": self.id, "start": self.start, "timer": self.timer, "flags": self.flags_dict(),
+                "records": self.records}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> "RunInfo":
+        """The inverse of ``to_json``."""
+        return RunInfo(id=d["id"], start=d.get("start"), timer=d.get("timer"),
+                       flags=tuple((d.get("flags") or {}).items()), records=d.get("records", 0))
+
+
 @dataclass(frozen=True)
 class GroupStats:
     """The statistics of one group, keyed by ``mode`` and ``key``.
 
     ``key`` is ``()`` without ``--by``, else ``(("bs", 4),)`` and the like (a tuple so the value stays hashable;
-    ``key_dict()`` gives the JSON form). ``phases`` is in canonical order. ``accept_len``, ``tokens_per_s`` and
+    ``key_dict()`` gives the JSON form); then ``("spec", "steps=3,topk=1,draft_tokens=4")`` where the spec varies
+    within the group (``None`` for its records without a spec), then ``("run", ID)`` where the result holds
+    several runs (not merged). ``phases`` is in canonical order. ``accept_len``, ``tokens_per_s`` and
     ``wall_tokens_per_s`` are ``None`` when no record of the group has ``accepted``; ``between`` is ``None``
-    when no gap was measured. ``tokens`` is the sum of ``accepted``.
+    when no gap was measured. ``tokens`` is the sum of ``accepted``. ``run`` is the id of the group's run,
+    also when the key leaves it out (one run); ``None`` when runs were merged or it is not known.
     """
 
     mode: str
@@ -143,14 +276,16 @@ class GroupStats:
     wall_tokens_per_s: float | None
     tokens: float
     host_cycle: Stats | None = None
+    run: str | None = None
 
     def key_dict(self) -> dict[str, Any]:
-        """Return the key as a dict: ``{}`` or e.g. ``{"bs": 1}``."""
+        """Return the key as a dict: ``{}`` or e.g. ``{"bs": 1}`` (``{"bs": 1, "run": "..."}`` with runs)."""
         return dict(self.key)
 
     def key_label(self) -> str:
-        """Return the key for people: ``""`` or e.g. ``"bs=1"``."""
-        return " ".join(f"{k}={'?' if v is None else v}" for k, v in self.key)
+        """Return the key for people, the run left out (run header lines and the CSV ``run`` column show it):
+        ``""`` or e.g. ``"bs=1"``, ``"bs=1 spec=steps=3,topk=1,draft_tokens=4"``."""
+        return key_label(self.key)
 
     def phase(self, name: str) -> PhaseStats | None:
         """Return the named phase's stats, or ``None`` when that phase never ran in this group."""
@@ -165,7 +300,7 @@ class GroupStats:
         return self.host_cycle is not None
 
     def to_json(self) -> dict[str, Any]:
-        """Return the CONTRACT.md group object; extra keys: ``"host_cycle_ms"`` (stats or ``None``) and per phase
+        """Return the docs/contract.md group object; extra keys: ``"host_cycle_ms"`` (stats or ``None``) and per phase
         ``"n"`` and ``"host"``; ``between_ms`` has an extra ``"n"``."""
         return {
             "mode": self.mode,
@@ -185,10 +320,12 @@ class GroupStats:
 class ReportResult:
     """What ``aggregate`` returns.
 
-    ``records`` counts every valid record read, *including* the ones ``skip`` dropped (so ``records`` minus the
-    sum of the groups' ``n`` is the number skipped); ``skipped_lines`` counts the lines that did not parse.
-    ``groups`` is ordered: decode first, then prefill, then other modes; within a mode by key (numbers
-    ascending, then strings, null last).
+    ``records`` counts every valid record of the selected runs read, *including* the ones ``skip`` dropped (so
+    ``records`` minus the sum of the groups' ``n`` is the number skipped); ``skipped_lines`` counts the lines
+    that did not parse (in all files, whatever the selection). ``groups`` is ordered by run (oldest first), then
+    decode first, then prefill, then other modes; within a mode by key (numbers ascending, then strings, null
+    last). ``runs`` are the selected runs, oldest first; ``merged`` is true when ``merge_runs`` put several of
+    them into the same groups; ``other_runs`` are the runs of the logs that the selection left out.
     """
 
     sources: tuple[str, ...]
@@ -197,6 +334,9 @@ class ReportResult:
     groups: tuple[GroupStats, ...]
     by: str | None = None
     skip: int = 0
+    runs: tuple[RunInfo, ...] = ()
+    merged: bool = False
+    other_runs: tuple[RunInfo, ...] = ()
 
     @property
     def has_host(self) -> bool:
@@ -204,22 +344,86 @@ class ReportResult:
         return any(g.has_host for g in self.groups)
 
     def group(self, mode: str, **key: Any) -> GroupStats | None:
-        """Return the group with this mode and key (e.g. ``group("decode", bs=4)``), or ``None``."""
-        want = tuple(key.items())
+        """Return the group with this mode and key (e.g. ``group("decode", bs=4)``,
+        ``group("decode", run="abc")`` with several runs), or ``None``."""
         for g in self.groups:
-            if g.mode == mode and g.key == want:
+            if g.mode == mode and dict(g.key) == key:
                 return g
         return None
 
+    def run_groups(self, run: str | None) -> tuple[GroupStats, ...]:
+        """The groups of one run (by id), in order."""
+        return tuple(g for g in self.groups if g.run == run)
+
+    def merge_warning(self) -> str | None:
+        """``"merged 3 runs: ...; their figures blend"`` when ``merged``, else ``None``."""
+        if not self.merged:
+            return None
+        timers = {r.timer for r in self.runs}
+        flags = {repr(r.flags) for r in self.runs if r.flags}  # a run without header flags: unknown
+        what = []
+        if len(timers) > 1:
+            what.append(f"{len(timers)} timers")
+        if len(flags) > 1:
+            what.append(f"{len(flags)} flag sets")
+        differ = f" ({' and '.join(what)})" if what else ""
+        return (f"merged {len(self.runs)} runs{differ}: " + ", ".join(r.short() for r in self.runs)
+                + "; their figures blend")
+
     def to_json(self) -> dict[str, Any]:
-        """Return exactly the CONTRACT.md ``report --json`` object (plus the extra keys documented on
-        ``GroupStats.to_json``); floats rounded to 4 decimals."""
-        return {
+        """Return exactly the docs/contract.md ``report --json`` object (plus the extra keys documented on
+        ``GroupStats.to_json``); floats rounded to 4 decimals. Then ``"runs"`` (``RunInfo.to_json``, oldest
+        first), and, only when several runs were merged, ``"merged": true`` and ``"warnings": [text]``."""
+        out: dict[str, Any] = {
             "sources": list(self.sources),
             "records": self.records,
             "skipped_lines": self.skipped_lines,
             "groups": [g.to_json() for g in self.groups],
+            "runs": [r.to_json() for r in self.runs],
         }
+        warning = self.merge_warning()
+        if warning is not None:
+            out["merged"] = True
+            out["warnings"] = [warning]
+        return out
+
+    @staticmethod
+    def from_json(doc: dict[str, Any]) -> "ReportResult":
+        """A ``ReportResult`` rebuilt from ``to_json``'s dict (e.g. ``bench``'s stored timings), for the
+        renderers: the JSON's rounding stays, a stat's ``total`` is ``mean * n``, ``tokens`` is 0; documents
+        without ``"runs"`` (older ones) give no runs."""
+
+        def stats(d: dict[str, Any] | None, n: int) -> Stats | None:
+            if not d:
+                return None
+            k = d.get("n", n)
+            return Stats(n=k, mean=d["mean"], p50=d["p50"], p90=d["p90"], p99=d["p99"], max=d["max"],
+                         total=(d["mean"] or 0.0) * k)
+
+        runs = tuple(RunInfo.from_json(r) for r in doc.get("runs") or ())
+        merged = bool(doc.get("merged"))
+        only = runs[0].id if len(runs) == 1 else None
+        groups = []
+        for g in doc["groups"]:
+            cyc = stats(g["cycle_ms"], g["n"])
+            phases = []
+            for name, p in g["phases"].items():
+                host = p.get("host")
+                phases.append(PhaseStats(name=name, stats=stats(p, p.get("n", g["n"])),  # type: ignore[arg-type]
+                                         share=p["share"], host=stats(host, g["n"]) if host else None,
+                                         host_share=host.get("share") if host else None))
+            b = g.get("between_ms")
+            between = (BetweenStats(n=b.get("n", 0), mean=b["mean"], p50=b["p50"], p90=b["p90"],
+                                    total=(b["mean"] or 0.0) * b.get("n", 0)) if b else None)
+            key = tuple(g["key"].items())
+            run = None if merged else g["key"].get("run", only)
+            groups.append(GroupStats(mode=g["mode"], key=key, n=g["n"], cycle=cyc,  # type: ignore[arg-type]
+                                     phases=tuple(phases), accept_len=g["accept_len"],
+                                     tokens_per_s=g["tokens_per_s"], between=between,
+                                     wall_tokens_per_s=g["wall_tokens_per_s"], tokens=0.0,
+                                     host_cycle=stats(g.get("host_cycle_ms"), g["n"]), run=run))
+        return ReportResult(sources=tuple(doc.get("sources") or ()), records=doc["records"],
+                            skipped_lines=doc["skipped_lines"], groups=tuple(groups), runs=runs, merged=merged)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -293,11 +497,15 @@ class _Acc:
         "btw_acc",
         "acc_ab",
         "bs_ab",
+        "run",
+        "spec",
     )
 
-    def __init__(self, mode: str, keyval: Any):
+    def __init__(self, mode: str, keyval: Any, run: str = "", spec: str | None = None):
         self.mode = mode
         self.keyval = keyval
+        self.run = run
+        self.spec = spec
         self.cyc = array("d")
         self.cyc_app = self.cyc.append
         self.ph: dict[str, Any] = {}  # phase name -> bound append of its array('d')
@@ -377,7 +585,7 @@ def _check_skipped(d: dict[str, Any]) -> None:
         raise _BadLine("bad host_phases")
 
 
-_NO = object()  # "no current process" sentinel; compares unequal to anything a record holds
+_NO = object()  # "no current process/run" sentinel; compares unequal to anything a record holds
 
 _BAD_ERRORS = (
     ValueError,  # includes json.JSONDecodeError and _BadLine
@@ -390,6 +598,85 @@ _BAD_ERRORS = (
     RecursionError,
 )
 
+# The spec keys in the order the compact string shows them; others follow by name.
+_SPEC_ORDER = {"steps": 0, "topk": 1, "draft_tokens": 2}
+
+
+def spec_label(spec: dict[str, Any]) -> str | None:
+    """A record's ``"spec"`` as the compact key string ``"steps=3,topk=1,draft_tokens=4"`` (steps, topk,
+    draft_tokens first, other keys by name); ``None`` for an empty object. Raises ``_BadLine`` for anything but
+    an object of numbers, strings, booleans and nulls."""
+    if type(spec) is not dict:
+        raise _BadLine("spec is not an object")
+    parts = []
+    for k in sorted(spec, key=lambda k: (_SPEC_ORDER.get(k, 3), k)):
+        v = spec[k]
+        if v is None or isinstance(v, (str, bool)):
+            text = "?" if v is None else str(v).lower() if isinstance(v, bool) else v
+        elif _is_num(v):
+            text = repr(v) if type(v) is float else str(v)
+        else:
+            raise _BadLine("a spec value is not a scalar")
+        parts.append(f"{k}={text}")
+    return ",".join(parts) or None
+
+
+class _Run:
+    """What the scan learns of one run (mutable; never leaves this module)."""
+
+    __slots__ = ("id", "start", "timers", "header_timers", "flags", "headers", "skipped", "traced")
+
+    def __init__(self, rid: str, traced: bool):
+        self.id = rid
+        self.start = math.inf
+        self.timers: set[str] = set()  # named by records
+        self.header_timers: set[str] = set()
+        self.flags: dict[str, Any] = {}
+        self.headers = 0
+        self.skipped = 0  # valid records that ``skip`` dropped
+        self.traced = traced
+
+    def timer(self) -> str | None:
+        names = self.header_timers | self.timers
+        if self.timers:
+            names.discard("auto")
+        return "+".join(sorted(names)) or None
+
+
+def _header(line: str) -> dict[str, Any] | None:
+    """The run header of this line (``{"v": 1, "kind": "run", "run": ID, ...}``), else ``None``."""
+    if '"kind"' not in line:
+        return None
+    try:
+        h = json.loads(line, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        return None
+    if type(h) is not dict or h.get("kind") != "run" or h.get("v") != 1:
+        return None
+    rid = h.get("run")
+    if type(rid) is not str or not rid:
+        return None
+    return h
+
+
+class _ScanOut:
+    """The scan's findings: accumulators per (run id, spec), runs by id, records, bad lines."""
+
+    __slots__ = ("ctxs", "runs", "records", "bad")
+
+    def __init__(self) -> None:
+        self.ctxs: dict[tuple[str, str | None], dict[Any, _Acc]] = {}
+        self.runs: dict[str, _Run] = {}
+        self.records = 0
+        self.bad = 0
+
+
+def _file_run_ids(files: Sequence[str]) -> list[str]:
+    """The synthetic run id of each file, for its records without ``"run"``: ``"file:<basename>"``, or
+    ``"file:<path>"`` where another file given has the same basename."""
+    names = Counter(os.path.basename(p) for p in files)
+    return [f"file:{os.path.basename(p)}" if names[os.path.basename(p)] == 1 else f"file:{p}" for p in files]
+
 
 def _scan(
     files: Sequence[str],
@@ -399,16 +686,24 @@ def _scan(
     tracer: Any,
     t_min: float | None = None,
     t_max: float | None = None,
-) -> tuple[dict[Any, _Acc], int, int]:
-    """The hot loop. Returns (groups by key, valid records, bad lines).
+    trace_runs: Any = None,
+) -> _ScanOut:
+    """The hot loop. Returns the accumulators per (run, spec) and group key, the runs, the valid records and
+    the bad lines. ``trace_runs``: the run ids whose records go to ``tracer`` (``None``: all).
 
     Speed matters here (CONTRACT-sized logs have millions of lines): the C scanner's ``scan_once`` is called
-    directly, the current process's and the current group's running state live in local variables and are
-    written back only when the process or group changes, and a record is validated before anything is
-    mutated (the phase appends, the one step that can fail half-way, are rolled back by the slow path).
+    directly, the current process's, run's and group's running state live in local variables and are
+    written back only when the process, the run (or spec) or the group changes, and a record is validated
+    before anything is mutated (the phase appends, the one step that can fail half-way, are rolled back by the
+    slow path). A record costs two dict look-ups for its run (``"run"``, ``"spec"``) and one comparison of each
+    with the previous record's.
     """
     scan = json.JSONDecoder(parse_constant=_reject_constant).scan_once
     bycode = 0 if by is None else 1 + BY_CHOICES.index(by)
+    out = _ScanOut()
+    ctxs = out.ctxs
+    runs = out.runs
+    spec_cache: dict[Any, str | None] = {}
     groups: dict[Any, _Acc] = {}
     procs: dict[tuple[Any, Any, Any], tuple[int, float]] = {}
     records = 0
@@ -430,17 +725,44 @@ def _scan(
     btw_app: Any = None
     s_acc = s_acc_ab = s_bs_ab = 0
     s_cyc_acc = s_btw_acc = 0.0
+    # The current run: the record's raw "run" and "spec" values (compared with the next record's), its _Run
+    # and its id and spec string (for new groups).
+    c_rraw: Any = _NO
+    c_sraw: Any = _NO
+    R: Any = None
+    c_rid = ""
+    c_spec: str | None = None
     # The time window: records whose ``t`` lies outside it are passed over as if absent (only their JSON and
     # their ``t`` are read), so ``skip``, ``between`` and ``records`` see the window alone.
     windowed = t_min is not None or t_max is not None
     lo = -math.inf if t_min is None else float(t_min)
     hi = math.inf if t_max is None else float(t_max)
 
-    for path in files:
+    def new_run(rid: str) -> _Run:
+        r = runs[rid] = _Run(rid, trace_runs is None or rid in trace_runs)
+        return r
+
+    def add_header(h: dict[str, Any]) -> None:
+        rid = h["run"]
+        r = runs.get(rid) or new_run(rid)
+        r.headers += 1
+        t = h.get("t")
+        if _is_num(t) and t < r.start:
+            r.start = float(t)
+        timer = h.get("timer")
+        if type(timer) is str and timer:
+            r.header_timers.add(timer)
+        flags = h.get("flags")
+        if type(flags) is dict:
+            for k, v in flags.items():
+                r.flags.setdefault(str(k), v)
+
+    for path, file_run in zip(files, _file_run_ids(files)):
         try:
             f = open(path, encoding="utf-8", errors="replace")
         except OSError as exc:
             raise UsageError(f"cannot read {path}: {exc.strerror}; check the path and its permissions") from None
+        c_rraw = _NO  # a record without "run" belongs to this file's run: look again
         with f:
             for line in f:
                 try:
@@ -459,8 +781,10 @@ def _scan(
                     if windowed and not lo <= t <= hi:  # TypeError on a non-number: a bad line
                         if not _is_num(t):
                             raise _BadLine("bad t")
+                        if "kind" in d:
+                            raise _BadLine("a header, or no record")  # the handler below reads headers
                         continue
-                    cyc = d["cycle_ms"]
+                    cyc = d["cycle_ms"]  # KeyError on a run header line: read by the handler below
                     phases = d["phases"]
                     mode = d["mode"]
                     host = d["host"]
@@ -475,6 +799,8 @@ def _scan(
                     except KeyError:
                         bs = None
                     hcyc = d["host_cycle_ms"] if "host_cycle_ms" in d else None
+                    rraw = d.get("run")
+                    sraw = d.get("spec")
 
                     if host != c_host or pid != c_pid or rank != c_rank:
                         if type(host) is not str or type(pid) is not int or type(rank) is not int:
@@ -485,12 +811,49 @@ def _scan(
                         c_pid = pid
                         c_rank = rank
                         cnt, last_end = procs.get((host, pid, rank), (0, ninf))
+                        c_rraw = _NO  # a run's start is looked for where the process changes, too
 
                     # Validates t and the durations (TypeError on non-numbers) before anything is mutated.
                     if hcyc is None:
                         e = t + cyc * 0.001
                     else:
                         e = t + hcyc * 0.001 + cyc * 0.0
+
+                    if rraw != c_rraw or sraw != c_sraw:
+                        # Another run or spec (or file, or process): validate them, find their groups. This
+                        # record's t and timer count for the run's start and timer (see the module docstring).
+                        if rraw is None:
+                            rid = file_run
+                        elif type(rraw) is str and rraw:
+                            rid = rraw
+                        else:
+                            raise _BadLine("bad run")
+                        if sraw is None:
+                            spec = None
+                        else:
+                            try:
+                                skey: Any = tuple(sraw.items())
+                                spec = spec_cache[skey]
+                            except (KeyError, TypeError, AttributeError):
+                                spec = spec_label(sraw)
+                                skey = tuple(sraw.items())
+                                if len(spec_cache) < 4096:
+                                    spec_cache[skey] = spec
+                        R = runs.get(rid) or new_run(rid)
+                        if t < R.start:
+                            R.start = float(t)
+                        timer = d.get("timer")
+                        if type(timer) is str and timer:
+                            R.timers.add(timer)
+                        ctx = ctxs.get((rid, spec))
+                        if ctx is None:
+                            ctx = ctxs[(rid, spec)] = {}
+                        groups = ctx
+                        c_rid = rid
+                        c_spec = spec
+                        c_rraw = rraw
+                        c_sraw = sraw
+                        cur_gk = _NO
 
                     if cnt < skip:
                         _check_skipped(d)
@@ -499,7 +862,8 @@ def _scan(
                         cnt += 1
                         last_end = e
                         records += 1
-                        if tracer is not None:
+                        R.skipped += 1
+                        if tracer is not None and R.traced:
                             tracer.add(d, host, pid, rank, mode, t, True)
                         continue
 
@@ -520,7 +884,7 @@ def _scan(
                             kv = None if bycode == 0 else gk[1]
                             if bycode == 1 and kv is not None and not _is_num(kv):
                                 raise _BadLine("bad bs") from None
-                            ng = groups[gk] = _Acc(mode, kv)
+                            ng = groups[gk] = _Acc(mode, kv, c_rid, c_spec)
                         if g is not None:
                             g.acc = s_acc
                             g.acc_ab = s_acc_ab
@@ -582,17 +946,23 @@ def _scan(
                     cnt += 1
                     last_end = e
                     records += 1
-                    if tracer is not None:
+                    if tracer is not None and R.traced:
                         tracer.add(d, host, pid, rank, mode, t, False)
                 except bad_errors:
-                    bad += 1
+                    h = _header(line)
+                    if h is None:
+                        bad += 1
+                    else:
+                        add_header(h)
     if g is not None:
         g.acc = s_acc
         g.acc_ab = s_acc_ab
         g.bs_ab = s_bs_ab
         g.cyc_acc = s_cyc_acc
         g.btw_acc = s_btw_acc
-    return groups, records, bad
+    out.records = records
+    out.bad = bad
+    return out
 
 
 class _Counted:
@@ -660,7 +1030,7 @@ def _series_stats(values: array) -> Stats | None:
     )
 
 
-def _finish_group(g: _Acc, by: str | None) -> GroupStats:
+def _finish_group(g: _Acc, key: tuple[tuple[str, Any], ...], run: str | None) -> GroupStats:
     cycle = _series_stats(g.cyc)
     assert cycle is not None
     g.cyc = array("d")
@@ -697,7 +1067,6 @@ def _finish_group(g: _Acc, by: str | None) -> GroupStats:
     tokens_per_s = g.acc / g.cyc_acc * 1000.0 if g.cyc_acc > 0 else None
     wall_den = g.cyc_acc + g.btw_acc
     wall = g.acc / wall_den * 1000.0 if g.cyc_acc > 0 and wall_den > 0 else None
-    key: tuple[tuple[str, Any], ...] = () if by is None else ((by, g.keyval),)
     return GroupStats(
         mode=g.mode,
         key=key,
@@ -710,7 +1079,54 @@ def _finish_group(g: _Acc, by: str | None) -> GroupStats:
         wall_tokens_per_s=wall,
         tokens=g.acc,
         host_cycle=host_cycle,
+        run=run,
     )
+
+
+def _merge_into(a: _Acc, b: _Acc) -> None:
+    """Append ``b``'s series to ``a``'s and add its sums (``merge_runs``); ``b`` is left empty."""
+    a.cyc.extend(b.cyc)
+    a.btw.extend(b.btw)
+    a.hcyc.extend(b.hcyc)
+    for mine, theirs in ((a.ph, b.ph), (a.hph, b.hph)):
+        for name, app in theirs.items():
+            have = mine.get(name)
+            if have is None:
+                mine[name] = app
+            else:
+                have.__self__.extend(app.__self__)
+        theirs.clear()
+    b.cyc = array("d")
+    b.btw = array("d")
+    b.hcyc = array("d")
+    a.acc += b.acc
+    a.cyc_acc += b.cyc_acc
+    a.btw_acc += b.btw_acc
+    a.acc_ab += b.acc_ab
+    a.bs_ab += b.bs_ab
+
+
+def _resolve_run_ids(wanted: Sequence[str], known: Sequence[RunInfo]) -> set[str]:
+    """The ids that ``wanted`` names: each an id or an unambiguous prefix of one. Raises ``UsageError`` naming
+    the runs that exist (or those that the prefix fits) otherwise."""
+    ids = [r.id for r in known]
+    listing = "; ".join(r.short() for r in known) or "none"
+    out: set[str] = set()
+    for w in wanted:
+        if not isinstance(w, str) or not w:
+            raise UsageError(f"a run id must be a non-empty string, not {w!r}; runs in these logs: {listing}")
+        if w in ids:
+            out.add(w)
+            continue
+        fits = [r for r in known if r.id.startswith(w)]
+        if len(fits) == 1:
+            out.add(fits[0].id)
+        elif not fits:
+            raise UsageError(f"no run {w!r} in these logs; runs: {listing}")
+        else:
+            raise UsageError(f"run id {w!r} is ambiguous: it begins {len(fits)} runs: "
+                             + "; ".join(r.short() for r in fits) + "; give more of the id")
+    return out
 
 
 def aggregate(
@@ -723,18 +1139,30 @@ def aggregate(
     sources: Sequence[str] | None = None,
     t_min: float | None = None,
     t_max: float | None = None,
+    merge_runs: bool = False,
+    run_ids: Sequence[str] | None = None,
+    since: float | None = None,
+    latest: bool = False,
 ) -> ReportResult:
     """Read the timing logs ``files`` (local paths, read in the given order) and return their statistics.
 
-    ``by``: ``None`` (one group per mode), ``"bs"``, ``"rank"`` or ``"host"`` (groups per mode and that value).
+    ``by``: ``None`` (one group per mode and run), ``"bs"``, ``"rank"`` or ``"host"`` (groups per mode, run and
+    that value).
     ``skip``: drop the first ``skip`` valid cycles of every process (host, pid, rank), counted across files.
     ``trace_path``: also write a Chrome trace-event JSON file there (see ``eaglepatch.report.trace``); it holds
-    every valid record, the skipped ones too (marked ``"skipped": true`` in their args).
+    every valid record of the selected runs, the skipped ones too (marked ``"skipped": true`` in their args).
     ``idle_gap_s``: gaps between cycles longer than this count as idle and are left out of ``between_ms``.
     ``sources``: what the result's ``sources`` lists (default: ``files``), e.g. the SOURCE arguments as given.
     ``t_min``/``t_max``: a time window (wall clock, seconds, inclusive): only records whose ``t`` (the cycle's
     start) lies in it count; the others are passed over as if absent (not in ``records``, not counted by
     ``skip``, no ``between`` gap to or from them). ``None``: no bound on that side.
+
+    Runs (see the module docstring) are never merged unless ``merge_runs``: the groups are per run, and with
+    more than one run selected each group's key holds ``"run"``. Selection, applied in this order:
+    ``run_ids`` (only these runs; an unambiguous prefix of an id is enough), ``since`` (only runs whose start is
+    at or after this epoch time), ``latest`` (only the newest of what is left, by start). ``merge_runs``: the
+    selected runs' records together, as one run (the result's ``merged`` is true when that put several runs
+    together, and the renderers warn).
 
     Statistics (per group): cycle and phase stats (a phase's over the cycles in which it ran), each phase's
     ``share`` = its total time / the group's total cycle time, ``accept_len`` = sum(accepted) / sum(bs) over
@@ -742,9 +1170,10 @@ def aggregate(
     ``between_ms`` and ``wall_tokens_per_s`` = the same tokens / (their cycle time + the gaps before them) * 1000
     (equal to ``tokens_per_s`` when no gap was measured). See the module docstring for the assumptions.
 
-    Returns a ``ReportResult``; ``records`` counts all valid records, those dropped by ``skip`` included.
-    Raises ``UsageError`` for a bad ``by``/``skip``/``idle_gap_s``, a file that cannot be opened, or a trace
-    file that cannot be written. Lines that do not parse are counted, never raised.
+    Returns a ``ReportResult``; ``records`` counts all valid records of the selected runs, those dropped by
+    ``skip`` included. Raises ``UsageError`` for a bad ``by``/``skip``/``idle_gap_s``/``since``, a run id that
+    names no run (or several), a file that cannot be opened, or a trace file that cannot be written. Lines that
+    do not parse are counted, never raised.
     """
     if by is not None and by not in BY_CHOICES:
         raise UsageError(f"--by must be one of {', '.join(BY_CHOICES)}, not {by!r}")
@@ -754,30 +1183,106 @@ def aggregate(
         raise UsageError(f"the idle gap must be a positive number of seconds, not {idle_gap_s!r}")
     if t_min is not None and t_max is not None and t_min > t_max:
         raise UsageError(f"the time window is empty: t_min {t_min!r} is after t_max {t_max!r}")
+    if since is not None and (not _is_num(since) or not math.isfinite(float(since))):
+        raise UsageError(f"since must be a time (seconds since the epoch), not {since!r}")
+    if isinstance(run_ids, str):
+        run_ids = [run_ids]
     files = list(files)
-    tracer = None
-    if trace_path is not None:
-        from eaglepatch.report.trace import TraceWriter
+    windowed = t_min is not None or t_max is not None
+    selecting = bool(run_ids) or since is not None or latest
 
-        tracer = TraceWriter(trace_path)
-    try:
-        accs, records, bad = _scan(files, by, skip, idle_gap_s, tracer, t_min, t_max)
-    finally:
-        if tracer is not None:
-            tracer.close()
-    # A group whose only records were rejected after it was created holds no cycle: leave it out.
-    live = [a for a in accs.values() if len(a.cyc)]
-    order = sorted(live, key=lambda a: (mode_sort_value(a.mode), key_sort_value(a.keyval)))
-    del live
-    accs.clear()
+    def scan(trace_runs: Any) -> _ScanOut:
+        tracer = None
+        if trace_path is not None:
+            from eaglepatch.report.trace import TraceWriter
+
+            tracer = TraceWriter(trace_path)
+        try:
+            return _scan(files, by, skip, idle_gap_s, tracer, t_min, t_max, trace_runs)
+        finally:
+            if tracer is not None:
+                tracer.close()
+
+    # With a trace, the first pass writes every run's records; should the selection leave a run out, a second
+    # pass writes the trace again with the selected runs alone (its numbers are the same as the first's).
+    out = scan(None)
+
+    # The runs: records per run (kept + dropped by skip), known runs, oldest first.
+    counts: Counter[str] = Counter()
+    for (rid, _spec), ctx in out.ctxs.items():
+        for a in ctx.values():
+            counts[rid] += len(a.cyc)
+    infos: list[RunInfo] = []
+    for rid, r in out.runs.items():
+        n = counts[rid] + r.skipped
+        if n == 0 and (windowed or not r.headers):
+            continue  # only rejected records, or (in a window) a header alone
+        infos.append(RunInfo(id=rid, start=r.start if math.isfinite(r.start) else None, timer=r.timer(),
+                             flags=tuple(r.flags.items()), records=n))
+    infos.sort(key=lambda r: (r.start is not None, r.start or 0.0, r.id))
+
+    chosen = infos
+    if run_ids:
+        ids = _resolve_run_ids(list(run_ids), infos)
+        chosen = [r for r in chosen if r.id in ids]
+    if since is not None:
+        chosen = [r for r in chosen if r.start is not None and r.start >= since]
+    if latest and chosen:
+        chosen = chosen[-1:]
+    chosen_ids = {r.id for r in chosen}
+    others = tuple(r for r in infos if r.id not in chosen_ids)
+
+    if trace_path is not None and selecting and others:
+        out = scan(chosen_ids)
+
+    # Group the accumulators: per run (or all runs together when merged), mode and by-value; the spec splits a
+    # group only where it varies in it.
+    merged = merge_runs and len(chosen) > 1
+    multi = len(chosen) > 1 and not merged
+    order = {r.id: i for i, r in enumerate(chosen)}
+    base: dict[tuple[Any, ...], dict[str | None, _Acc]] = {}
+    for (rid, spec), ctx in out.ctxs.items():
+        if rid not in chosen_ids:
+            continue
+        for a in ctx.values():
+            if not len(a.cyc):
+                continue  # a group whose only records were rejected after it was created
+            bkey = (None if merged else rid, a.mode, a.keyval)
+            specs = base.setdefault(bkey, {})
+            have = specs.get(spec)
+            if have is None:
+                specs[spec] = a
+            else:
+                _merge_into(have, a)
+    out.ctxs.clear()
+
+    def sort_key(item: tuple[tuple[Any, ...], str | None, _Acc]) -> Any:
+        (rid, mode, kv), spec, _a = item
+        return (order.get(rid, 0), mode_sort_value(mode), key_sort_value(kv), spec is None, spec or "")
+
+    flat = [(bkey, spec, a) for bkey, specs in base.items() for spec, a in specs.items()]
+    varying = {bkey for bkey, specs in base.items() if len(specs) > 1}
+    flat.sort(key=sort_key)
+    base.clear()
     groups = []
-    for acc in order:
-        groups.append(_finish_group(acc, by))
+    for bkey, spec, a in flat:
+        rid = bkey[0]
+        key: list[tuple[str, Any]] = [] if by is None else [(by, bkey[2])]
+        if bkey in varying:
+            key.append(("spec", spec))
+        if multi:
+            key.append(("run", rid))
+        groups.append(_finish_group(a, tuple(key), rid if not merged else None))
+    del flat
     return ReportResult(
         sources=tuple(files if sources is None else sources),
-        records=records,
-        skipped_lines=bad,
+        records=sum(r.records for r in chosen),
+        skipped_lines=out.bad,
         groups=tuple(groups),
         by=by,
         skip=skip,
+        runs=tuple(chosen),
+        merged=merged,
+        other_runs=others,
     )
+

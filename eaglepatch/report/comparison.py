@@ -1,23 +1,29 @@
-"""Compare several ``ReportResult``s side by side (``report --compare``). Pure: values in, values/text out.
+"""Compare several ``ReportResult``s side by side (``report --compare``). Pure: values in, values/text out
+(``aggregate_each``, which reads the sources' files and writes their traces, aside).
 
-Groups are matched by (mode, key). Per group the rows are: ``n``; for each phase (canonical order, the union over
-the sources) and then ``cycle`` and ``between``: ``"<name> p50 ms"`` and ``"<name> mean ms"``; then
-``accept_len``, ``tokens_per_s`` and ``wall_tokens_per_s``. ``delta_pct[i]`` is the change of source ``i``
-against the first source in percent, ``(v_i - v_0) / v_0 * 100`` rounded to 2 decimals; ``None`` for the first
-source, and when either value is missing or the first is 0.
+Columns: one per source, or, for a source whose result holds several runs (not merged), one per run of it,
+labelled ``<label>#1``, ``<label>#2``... (oldest first; ``CompareResult.columns`` and the table's legend say
+which run each is), so that runs are compared, never blended. A single source holding several runs can thus be
+compared with itself. Groups are matched across the columns by (mode, key), the key's ``run`` left out. Per group
+the rows are: ``n``; for each phase (canonical order, the union over the columns) and then ``cycle`` and
+``between``: ``"<name> p50 ms"`` and ``"<name> mean ms"``; then ``accept_len``, ``tokens_per_s`` and
+``wall_tokens_per_s``. ``delta_pct[i]`` is the change of column ``i`` against the first column in percent,
+``(v_i - v_0) / v_0 * 100`` rounded to 2 decimals; ``None`` for the first column, and when either value is
+missing or the first is 0.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from tabulate import tabulate
 
 from eaglepatch.errors import UsageError
-from eaglepatch.report.aggregation import GroupStats, ReportResult
+from eaglepatch.report.aggregation import GroupStats, ReportResult, RunInfo, aggregate
 from eaglepatch.report.stats import key_sort_value, mode_sort_value, phase_order, round_json
 
 
@@ -64,16 +70,48 @@ class CompareGroup:
 
 
 @dataclass(frozen=True)
+class CompareColumn:
+    """One value column: its ``label``, the ``source`` label it comes from, and its ``runs``: one, several when
+    the source's runs were merged (``merge_runs``), none when the result has no run information."""
+
+    label: str
+    source: str
+    runs: tuple[RunInfo, ...] = ()
+
+    @property
+    def run(self) -> RunInfo | None:
+        """The column's run when it has exactly one."""
+        return self.runs[0] if len(self.runs) == 1 else None
+
+    def legend(self) -> str | None:
+        """``"<label>: run 2026-12-01 15:46:44  EAGLE3 ...  timer=events  (id ...)"``; for merged runs
+        ``"<label>: N runs merged, their figures blend: ID (start, timer), ..."``; ``None`` without runs."""
+        if not self.runs:
+            return None
+        if len(self.runs) > 1:
+            return (f"{self.label}: {len(self.runs)} runs merged, their figures blend: "
+                    + "; ".join(r.short() for r in self.runs))
+        return f"{self.label}: {self.runs[0].title()}"
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"label", "source", "runs": [RunInfo.to_json()]}``."""
+        return {"label": self.label, "source": self.source, "runs": [r.to_json() for r in self.runs]}
+
+
+@dataclass(frozen=True)
 class CompareResult:
-    """What ``compare`` returns; ``sources`` are the labels, in the order given."""
+    """What ``compare`` returns; ``sources`` are the column labels, in order (the labels given, where each
+    source is one column); ``columns`` say where each column comes from."""
 
     sources: tuple[str, ...]
     groups: tuple[CompareGroup, ...]
+    columns: tuple[CompareColumn, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """Return ``{"sources": [labels], "groups": [{"mode", "key", "rows": [{"metric", "values",
-        "delta_pct"}]}]}``."""
-        return {"sources": list(self.sources), "groups": [g.to_json() for g in self.groups]}
+        """Return ``{"sources": [column labels], "groups": [{"mode", "key", "rows": [{"metric", "values",
+        "delta_pct"}]}], "columns": [CompareColumn.to_json()]}`` (``values[i]`` belongs to ``sources[i]``)."""
+        return {"sources": list(self.sources), "groups": [g.to_json() for g in self.groups],
+                "columns": [c.to_json() for c in self.columns]}
 
 
 def _delta(v0: float | None, v: float | None) -> float | None:
@@ -88,21 +126,44 @@ def _make_row(metric: str, values: Sequence[float | None]) -> CompareRow:
     return CompareRow(metric=metric, values=tuple(values), delta_pct=deltas)
 
 
+def _columns(results: Sequence[ReportResult], labels: Sequence[str]) -> list[tuple[CompareColumn, list[GroupStats]]]:
+    """Split each result into its columns: one per run that has groups where it holds several (not merged),
+    else one."""
+    out: list[tuple[CompareColumn, list[GroupStats]]] = []
+    for label, res in zip(labels, results):
+        runs = [r for r in res.runs if res.run_groups(r.id)] if not res.merged else []
+        if len(runs) > 1:
+            for i, run in enumerate(runs, 1):
+                out.append((CompareColumn(f"{label}#{i}", label, (run,)), list(res.run_groups(run.id))))
+            rest = [g for g in res.groups if g.run not in {r.id for r in runs}]
+            if rest:  # groups of no known run (not from aggregate): a column of their own
+                out.append((CompareColumn(f"{label}#?", label), rest))
+        else:
+            # merged: all its runs; else the one run with groups (or, with none, the one run it holds)
+            col_runs = res.runs if res.merged else tuple(runs) or (res.runs if len(res.runs) == 1 else ())
+            out.append((CompareColumn(label, label, col_runs), list(res.groups)))
+    return out
+
+
 def compare(results: Sequence[ReportResult], labels: Sequence[str]) -> CompareResult:
-    """Match the groups of ``results`` by (mode, key) and put their numbers side by side with deltas.
+    """Match the groups of ``results`` by (mode, key without its run) and put their numbers side by side with
+    deltas, one column per source, or per run of a source that holds several (see the module docstring).
 
     ``labels`` names each result (e.g. the SOURCE arguments). Returns a ``CompareResult`` whose groups are
-    ordered like a report's (decode first, then by key). Raises ``UsageError`` when fewer than two results are
-    given or the number of labels differs.
+    ordered like a report's (decode first, then by key). Raises ``UsageError`` when the number of labels
+    differs, or when fewer than two columns result (one source with one run).
     """
-    if len(results) < 2:
-        raise UsageError("--compare needs two or more sources; give each run's logs as its own SOURCE")
     if len(labels) != len(results):
         raise UsageError(f"--compare got {len(results)} results but {len(labels)} labels")
+    cols = _columns(results, labels)
+    if len(cols) < 2:
+        raise UsageError("--compare needs two or more sources (or a source holding several runs); give each "
+                         "run's logs as its own SOURCE")
     index: dict[tuple[str, tuple[tuple[str, Any], ...]], list[GroupStats | None]] = {}
-    for i, res in enumerate(results):
-        for g in res.groups:
-            slot = index.setdefault((g.mode, g.key), [None] * len(results))
+    for i, (_col, gs_i) in enumerate(cols):
+        for g in gs_i:
+            key = tuple((k, v) for k, v in g.key if k != "run")
+            slot = index.setdefault((g.mode, key), [None] * len(cols))
             slot[i] = g
     keys = sorted(
         index,
@@ -127,7 +188,48 @@ def compare(results: Sequence[ReportResult], labels: Sequence[str]) -> CompareRe
         rows.append(_make_row("tokens_per_s", [g.tokens_per_s if g else None for g in gs]))
         rows.append(_make_row("wall_tokens_per_s", [g.wall_tokens_per_s if g else None for g in gs]))
         groups.append(CompareGroup(mode=mode, key=key, rows=tuple(rows)))
-    return CompareResult(sources=tuple(labels), groups=tuple(groups))
+    columns = tuple(c for c, _ in cols)
+    return CompareResult(sources=tuple(c.label for c in columns), groups=tuple(groups), columns=columns)
+
+
+def numbered_paths(path: str, n: int) -> list[str]:
+    """``n`` paths made from ``path`` by inserting ``.1``, ``.2``... before its extension: ``t.json`` ->
+    ``t.1.json``, ``t.2.json``; ``trace`` -> ``trace.1``; ``dir.d/t`` -> ``dir.d/t.1``."""
+    root, ext = os.path.splitext(path)
+    return [f"{root}.{i}{ext}" for i in range(1, n + 1)]
+
+
+def aggregate_each(
+    file_lists: Sequence[Sequence[str]],
+    labels: Sequence[str] | None = None,
+    *,
+    trace_path: str | None = None,
+    **kwargs: Any,
+) -> tuple[list[ReportResult], list[str]]:
+    """Aggregate each source on its own (what ``report --compare`` does): ``file_lists[i]`` are the log files of
+    source ``i`` (``iter_log_files([source])``), ``labels[i]`` its name (the result's ``sources``; default: the
+    files). ``kwargs`` go to every ``aggregate`` call (``by``, ``skip``, ``latest``, ``since``, ``run_ids``,
+    ``merge_runs``...): a selection applies to each source by itself (``latest``: each source's newest run).
+
+    ``trace_path``: write one trace per source, at ``numbered_paths(trace_path, len(file_lists))`` (``t.json`` ->
+    ``t.1.json``, ``t.2.json``...). Returns the results and the trace paths written (``[]`` without
+    ``trace_path``). Raises what ``aggregate`` raises (a ``UsageError`` names the source when a run id is
+    unknown to it).
+    """
+    if labels is not None and len(labels) != len(file_lists):
+        raise UsageError(f"got {len(file_lists)} sources but {len(labels)} labels")
+    paths = numbered_paths(trace_path, len(file_lists)) if trace_path is not None else []
+    results: list[ReportResult] = []
+    for i, files in enumerate(file_lists):
+        label = labels[i] if labels is not None else None
+        try:
+            results.append(aggregate(files, trace_path=paths[i] if paths else None,
+                                     sources=[label] if label is not None else None, **kwargs))
+        except UsageError as exc:
+            if label is None:
+                raise
+            raise UsageError(f"{label}: {exc}") from None
+    return results, paths
 
 
 def _fmt_val(metric: str, v: float | None) -> str:
@@ -145,11 +247,16 @@ def _fmt_delta(d: float | None) -> str:
 
 
 def render_compare_table(result: CompareResult, *, tablefmt: str = "simple") -> str:
-    """Return the side-by-side tables: per group a title line (mode and key), then one row per metric with
-    one value column per source and one ``Δ% <label>`` column per later source; no trailing newline."""
+    """Return the side-by-side tables: first a legend line per column whose run is known (its label and the
+    run's header line), then per group a title line (mode and key), then one row per metric with one value
+    column per column and one ``Δ% <label>`` column per later column; no trailing newline."""
     labels = list(result.sources)
     headers = ["metric", *labels, *[f"Δ% {lab}" for lab in labels[1:]]]
     out: list[str] = []
+    legend = [line for line in (c.legend() for c in result.columns) if line]
+    if legend:
+        out.extend(legend)
+        out.append("")
     if not result.groups:
         out.append("no timing records to compare")
     for g in result.groups:

@@ -1,4 +1,17 @@
-"""Render a ``ReportResult`` for people (``render_table``) and spreadsheets (``render_csv``). Pure: text out."""
+"""Render a ``ReportResult`` for people (``render_table``) and spreadsheets (``render_csv``). Pure: text out.
+
+Runs: the table shows, before each run's groups, the run's header line (``RunInfo.title()``: its start as local
+time, its speculative flags in short, its timer and its id), also when the result holds one run; a run without
+groups (a header line alone: the server has timed nothing yet; or every cycle dropped by ``--skip``) says so.
+When ``merge_runs`` merged several runs, a ``warning: merged N runs: ...; their figures blend`` line comes first
+instead. Runs that the selection left out are named in a note at the end. A result without runs (rebuilt from
+an older JSON document) shows its groups as before.
+
+CSV: the columns of before, then ``run`` (appended last, so that readers of the older columns by position keep
+working): the id of the group's run on every row, whether the result holds one run or several; the ids joined
+with ``+`` when the runs were merged; empty when the run is not known (a result without runs). The ``key``
+column never holds the run (it holds ``spec=...`` where the spec varies within a group).
+"""
 
 from __future__ import annotations
 
@@ -27,6 +40,7 @@ CSV_COLUMNS: tuple[str, ...] = (
     "wall_tokens_per_s",
     "host_mean",
     "host_p50",
+    "run",
 )
 
 
@@ -45,8 +59,9 @@ def _opt(v: float | None, fmt: str) -> str:
 def group_title(g: GroupStats) -> str:
     """The header line of one group: mode, key, n, accept length, tok/s and wall tok/s."""
     parts = [g.mode]
-    if g.key:
-        parts.append(g.key_label())
+    label = g.key_label()
+    if label:
+        parts.append(label)
     head = " ".join(parts)
     return (
         f"{head}  n={g.n}  accept len {_opt(g.accept_len, '.3f')}  "
@@ -81,17 +96,41 @@ def render_group_table(g: GroupStats, *, tablefmt: str = "simple") -> str:
     return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True, colalign=colalign)
 
 
-def render_table(result: ReportResult, *, tablefmt: str = "simple") -> str:
-    """Return the human report: per group a title line and its table, separated by blank lines, then notes
-    (lines that did not parse, cycles dropped by ``--skip``); no trailing newline. Never raises for an empty
-    result: it says so."""
+def _groups_text(groups: tuple[GroupStats, ...] | list[GroupStats], tablefmt: str) -> list[str]:
     out: list[str] = []
-    if not result.groups:
-        out.append("no timing records found in " + (", ".join(result.sources) or "(no files)"))
-    for g in result.groups:
+    for g in groups:
         out.append(group_title(g))
         out.append(render_group_table(g, tablefmt=tablefmt))
         out.append("")
+    return out
+
+
+def render_table(result: ReportResult, *, tablefmt: str = "simple") -> str:
+    """Return the human report: per run its header line, then per group of the run a title line and its table,
+    separated by blank lines (a merge warning first instead when runs were merged), then notes (lines that did
+    not parse, cycles dropped by ``--skip``, runs left out); no trailing newline. Never raises for an empty
+    result: it says so."""
+    out: list[str] = []
+    warning = result.merge_warning()
+    if warning is not None:
+        out.append("warning: " + warning)
+        out.append("")
+    if not result.groups and not (result.runs and not result.merged):
+        out.append("no timing records found in " + (", ".join(result.sources) or "(no files)"))
+    if result.runs and not result.merged:
+        shown: set[str] = set()
+        for run in result.runs:
+            shown.add(run.id)
+            out.append(run.title())
+            mine = result.run_groups(run.id)
+            if not mine:
+                out.append("no timing records of this run" + (" (every cycle left out by --skip)" if run.records
+                                                                else " yet"))
+                out.append("")
+            out.extend(_groups_text(mine, tablefmt))
+        out.extend(_groups_text([g for g in result.groups if g.run not in shown], tablefmt))
+    else:
+        out.extend(_groups_text(result.groups, tablefmt))
     while out and out[-1] == "":
         out.pop()
     notes = []
@@ -100,6 +139,10 @@ def render_table(result: ReportResult, *, tablefmt: str = "simple") -> str:
         notes.append(f"note: --skip {result.skip} left out the first {dropped} cycles (first {result.skip} per process)")
     if result.skipped_lines:
         notes.append(f"note: {result.skipped_lines} lines did not parse and were skipped")
+    if result.other_runs:
+        n = len(result.other_runs)
+        notes.append(f"note: {n} other run{'s' if n > 1 else ''} in these logs not shown: "
+                     + "; ".join(r.short() for r in result.other_runs))
     if notes:
         out.append("")
         out.extend(notes)
@@ -118,13 +161,16 @@ def render_csv(result: ReportResult) -> str:
     """Return CSV text (header ``CSV_COLUMNS``): one row per group and phase, then the group's ``cycle`` row and
     its ``between`` row (when gaps were measured; p99/max/share empty). ``key`` is ``""`` or ``bs=1`` etc.;
     ``share`` is a fraction (0..1); ``accept_len``, ``tokens_per_s`` and ``wall_tokens_per_s`` repeat the group's
-    values on every row; ``host_mean``/``host_p50`` are empty without host-clock times."""
+    values on every row; ``host_mean``/``host_p50`` are empty without host-clock times; ``run`` as the module
+    docstring says."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(CSV_COLUMNS)
+    merged_ids = "+".join(r.id for r in result.runs) if result.merged else ""
     for g in result.groups:
         tail = [_csv_num(g.accept_len), _csv_num(g.tokens_per_s), _csv_num(g.wall_tokens_per_s)]
         key = g.key_label()
+        run = g.run if g.run is not None else merged_ids
 
         def row(phase: str, st: Stats, share: float | None, host: Stats | None) -> list[str]:
             return [
@@ -141,6 +187,7 @@ def render_csv(result: ReportResult) -> str:
                 *tail,
                 _csv_num(host.mean) if host else "",
                 _csv_num(host.p50) if host else "",
+                run,
             ]
 
         for p in g.phases:
@@ -150,6 +197,6 @@ def render_csv(result: ReportResult) -> str:
             b = g.between
             w.writerow(
                 [g.mode, key, "between", str(b.n), _csv_num(b.mean), _csv_num(b.p50), _csv_num(b.p90),
-                 "", "", "", *tail, "", ""]
+                 "", "", "", *tail, "", "", run]
             )
     return buf.getvalue()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Sequence
 
-#: The phase names of CONTRACT.md in the order tables, CSV and traces show them; any other phase name follows,
+#: The phase names of docs/contract.md in the order tables, CSV and traces show them; any other phase name follows,
 #: sorted alphabetically.
 CANONICAL_PHASES: tuple[str, ...] = ("target", "draft", "verify", "draft_extend")
 

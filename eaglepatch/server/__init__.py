@@ -9,7 +9,7 @@ Everything on the host runs as small standard-library programs (``_remote.py``) 
 the same on ``LocalHost`` and over SSH, and never imports sglang.
 """
 
-from eaglepatch.server.control import StopResult, Started, port_in_use, read_log_tail, start_server, stop_server
+from eaglepatch.server.control import StopResult, Started, read_log_tail, stop_server
 from eaglepatch.server.process import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -42,12 +42,10 @@ __all__ = [
     "default_log_path",
     "find_servers",
     "parse_server_args",
-    "port_in_use",
     "probe_address",
     "read_log_tail",
     "restart",
     "select_server",
-    "start_server",
     "stop_server",
     "wait_until_ready",
 ]

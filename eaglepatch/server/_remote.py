@@ -21,6 +21,7 @@ import re
 import shlex
 import signal
 import socket
+import stat
 import subprocess
 import time
 
@@ -283,6 +284,9 @@ def _interpreter(argv, idx, launcher, exe, cwd):
         if arg in _OPTS_WITH_VALUE:
             i += 2
             continue
+        if arg.startswith(("-W", "-X")):  # -Wignore, -Xfrozen_modules=off: a value, not option letters
+            i += 1
+            continue
         if arg.startswith("-") and not arg.startswith("--"):
             module = _MODULE_OPT_RE.match(arg)
             keep = "".join(ch for ch in (arg[1:arg.index("m")] if module else arg[1:]) if ch in _PATH_OPTS)
@@ -297,7 +301,14 @@ def _interpreter(argv, idx, launcher, exe, cwd):
     return launcher or exe, opts, script
 
 
-def _query_start(interp, opts, script_dir, env, cwd):
+def _query_start(interp, opts, script_dir, env, cwd, drop=None):
+    """Start asking ``interp`` where ``import sglang`` comes from; ``drop``: (uid, gid, groups) to run it as."""
+
+    def as_user():
+        os.setgroups(drop[2])
+        os.setgid(drop[1])
+        os.setuid(drop[0])
+
     try:
         return subprocess.Popen(
             [interp] + opts + ["-c", _PACKAGE_QUERY, script_dir or ""],
@@ -306,6 +317,7 @@ def _query_start(interp, opts, script_dir, env, cwd):
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
+            preexec_fn=as_user if drop else None,
         )
     except Exception:
         return None
@@ -375,15 +387,28 @@ def _systemd_unit(pid, env, procs):
     """
     if not env or "INVOCATION_ID" not in env:
         return None
+    unit = parse_cgroup_unit((_proc_bytes("/proc/%d/cgroup" % pid) or b"").decode("utf-8", "replace"))
+    if unit is None:
+        return None
+    # Is it the unit's own process (what ExecStart runs), or something started inside the unit (a shell of a
+    # Jupyter service, a job of a CI runner)? Only the former may be restarted with the unit: restarting
+    # jupyter.service to restart a server started from its terminal would stop everything else it runs.
     exec_pid = env.get("SYSTEMD_EXEC_PID")
-    if exec_pid and exec_pid.isdigit():
-        p, seen = pid, set()
-        while p in procs and p not in seen and p != int(exec_pid):
-            seen.add(p)
-            p = procs[p]["ppid"]
-        if p != int(exec_pid):
-            return None
-    return parse_cgroup_unit((_proc_bytes("/proc/%d/cgroup" % pid) or b"").decode("utf-8", "replace"))
+    main = _unit_main_pid(unit)
+    unit["main"] = pid == main if main else (exec_pid == str(pid))
+    return unit
+
+
+def _unit_main_pid(unit):
+    """The unit's MainPID as systemctl reports it, or None (no systemctl, no answer)."""
+    argv = ["systemctl"] + (["--user"] if unit.get("user") else []) + ["show", "-p", "MainPID", unit["unit"]]
+    try:
+        out = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             timeout=10).stdout.decode("ascii", "replace")
+        value = int(out.strip().partition("=")[2])
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    return value or None
 
 
 def parse_cgroup_unit(text):
@@ -448,6 +473,8 @@ def op_scan(payload):
                 "start": st["start"],
                 "started_at": None if boot is None else round(boot + st["start"] / float(hz), 3),
                 "uid": _uid(pid),
+                "same_user": _uid(pid) == os.geteuid(),
+                "sig_ign": _ignored_signals(pid),
                 # a server inside a container shows in the host's /proc but cannot be relaunched from outside it
                 "same_mount_ns": None if mnt is None or own_mnt is None else mnt == own_mnt,
                 "systemd": _systemd_unit(pid, env, procs),
@@ -468,6 +495,39 @@ def _uid(pid):
         return None
 
 
+# Signals whose disposition a relaunch reproduces (ignored, as under nohup, or default): the ones a person or a
+# supervisor sends to a server.
+_KEPT_SIGNALS = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGPIPE")
+
+
+def _ignored_signals(pid):
+    """The names of the signals of ``_KEPT_SIGNALS`` that the process ignores (its SigIgn mask), or None."""
+    raw = _proc_bytes("/proc/%d/status" % pid)
+    if raw is None:
+        return None
+    for line in raw.decode("ascii", "replace").splitlines():
+        if line.startswith("SigIgn:"):
+            mask = int(line.split()[1], 16)
+            return [name for name in _KEPT_SIGNALS
+                    if hasattr(signal, name) and mask & (1 << (int(getattr(signal, name)) - 1))]
+    return None
+
+
+def _ids(pid):
+    """(uid, gid, supplementary gids) of a process, from /proc/PID/status; None when unreadable."""
+    raw = _proc_bytes("/proc/%d/status" % pid)
+    if raw is None:
+        return None
+    fields = {}
+    for line in raw.decode("ascii", "replace").splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.split()
+    try:
+        return int(fields["Uid"][1]), int(fields["Gid"][1]), [int(g) for g in fields.get("Groups", [])]
+    except (KeyError, IndexError, ValueError):
+        return None
+
+
 def identify(servers, timeout=30.0):
     """Fill in ``package_dir`` and ``launch`` of each server (see ``op_scan``), asking every distinct
     interpreter set-up at once."""
@@ -478,10 +538,16 @@ def identify(servers, timeout=30.0):
                                                 srv.get("cwd"))
         srv["interpreter"] = interp
         env_key = tuple((k, (env or {}).get(k)) for k in _IMPORT_ENV)
-        key = (interp, tuple(opts), script_dir, srv.get("cwd"), env_key)
+        key = (interp, tuple(opts), script_dir, srv.get("cwd"), env_key, srv.get("uid"))
         keys.append(key)
         if key not in asked:
-            asked[key] = _query_start(interp, opts, script_dir, env, srv.get("cwd")) if interp else None
+            asked[key] = None
+            if interp and env is not None:
+                # Another user's interpreter, environment (.pth files, sitecustomize) and folder run as that user,
+                # never as ours (root's): it is their code. Unreadable (not root): not asked, not ours to act on.
+                drop = None if srv.get("same_user") else _ids(srv["pid"])
+                if srv.get("same_user") or (os.geteuid() == 0 and drop is not None):
+                    asked[key] = _query_start(interp, opts, script_dir, env, srv.get("cwd"), drop)
     deadline = time.time() + timeout
     answers = {}
     for srv, key in zip(servers, keys):
@@ -535,10 +601,6 @@ def _listening(port):
         return s.connect_ex(("127.0.0.1", port)) == 0
     finally:
         s.close()
-
-
-def op_port(payload):
-    return {"listening": _listening(payload["port"])}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -633,31 +695,89 @@ def op_stop(payload):
 # start
 
 
-def op_start(payload):
-    """Start argv in cwd with exactly env, in a new session, stdin /dev/null, output appended to the log.
-
-    The new session (setsid) and the redirected descriptors let it outlive this program and the SSH session that
-    ran it: nothing ties it to the connection's terminal or pipes. Returns its pid and the log offset where its
-    output begins.
-    """
-    argv, cwd, env, log_path = payload["argv"], payload["cwd"], payload["env"], payload["log_path"]
-    want = payload.get("launcher")
-    if want and os.path.isdir(cwd):
-        got = resolve_launcher(argv[0], cwd, env)
-        if got != want:
-            return {"error": "%s now names %s, not %s as when the server was read: nothing was started"
-                    % (argv[0], got or "no executable file", want)}
-    log_dir = os.path.dirname(log_path)
-    if log_dir:
+def _safe_dir(path):
+    """``path`` if it is (or can be made, 0700) a folder of this user that nobody else may write; else a private
+    folder of this user's beside it (``<path>-<uid>``), made the same way; raises OSError when neither can be."""
+    for cand in (path, "%s-%d" % (path, os.geteuid())):
         try:
-            os.makedirs(log_dir, exist_ok=True)
-        except OSError as exc:
-            return {"error": "cannot create the log directory %s: %s" % (log_dir, exc.strerror or exc)}
+            os.makedirs(cand, mode=0o700, exist_ok=True)
+            st = os.lstat(cand)
+        except OSError:
+            continue
+        if os.path.isdir(cand) and not os.path.islink(cand) and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+            return cand
+    raise OSError(errno.EACCES, "neither %s nor %s-%d is a folder of this user's only" % (path, path, os.geteuid()))
+
+
+def _open_private(path, flags, mode=0o600):
+    """Open ``path`` without following a symlink, and only if it is a regular file."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fd
+
+
+def _start_script(argv, cwd, env):
+    """A shell script that starts the server by hand exactly as eaglepatch does: its folder, its whole
+    environment, its command line."""
+    lines = ["#!/bin/sh", "# The sglang server as eaglepatch starts it: its folder, environment and command line.",
+             "cd %s || exit 1" % shlex.quote(cwd),
+             "exec env -i " + " ".join(shlex.quote("%s=%s" % kv) for kv in sorted(env.items())) + " \\",
+             "    " + " ".join(shlex.quote(a) for a in argv), ""]
+    return "\n".join(lines).encode("utf-8", "surrogateescape")
+
+
+def _prepare_start(payload):
+    """Everything a start needs that can fail, done before anything is stopped: argv[0] still names the same
+    file, the folder exists, the log and the start script can be written (in a folder only this user can write,
+    without following a symlink). Returns ``{"error": ...}`` or what ``_spawn`` takes."""
+    argv, cwd, env, log_path = payload["argv"], payload["cwd"], payload["env"], payload["log_path"]
+    if not os.path.isdir(cwd):
+        return {"error": "its folder %s does not exist (any more)" % cwd}
+    want = payload.get("launcher")
+    got = resolve_launcher(argv[0], cwd, env)
+    if want and got != want:
+        return {"error": "%s now names %s, not %s as when the server was read" % (argv[0], got or "no executable file",
+                                                                                 want)}
+    if got is None:
+        return {"error": "%s names no executable file (from %s, along its PATH)" % (argv[0], cwd)}
     try:
-        log = open(log_path, "ab")
+        folder = _safe_dir(os.path.dirname(log_path) or ".")
+        log_path = os.path.join(folder, os.path.basename(log_path))
+        log_fd = _open_private(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     except OSError as exc:
         return {"error": "cannot open the log %s: %s" % (log_path, exc.strerror or exc)}
-    with log:
+    script = os.path.join(folder, "start-%s.sh" % payload.get("port", "server"))
+    try:
+        tmp = script + ".tmp%d" % os.getpid()
+        fd = _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
+        with os.fdopen(fd, "wb") as f:
+            f.write(_start_script(argv, cwd, env))
+        os.replace(tmp, script)
+    except OSError:
+        script = None
+    return {"log_fd": log_fd, "log_path": log_path, "script": script}
+
+
+def _restore_signals(ignored):
+    """A child's preexec: the dispositions the original server had (ignored, as under nohup, or default),
+    whatever this helper ignores itself while it relaunches."""
+    ignored = set(ignored or ())
+
+    def apply():
+        for name in _KEPT_SIGNALS:
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), signal.SIG_IGN if name in ignored else signal.SIG_DFL)
+
+    return apply
+
+
+def _spawn(payload, prep):
+    """Start argv in cwd with exactly env, in a new session, stdin /dev/null, output appended to the log."""
+    argv, cwd, env = payload["argv"], payload["cwd"], payload["env"]
+    out = {"log_path": prep["log_path"], "script": prep["script"]}
+    with os.fdopen(prep["log_fd"], "ab") as log:
         log.write(
             (
                 "\n=== eaglepatch %s: starting in %s: %s ===\n"
@@ -665,7 +785,7 @@ def op_start(payload):
             ).encode("utf-8", "surrogateescape")
         )
         log.flush()
-        offset = log.tell()
+        out["offset"] = log.tell()
         try:
             proc = subprocess.Popen(
                 argv,
@@ -676,44 +796,75 @@ def op_start(payload):
                 stderr=subprocess.STDOUT,
                 close_fds=True,
                 start_new_session=True,
+                preexec_fn=_restore_signals(payload.get("sig_ign")),
             )
         except OSError as exc:
-            reason = exc.strerror or str(exc)
-            if exc.errno == errno.ENOENT and not os.path.isdir(cwd):
-                what = "the directory %s does not exist" % cwd
-            else:
-                what = "%s: %s" % (argv[0], reason)
+            what = "%s: %s" % (argv[0], exc.strerror or str(exc))
             log.write(("eaglepatch: could not start: %s\n" % what).encode("utf-8", "surrogateescape"))
-            return {"error": "could not start the server: %s" % what, "offset": offset}
+            out["error"] = "could not start the server: %s" % what
+            return out
     st = _stat(proc.pid)
-    return {"pid": proc.pid, "start": st["start"] if st else None, "offset": offset}
+    out.update(pid=proc.pid, start=st["start"] if st else None)
+    return out
+
+
+def op_start(payload):
+    """Start argv in cwd with exactly env (and the original's signal dispositions), in a new session, stdin
+    /dev/null, output appended to the log: ``_prepare_start``, then ``_spawn``.
+
+    The new session (setsid) and the redirected descriptors let it outlive this program and the SSH session that
+    ran it: nothing ties it to the connection's terminal or pipes. Returns its pid, start time, the log (its path:
+    the one asked for, or this user's private one) and the offset where its output begins, and the start script.
+    """
+    prep = _prepare_start(payload)
+    if "error" in prep:
+        return {"error": "nothing was started: " + prep["error"]}
+    return _spawn(payload, prep)
+
+
+def _other_launchers(port, keep):
+    """Launchers of a server on ``port`` (by their command line) other than ``keep``: one still loading has not
+    bound its port yet, so the port alone does not show it."""
+    procs = _table()
+    return [p for p, (argv, idx) in sorted(_launchers(procs).items())
+            if p != keep and parse_server_args(argv[idx:])["port"] == port]
 
 
 def op_relaunch(payload):
     """Stop a server (``stop``: op_stop's payload, or None) and start one (``start``: op_start's payload) in one
     request, so that nothing between the two depends on the client: a client killed or cut off meanwhile leaves
-    the host with the new server starting, never with none. With ``check_port``, nothing starts while something
-    else listens on the port. A list ``batch`` of such requests runs one after the other (answers in order).
+    the host with the new server starting, never with none. Whatever can make the start fail is checked before
+    the stop (``_prepare_start``): then nothing is stopped. Nothing starts while another launcher for the port
+    runs (loading, or listening) besides the one stopped, or (``check_port``) something else listens there. A
+    list ``batch`` of such requests runs one after the other (answers in order).
 
-    SIGINT and SIGHUP are ignored meanwhile: a Ctrl-C in the client's terminal (a local target's helper shares
-    its process group) or a hang-up must not stop the host halfway.
+    SIGINT, SIGHUP and SIGTERM are ignored meanwhile (the new server gets the original's dispositions back): a
+    Ctrl-C in the client's terminal or a hang-up must not stop the host halfway.
     """
     if "batch" in payload:
         return {"batch": [op_relaunch(p) for p in payload["batch"]]}
-    saved = [(sig, signal.signal(sig, signal.SIG_IGN)) for sig in (signal.SIGINT, signal.SIGHUP)]
+    saved = [(sig, signal.signal(sig, signal.SIG_IGN)) for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)]
     try:
+        start, stop = payload["start"], payload.get("stop")
+        prep = _prepare_start(start)
+        if "error" in prep:
+            return {"start": {"error": "nothing was stopped or started: " + prep["error"]}, "not_stopped": True}
+        others = _other_launchers(payload["port"], stop["pid"] if stop else None)
+        if others:
+            os.close(prep["log_fd"])
+            return {"busy": True, "busy_pids": others, "not_stopped": True}
         out = {}
-        stop = payload.get("stop")
         if stop:
             out["stop"] = op_stop(stop)
             res = out["stop"]
             if res.get("remaining") or not res.get("port_free", True):
+                os.close(prep["log_fd"])
                 return out  # not stopped: starting another beside it would make two
-        start = payload["start"]
         if payload.get("check_port") and _listening(payload["port"]):
+            os.close(prep["log_fd"])
             out["busy"] = True
             return out
-        out["start"] = op_start(start)
+        out["start"] = _spawn(start, prep)
         return out
     finally:
         for sig, old in saved:
@@ -804,7 +955,7 @@ def op_probe(payload):
     return out
 
 
-OPS = {"scan": op_scan, "port": op_port, "stop": op_stop, "start": op_start, "tail": op_tail, "probe": op_probe,
+OPS = {"scan": op_scan, "stop": op_stop, "start": op_start, "tail": op_tail, "probe": op_probe,
        "relaunch": op_relaunch}
 
 

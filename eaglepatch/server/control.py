@@ -92,27 +92,21 @@ class Started:
     start: int | None
     log_offset: int
     error: str | None = None
-
-
-def start_server(host: Host, spec: LaunchSpec, *, python: str = "python3") -> Started:
-    """Start ``spec`` on the host, detached (own session, stdin /dev/null, output appended to ``spec.log_path``).
-
-    Returns at once, without waiting for readiness; ``error`` says why nothing started (missing directory or
-    interpreter, log not writable).
-    """
-    return started_result(call_remote(host, python, "start", start_payload(spec), timeout=60))
+    log_path: str | None = None  # where its output goes (the one asked for, or this user's private folder's)
+    script: str | None = None  # a shell script that starts it by hand, exactly so
 
 
 def start_payload(spec: LaunchSpec) -> dict[str, Any]:
     """What ``_remote.op_start`` takes to start ``spec``."""
     return {"argv": list(spec.argv), "cwd": spec.cwd, "env": dict(spec.env), "log_path": spec.log_path,
-            "launcher": spec.launcher}
+            "launcher": spec.launcher, "sig_ign": spec.sig_ign, "port": spec.port}
 
 
 def started_result(out: dict[str, Any]) -> Started:
     """``op_start``'s answer as a Started."""
     return Started(
-        pid=out.get("pid"), start=out.get("start"), log_offset=int(out.get("offset") or 0), error=out.get("error")
+        pid=out.get("pid"), start=out.get("start"), log_offset=int(out.get("offset") or 0), error=out.get("error"),
+        log_path=out.get("log_path"), script=out.get("script"),
     )
 
 
@@ -124,14 +118,9 @@ def relaunch_payload(current: ServerProcess | None, spec: LaunchSpec, grace: flo
             "check_port": current is None or current.port != spec.port}
 
 
-def relaunch_timeout(grace: float, port_timeout: float) -> float:
-    """How long one relaunch request may take on the host (the stop's grace and port wait, the start)."""
-    return grace + port_timeout + 120
-
-
-def port_in_use(host: Host, port: int, *, python: str = "python3") -> bool:
-    """True when something on the host listens on ``port`` (any address)."""
-    return bool(call_remote(host, python, "port", {"port": port}, timeout=60)["listening"])
+def relaunch_timeout(grace: float, port_timeout: float, n: int = 1) -> float:
+    """How long ``n`` relaunches may take on the host (each: the stop's grace and port wait, the start)."""
+    return n * (grace + port_timeout + 120)
 
 
 def read_log_tail(host: Host, log_path: str, *, offset: int = 0, lines: int = 30, python: str = "python3") -> str:

@@ -68,6 +68,7 @@ class LaunchSpec:
     host: str = DEFAULT_HOST
     log_path: str = ""
     launcher: str | None = None  # what argv[0] resolved to when it was read: a relaunch must find the same file
+    sig_ign: tuple[str, ...] | None = None  # the signals the original ignored (nohup: SIGHUP): the relaunch too
 
     def __post_init__(self) -> None:
         if not self.log_path:
@@ -90,6 +91,7 @@ class LaunchSpec:
             "host": self.host,
             "log_path": self.log_path,
             "launcher": self.launcher,
+            "sig_ign": None if self.sig_ign is None else list(self.sig_ign),
         }
 
     @classmethod
@@ -114,12 +116,12 @@ class LaunchSpec:
         launcher = data.get("launcher")
         if launcher is not None and not isinstance(launcher, str):
             raise ValueError("launch spec: 'launcher' must be a path")
+        sig_ign = data.get("sig_ign")
+        if sig_ign is not None and (not isinstance(sig_ign, list) or not all(isinstance(x, str) for x in sig_ign)):
+            raise ValueError("launch spec: 'sig_ign' must be a list of signal names")
         return cls(argv=list(argv), cwd=data["cwd"], env=dict(env), port=port, host=host, log_path=log_path,
-                   launcher=launcher)
+                   launcher=launcher, sig_ign=None if sig_ign is None else tuple(sig_ign))
 
-    def command_line(self) -> str:
-        """The shell line that starts it by hand: ``cd CWD && ARGV`` (the environment is the one it had)."""
-        return f"cd {shlex.quote(self.cwd)} && {shlex.join(self.argv)}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +156,8 @@ class ServerProcess:
     uid: int | None = None
     launch: Mapping[str, Any] | None = None
     systemd: Mapping[str, Any] | None = None
+    same_user: bool | None = True
+    sig_ign: tuple[str, ...] | None = None
 
     @property
     def probe_host(self) -> str:
@@ -165,8 +169,9 @@ class ServerProcess:
 
     @property
     def unit(self) -> str | None:
-        """The systemd service that runs it (a system unit), else None."""
-        return self.systemd["unit"] if self.systemd and not self.systemd.get("user") else None
+        """The systemd service whose own process it is (a system unit; it restarts with the unit), else None."""
+        s = self.systemd
+        return s["unit"] if s and not s.get("user") and s.get("main", True) else None
 
     def describe_launch(self) -> str:
         """How it was launched, in a few words: ``systemd unit sglang.service; /opt/venv/bin/python -m
@@ -174,7 +179,7 @@ class ServerProcess:
         return describe_launch(self)
 
     def to_json(self) -> dict[str, Any]:
-        """The ``server`` object of ``status --json`` / ``show --json``: pid and argv (CONTRACT.md), plus the port,
+        """The ``server`` object of ``status --json`` / ``show --json``: pid and argv (docs/contract.md), plus the port,
         working directory, what argv[0] resolved to, how it was launched, and its start on the wall clock."""
         return {"pid": self.pid, "argv": list(self.argv), "port": self.port, "cwd": self.cwd,
                 "launcher": self.launcher, "launched": self.describe_launch(), "started_at": self.started_at,
@@ -189,6 +194,11 @@ class ServerProcess:
         ``--restart-cmd`` or ``--systemd-unit`` says how to restart it instead.
         """
         how = "pass --restart-cmd CMD or --systemd-unit NAME to say how to restart it"
+        if self.same_user is False:
+            raise UsageError(
+                f"the sglang server (pid {self.pid}) runs as another user (uid {self.uid}): started again by this "
+                f"user it would not be the same server: run eaglepatch as that user, or {how}"
+            )
         if self.cwd is None or self.env is None:
             raise UsageError(
                 f"cannot read the working directory or environment of the sglang server (pid {self.pid}): "
@@ -202,6 +212,12 @@ class ServerProcess:
         if self.systemd:
             unit = self.systemd["unit"]
             cmd = f"systemctl --user restart {unit}" if self.systemd.get("user") else f"systemctl restart {unit}"
+            if not self.systemd.get("main", True):
+                raise UsageError(
+                    f"the sglang server (pid {self.pid}) runs inside the systemd unit {unit} without being its main "
+                    f"process (started from a shell or a job of that service): neither restarting the unit nor "
+                    f"starting it by hand beside systemd is safe: {how}"
+                )
             raise UsageError(
                 f"the sglang server (pid {self.pid}) runs under systemd ({unit}): starting its command line "
                 f"by hand would race systemd; it is restarted with '{cmd}' (or {how})"
@@ -214,6 +230,7 @@ class ServerProcess:
             host=self.host,
             log_path=log_path or default_log_path(self.port),
             launcher=self.launcher,
+            sig_ign=self.sig_ign,
         )
 
     @classmethod
@@ -240,6 +257,8 @@ class ServerProcess:
             uid=item.get("uid"),
             launch=item.get("launch"),
             systemd=item.get("systemd"),
+            same_user=item.get("same_user", True),
+            sig_ign=None if item.get("sig_ign") is None else tuple(item["sig_ign"]),
         )
 
 
@@ -278,16 +297,15 @@ def call_remote(host: Host, python: str, op: str, payload: Mapping[str, Any], ti
     return run_python(host, python, remote_program(), dict(payload, op=op), timeout=timeout)
 
 
-def find_servers(host: Host, python: str = "python3", package_dir: str | None = None,
-                 identify: bool = True) -> list[ServerProcess]:
+def find_servers(host: Host, python: str = "python3", package_dir: str | None = None) -> list[ServerProcess]:
     """The running sglang servers on ``host`` (launcher processes only), by pid; one round trip.
 
-    With ``identify`` each carries the sglang package its own interpreter imports (``package_dir``) and how it
-    was launched; with ``package_dir`` only the servers of that package are returned: the servers of a target's
-    install, the only ones eaglepatch may stop or start. Raises ``RemoteScriptError`` when ``python`` cannot run
-    there, ``ConnectionFailed`` when the connection breaks.
+    Each carries the sglang package its own interpreter imports (``package_dir``) and how it was launched; with
+    ``package_dir`` only the servers of that package are returned: the servers of a target's install, the only
+    ones eaglepatch may stop or start. Raises ``RemoteScriptError`` when ``python`` cannot run there,
+    ``ConnectionFailed`` when the connection breaks.
     """
-    payload: dict[str, Any] = {"identify": identify or package_dir is not None}
+    payload: dict[str, Any] = {"identify": True}
     if package_dir is not None:
         payload["package_dir"] = package_dir
     result = call_remote(host, python, "scan", payload, timeout=90)

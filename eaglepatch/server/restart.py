@@ -19,6 +19,7 @@ from typing import Any, Callable
 from eaglepatch.errors import RestartFailed, UsageError
 from eaglepatch.hosts.base import Host
 from eaglepatch.server.control import (
+    Started,
     read_log_tail,
     relaunch_payload,
     relaunch_timeout,
@@ -119,6 +120,8 @@ class RestartResult:
     stopped_pid: int | None = None
     stopped_failed: bool = False
     start: int | None = None  # the kernel's start time of ``pid`` (with it, the process's identity)
+    script: str | None = None  # on the host: a shell script that starts the server by hand exactly as it was
+    untouched: bool = False  # refused before anything was stopped: the server that ran runs on, as it was
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -143,8 +146,13 @@ def restart(
     python: str = "python3",
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    on_started: Callable[[Started], None] | None = None,
+    package_dir: str | None = None,
 ) -> RestartResult:
     """Restart the server on ``host`` and wait until it is ready; see the module docstring for the strategies.
+
+    ``on_started`` is told of the new process (pid, start time) before the wait (a sweep records it as its own);
+    ``package_dir``: the install whose server a restart command or unit starts (only its servers are watched).
 
     ``current`` is the running server (what is stopped, and what the default strategy starts again);
     ``launch`` is what to start instead of ``current``'s own command line (a manifest's spec after a crash, or a
@@ -153,7 +161,7 @@ def restart(
     given and no restart command or unit is; UsageError when ``current`` cannot be relaunched from here;
     ConnectionFailed when the connection breaks.
     """
-    run = _Run(host, options, progress, python, clock, sleep)
+    run = _Run(host, options, progress, python, clock, sleep, on_started, package_dir)
     if options.restart_cmd is not None:
         return run.by_command(options.restart_cmd, current, launch)
     if options.systemd_unit is not None:
@@ -195,10 +203,13 @@ class _Run:
         python: str,
         clock: Callable[[], float],
         sleep: Callable[[float], None],
+        on_started: Callable[[Started], None] | None = None,
+        package_dir: str | None = None,
     ):
         self.host, self.options, self.python = host, options, python
         self.say: Progress = progress or (lambda _line: None)
         self.clock, self.sleep = clock, sleep
+        self.on_started, self.package_dir = on_started, package_dir
         self.t0 = clock()
 
     def elapsed(self) -> float:
@@ -243,7 +254,15 @@ class _Run:
     def finish(self, current: ServerProcess | None, spec: LaunchSpec, answer: dict[str, Any]) -> RestartResult:
         """Read a relaunch's answer and wait for the new server; see ``relaunch``."""
         strategy = Strategy.RELAUNCH if current is not None else Strategy.START
-        base = dict(strategy=strategy, port=spec.port, log_path=spec.log_path)
+        started = started_result(answer.get("start") or {})
+        log_path = started.log_path or spec.log_path
+        base = dict(strategy=strategy, port=spec.port, log_path=log_path, script=started.script)
+        if answer.get("not_stopped"):
+            # refused before anything was stopped: the server (if any) runs on as it was
+            why = started.error or (f"another sglang server is starting or running on :{spec.port} (pid "
+                                    f"{', '.join(map(str, answer.get('busy_pids') or []))})")
+            return RestartResult(pid=current.pid if current is not None else None, ready=False,
+                                 seconds=self.elapsed(), message=why, untouched=current is not None, **base)
         stopped_pid = None
         if current is not None:
             stop = stop_result(current.pid, answer.get("stop") or {})
@@ -269,22 +288,23 @@ class _Run:
                 stopped_pid=stopped_pid,
                 **base,
             )
-        started = started_result(answer.get("start") or {"error": "the server did not start"})
         if started.error or started.pid is None:
             return RestartResult(
                 pid=None,
                 ready=False,
                 seconds=self.elapsed(),
                 message=started.error or "the server did not start",
-                log_tail=self.tail(spec.log_path, started.log_offset),
+                log_tail=self.tail(log_path, started.log_offset),
                 stopped_pid=stopped_pid,
                 **base,
             )
+        if self.on_started is not None:
+            self.on_started(started)
         readiness = self.wait(
             spec.port,
             spec.host,
             self.options.timeout,
-            log_path=spec.log_path,
+            log_path=log_path,
             log_offset=started.log_offset,
             pid=started.pid,
             start=started.start,
@@ -301,7 +321,7 @@ class _Run:
                 start=started.start,
                 **base,
             )
-        log_tail = self.tail(spec.log_path, started.log_offset)
+        log_tail = self.tail(log_path, started.log_offset)
         # What eaglepatch started and is not ready: after a crash, its orphaned children (TP ranks holding GPU
         # memory) are stopped; after a timeout it is left loading unless told otherwise (a rollback stops it in
         # the same request that starts the original).
@@ -317,7 +337,8 @@ class _Run:
             if stop.stopped:
                 message += f"; stopped what it left running (pids {', '.join(map(str, stop.stopped))})"
         else:
-            message = f"sglang on :{spec.port} (pid {started.pid}) was not ready after {readiness.seconds:.0f} s"
+            message = (f"sglang on :{spec.port} (pid {started.pid}) was not ready after {readiness.seconds:.0f} s "
+                       "(still starting, or hung)")
             if self.options.stop_on_failure:
                 self.say(f"stopping the server that did not become ready (pid {started.pid})")
                 stop = stop_server(
@@ -331,7 +352,7 @@ class _Run:
             ready=False,
             seconds=self.elapsed(),
             log_tail=log_tail,
-            message=message + f" (log: {spec.log_path})",
+            message=message + f" (log: {log_path})",
             state=readiness.state,
             stopped_pid=stopped_pid,
             stopped_failed=stopped_failed,
@@ -427,7 +448,8 @@ class _Run:
         api_key = known.api_key if known is not None else None
         if port is None:
             # nothing was known beforehand: look at what the restart started
-            found = [s for s in find_servers(self.host, self.python) if pid is None or s.pid == pid]
+            found = [s for s in find_servers(self.host, self.python, package_dir=self.package_dir)
+                     if pid is None or s.pid == pid]
             if len(found) == 1:
                 port, addr, api_key, pid = found[0].port, found[0].host, found[0].api_key, found[0].pid
             else:
@@ -447,7 +469,8 @@ class _Run:
         )
         pid = pid or readiness.pid
         if pid is None and readiness.ready:
-            pid = next((s.pid for s in find_servers(self.host, self.python) if s.port == port), None)
+            pid = next((s.pid for s in find_servers(self.host, self.python, package_dir=self.package_dir)
+                        if s.port == port), None)
         if readiness.ready:
             message = f"sglang is ready on :{port}" + (f" (pid {pid})" if pid else "")
         elif readiness.state is ReadyState.OLD_RUNNING:

@@ -1,12 +1,12 @@
 """``bench`` and ``sweep`` on one target: load the running server through the SSH connection, and restart it once
 per point of a grid of launch flags.
 
-bench: a seeded load (``eaglepatch.load``) through a forwarded port (``Host.open_tunnel``; a local target is
+bench: a seeded load (``eaglepatch.tuning.load``) through a forwarded port (``Host.open_tunnel``; a local target is
 loaded directly), then the timing records of the server's processes whose ``t`` lies in the load's window
 (measured on the host's clock), aggregated as ``report`` does. The patch's runtime writes its records in batches
 (every 2 s at the latest), so bench waits ``log_wait`` seconds after the load before it fetches them.
 
-sweep: see ``eaglepatch.sweep`` for the grid and the state file. Each run is: rewrite the original launch command
+sweep: see ``eaglepatch.tuning.sweep`` for the grid and the state file. Each run is: rewrite the original launch command
 for the point, ``restart(current=<what runs>, launch=<the point>)``, wait until ready, bench, save the run's
 figures to the state file. A point whose server does not come up is saved as failed with the log's tail and the
 sweep goes on. At the end (also after Ctrl-C or an error) the server is started again with the original command
@@ -18,21 +18,19 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
-import re
 import time
 from typing import Any, Callable, Sequence
 
 from eaglepatch.errors import ConnectionFailed, EaglepatchError, Unsupported, UsageError
 from eaglepatch.hosts.base import Host
-from eaglepatch.load import SHORT_LOAD_S, LoadFailed, LoadSpec, run_load, short_load_note
+from eaglepatch.tuning.load import SHORT_LOAD_S, LoadFailed, LoadSpec, run_load, short_load_note
 from eaglepatch.failpoints import failpoint
-from eaglepatch.ops.actions import Connect, _facts, _launch_of, _Target, fetch_logs_from
+from eaglepatch.ops.actions import Connect, _facts, _launch_of, _Target, fetch_logs_from, logs_of
 from eaglepatch.ops.core import Session, new_lock_owner
 from eaglepatch.server.flags import check_speculative_point
 from eaglepatch.transform.recipe import builtin_recipe
 
 Say = Callable[[str], None]
-_LOG_NAME = re.compile(r"-(\d+)-rank(\d+)\.jsonl$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,11 +152,7 @@ def collect_timings(host: Host, name: str, python: str, log_dir: str, pids: set[
     except UsageError as exc:
         notes.append(f"no timing logs: {exc}")
         return None
-    files = []
-    for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
-        m = _LOG_NAME.search(os.path.basename(path))
-        if m and int(m.group(1)) in pids:
-            files.append(path)
+    files = logs_of(sorted(glob.glob(os.path.join(folder, "*.jsonl"))), pids)
     if not files:
         notes.append(f"no timing log of the server's processes in {log_dir}: is the running server the patched "
                      "one (restarted after apply)?")
@@ -200,39 +194,10 @@ def render_bench(doc: dict[str, Any]) -> str:
     t = doc.get("timings")
     if t:
         out.append(f"\ntiming log of the same window ({t['records']} cycles):")
-        out.append(rep.render_table(_result_from_json(t)))
+        out.append(rep.render_table(rep.ReportResult.from_json(t)))
     for n in doc.get("notes") or []:
         out.append(f"note: {n}")
     return "\n".join(out)
-
-
-def _result_from_json(doc: dict[str, Any]) -> Any:
-    """A ReportResult-like object for ``render_table`` from ``report --json``'s dict."""
-    from eaglepatch.report.aggregation import BetweenStats, GroupStats, PhaseStats, ReportResult, Stats
-
-    def stats(d: dict[str, Any] | None, n: int) -> Stats | None:
-        if not d:
-            return None
-        return Stats(n=d.get("n", n), mean=d["mean"], p50=d["p50"], p90=d["p90"], p99=d["p99"], max=d["max"],
-                     total=d["mean"] * d.get("n", n))
-
-    groups = []
-    for g in doc["groups"]:
-        cyc = stats(g["cycle_ms"], g["n"])
-        phases = []
-        for name, p in g["phases"].items():
-            host = p.get("host")
-            phases.append(PhaseStats(name=name, stats=stats(p, p.get("n", g["n"])), share=p["share"],  # type: ignore[arg-type]
-                                     host=stats(host, host.get("n", g["n"])) if host else None,
-                                     host_share=host.get("share") if host else None))
-        b = g.get("between_ms")
-        between = BetweenStats(n=b.get("n", 0), mean=b["mean"], p50=b["p50"], p90=b["p90"], total=0.0) if b else None
-        groups.append(GroupStats(mode=g["mode"], key=tuple(g["key"].items()), n=g["n"], cycle=cyc,  # type: ignore[arg-type]
-                                 phases=tuple(phases), accept_len=g["accept_len"], tokens_per_s=g["tokens_per_s"],
-                                 between=between, wall_tokens_per_s=g["wall_tokens_per_s"], tokens=0.0,
-                                 host_cycle=stats(g.get("host_cycle_ms"), g["n"])))
-    return ReportResult(sources=tuple(doc["sources"]), records=doc["records"], skipped_lines=doc["skipped_lines"],
-                        groups=tuple(groups))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -255,7 +220,7 @@ class SweepOptions:
         """(flag axes, env axes, points), the flag names checked against ``flags`` (what the target's sglang
         accepts: ``server_flags``); without it, the syntax alone, before any target is touched. Raises
         UsageError for bad input."""
-        from eaglepatch import sweep as sw
+        from eaglepatch.tuning import sweep as sw
 
         if self.repeat < 1:
             raise UsageError(f"--repeat must be 1 or more, not {self.repeat}")
@@ -270,7 +235,7 @@ def server_flags(host: Host, python: str, package_dir: str, version: str | None,
     """The launch flags the target's own sglang accepts (``server.flags.ServerFlags``, read from its
     ``server_args.py`` and the modules that builds its parser from), or eaglepatch's own list (``sweep.HAND``)
     with a note when they cannot be read."""
-    from eaglepatch import sweep as sw
+    from eaglepatch.tuning import sweep as sw
     from eaglepatch.ops.core import call
     from eaglepatch.server import flags as fl
 
@@ -308,19 +273,17 @@ class _Named:
         return getattr(self._flags, name)
 
 
-class _Throttled:
-    """Progress lines of a restart: the readiness poll's "waiting for sglang" lines at most every ``every`` s."""
+def _eta(took: Sequence[float], runs_left: int) -> str:
+    """What ``runs_left`` more runs take at the median pace of those done, for a person: ``12 min``."""
+    import statistics
 
-    def __init__(self, say: Say, every: float = 15.0):
-        self.say, self.every, self.last = say, every, 0.0
+    seconds = statistics.median(took) * runs_left
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
-    def __call__(self, line: str) -> None:
-        if line.startswith("waiting for sglang on"):
-            now = time.monotonic()
-            if now - self.last < self.every:
-                return
-            self.last = now
-        self.say("  " + line)
+
+def _runs(srv: Any, spec: Any, env_names: Sequence[str]) -> bool:
+    """``srv`` runs ``spec``'s command line, with its values of the swept environment variables."""
+    return list(srv.argv) == list(spec.argv) and all((srv.env or {}).get(n) == spec.env.get(n) for n in env_names)
 
 
 class _Owned:
@@ -341,9 +304,7 @@ class _Owned:
             return True
         if (srv.pid, srv.start) in self.state.launched():
             return True
-        return any(list(srv.argv) == list(spec.argv) and all((srv.env or {}).get(n) == spec.env.get(n)
-                                                            for n in self.env_names)
-                   for spec in [self.original, *self.launches])
+        return any(_runs(srv, spec, self.env_names) for spec in [self.original, *self.launches])
 
     def _beside(self, srv: Any) -> bool:
         return any(srv.pid == o.get("pid") and srv.start == o.get("start")
@@ -374,7 +335,7 @@ class _Owned:
 
 
 def sweep(text: str, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]:
-    from eaglepatch import sweep as sw
+    from eaglepatch.tuning import sweep as sw
     from eaglepatch.server import _remote
     from eaglepatch.server.process import LaunchSpec
 
@@ -439,7 +400,9 @@ def sweep(text: str, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]
             raise
         try:
             if state.header is None:
-                beside = [s for s in _servers_of(facts) if server is None or s.pid != server.pid]
+                from eaglepatch.ops.lifecycle import servers_of
+
+                beside = [s for s in servers_of(facts) if server is None or s.pid != server.pid]
                 state.write_header({"version": 1, "target": name, "created": sw.now_iso(),
                                     "original": original.to_json(), "args_index": args_index,
                                     "server": {"pid": server.pid, "start": server.start, "port": server.port},
@@ -456,12 +419,6 @@ def sweep(text: str, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]
             state.unlock()
 
 
-def _servers_of(facts: Any) -> list[Any]:
-    from eaglepatch.ops.lifecycle import servers_of
-
-    return servers_of(facts)
-
-
 def _pending(state: Any, points: Sequence[Any], plan: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     """The planned runs not done yet (a point that failed once is not launched again)."""
     done, failed = state.done(), state.failed_points()
@@ -472,7 +429,7 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
                launches: list[Any], original: Any, opts: SweepOptions, notes: list[str], say: Say, *,
                env_names: Sequence[str], plan: Sequence[tuple[int, int]], owned: _Owned,
                refused: dict[str, str]) -> dict[str, Any]:
-    from eaglepatch import sweep as sw
+    from eaglepatch.tuning import sweep as sw
     from eaglepatch.server.restart import RestartOptions
 
     ropts = RestartOptions(timeout=opts.timeout, poll_interval=0.5)
@@ -487,6 +444,7 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
         say("note: the target is not patched: tok/s and accept length only, no per-phase timings")
     restore_doc: dict[str, Any] | None = None
     interrupted: BaseException | None = None
+    took: list[float] = []  # seconds of each run of this invocation: the estimate of what is left
     try:
         for n, (i, rep) in enumerate(pending, 1):
             p, launch = points[i], launches[i]
@@ -497,9 +455,12 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
                                "env": dict(p.env), "t": round(time.time(), 3), "status": "failed",
                                "error": f"not launched: sglang would refuse it at start: {refused[p.key]}"})
                 continue
+            left = f", about {_eta(took, len(pending) - n + 1)} left" if took else ""
             say(f"run {len(plan) - len(pending) + n}/{len(plan)}: point #{i} ({p.label}), "
-                f"repetition {rep + 1}/{opts.repeat}")
+                f"repetition {rep + 1}/{opts.repeat}{left}")
+            t_run = time.monotonic()
             state.add_run(_one_run(host, name, python, launch, ropts, log_dir, opts, i, rep, p, say, owned))
+            took.append(time.monotonic() - t_run)
             failpoint("sweep:after-run")
     except BaseException as exc:  # Ctrl-C, a lost connection, a bug: put the server back, then report it
         interrupted = exc
@@ -538,15 +499,15 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
 
 def _one_run(host: Host, name: str, python: str, launch: Any, ropts: Any, log_dir: str | None,
              opts: SweepOptions, index: int, rep: int, point: Any, say: Say, owned: _Owned) -> dict[str, Any]:
-    from eaglepatch import sweep as sw
+    from eaglepatch.tuning import sweep as sw
     from eaglepatch.server.restart import restart
 
     base = {"point": point.key, "index": index, "rep": rep, "argv": list(launch.argv),
             "env": dict(point.env), "t": round(time.time(), 3)}
     current = owned.current(launch.port)
-    res = restart(host, current=current, launch=launch, options=ropts, progress=_Throttled(say), python=python)
-    if res.pid is not None:
-        owned.state.add_launch(res.pid, res.start, launch.port)
+    # recorded as it starts, before the wait: a sweep killed meanwhile knows that server as its own
+    res = restart(host, current=current, launch=launch, options=ropts, progress=lambda line: say('  ' + line), python=python,
+                  on_started=lambda st: owned.state.add_launch(st.pid, st.start, launch.port))
     if not res.ready:
         say(f"  failed: {res.message}")
         return dict(base, status="failed", error=res.message, log_tail=res.log_tail, pid=res.pid)
@@ -571,19 +532,21 @@ def _restore(host: Host, python: str, launch: Any, env_names: Sequence[str], rop
     """Leave ``launch`` running: restart into it unless what runs is already it."""
     from eaglepatch.server.restart import restart
 
+    from eaglepatch.ops.lifecycle import ROLLBACK_TIMEOUT_S, not_back
+
     current = owned.current(launch.port)
-    same = current is not None and list(current.argv) == list(launch.argv) and all(
-        (current.env or {}).get(n) == launch.env.get(n) for n in env_names)
-    if same:
+    if current is not None and _runs(current, launch, env_names):
         say(f"the server already runs {why}")
         return {"restarted": False, "ready": True, "argv": list(launch.argv),
                 "message": f"the server runs {why}"}
     say(f"putting the server back: {why}")
-    res = restart(host, current=current, launch=launch, options=ropts, progress=_Throttled(say), python=python)
+    # as a rollback: its own generous timeout, whatever --timeout the points had, and a slow one is left loading
+    slow = dataclasses.replace(ropts, timeout=max(ropts.timeout, ROLLBACK_TIMEOUT_S), stop_on_failure=False)
+    res = restart(host, current=current, launch=launch, options=slow, progress=lambda line: say('  ' + line), python=python)
     doc = {"restarted": True, "ready": res.ready, "argv": list(launch.argv), "pid": res.pid}
     if res.ready:
         doc["message"] = f"the server runs {why} again (pid {res.pid})"
     else:
-        doc["message"] = f"the server did NOT come back with {why}: {res.message}; start it yourself"
+        doc["message"] = f"putting back {why}: " + not_back(launch.port, res, slow.timeout)
         doc["log_tail"] = res.log_tail
     return doc

@@ -1,7 +1,7 @@
 """The pure parts of ``eaglepatch sweep``: the grid, its points, the run plan, rewriting the server's command
-line for a point, the resumable state file, and the summary (JSON of CONTRACT.md, table, CSV).
+line for a point, the resumable state file, and the summary (JSON of docs/contract.md, table, CSV).
 
-Nothing here touches a host; ``eaglepatch.ops.tuning`` carries a sweep out.
+Nothing here touches a host; ``eaglepatch.tuning.drive`` carries a sweep out.
 
 - A grid axis is ``FLAG=v1,v2`` (a launch flag of sglang's server, without or with its leading ``--``) or, from
   ``--env``, ``NAME=a,b`` (an environment variable of the server). The points are every combination of the axes'
@@ -32,7 +32,7 @@ import time
 from typing import Any, Iterable, Mapping, Sequence
 
 from eaglepatch.errors import Conflict, UsageError
-from eaglepatch.load import SHORT_LOAD_S
+from eaglepatch.tuning.load import SHORT_LOAD_S
 
 # Launch flags of sglang's server that a tuning sweep may set (besides every speculative-*). Others need
 # --allow-flag NAME.
@@ -507,11 +507,12 @@ class StateFile:
 
 
 def run_figures(bench: Mapping[str, Any]) -> dict[str, Any]:
-    """What the summary needs of one bench (``eaglepatch.ops.tuning.bench_doc``): client tok/s, accept length
+    """What the summary needs of one bench (``eaglepatch.tuning.drive.bench_doc``): client tok/s, accept length
     (the server's own, from the responses, else the timing log's), p50 of the decode phases and cycle."""
     client = bench.get("client") or {}
     timings = bench.get("timings") or {}
-    decode = next((g for g in timings.get("groups") or [] if g.get("mode") == "decode"), None)
+    # the newest run's decode group (a window that spans a restart has one per run, oldest first)
+    decode = ([g for g in timings.get("groups") or [] if g.get("mode") == "decode"] or [None])[-1]
     phases: dict[str, float] = {}
     acc = client.get("accept_len")
     if decode is not None:
@@ -536,7 +537,7 @@ def _r(x: float | None, nd: int = 3) -> float | None:
 
 def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, Any]], baseline: bool,
               repeat: int) -> dict[str, Any]:
-    """The ``sweep --json`` object of CONTRACT.md, plus per point ``label``, ``within_noise`` (its tok/s range
+    """The ``sweep --json`` object of docs/contract.md, plus per point ``label``, ``within_noise`` (its tok/s range
     overlaps the best point's: it may be as good), ``failed_runs``, and for a failed point ``log_tail``; and
     top-level ``repeat`` and ``notes``."""
     by_point: dict[str, list[Mapping[str, Any]]] = {}

@@ -24,6 +24,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -275,3 +276,16 @@ def ssh_home_changed(sshd: SSHServer, monkeypatch: pytest.MonkeyPatch, tmp_path:
 def ssh_env(sshd: SSHServer) -> dict[str, str]:
     """Environment for a subprocess (the CLI): HOME = ``sshd.home``, no ssh-agent."""
     return env_for(sshd)
+
+
+@pytest.fixture
+def standins():
+    """Stand-in sglang servers (tests/stubs/stand_in_sglang) that this test starts; cleanup stops only those (by
+    the harness's owner token)."""
+    from safety import H
+
+    s = H.StandIns(sys.executable)
+    try:
+        yield s
+    finally:
+        s.cleanup()

@@ -88,9 +88,12 @@ def digest(root: Path) -> dict[str, str]:
 
 
 def identity(pid: int) -> dict[str, Any]:
-    """What must survive a relaunch: argv (argv[0] included), cwd, environment."""
+    """What must survive a relaunch: argv (argv[0] included), cwd, environment, user, and the signals it
+    ignores (a server started under nohup ignores SIGHUP)."""
     ident = H.proc_identity(pid)
-    return {"argv": ident["argv"], "cwd": ident["cwd"], "env": ident["env"]}
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {"argv": ident["argv"], "cwd": ident["cwd"], "env": ident["env"], "uid": status["Uid"].split()[1],
+            "sig_ign": status["SigIgn"].strip()}
 
 
 @dataclasses.dataclass
@@ -132,13 +135,6 @@ def up(install: Install, standins: Any, cwd: Path, *args: str, port: int | None 
 def servers(cli: CLI, pkg: Path) -> list[dict[str, Any]]:
     """``status --json``'s servers of the install."""
     return cli.run("status", pkg, "--json").expect(0).json()["servers"]
-
-
-def the_launcher(port: int) -> int:
-    """The one launcher process on ``port`` (any owner: the product's relaunches carry the test's token)."""
-    pids = H.launcher_pids(port)
-    assert len(pids) == 1, f"expected one server on :{port}, found {pids}"
-    return pids[0]
 
 
 # ------------------------------------------------------------------------------------------------------------

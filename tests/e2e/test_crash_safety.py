@@ -68,13 +68,6 @@ def _table():
         TABLE.write(out)
 
 
-@pytest.fixture
-def standins():
-    s = H.StandIns(PY)
-    yield s
-    s.cleanup()
-
-
 def _settle(port: int, expect_up: bool) -> None:
     """Let what the host was doing finish (a server started by a request that outlived the client)."""
     if expect_up:
@@ -128,7 +121,7 @@ def test_killed_at_each_step_status_tells_the_truth_and_revert_restores(sshd, st
     assert truth != "other", "the worker file is neither the original nor a patched one"
     worker_state = next(f["state"] for f in doc["files"] if f["path"].endswith("eagle_worker.py"))
     assert worker_state == truth, doc
-    running = H.launcher_pids(port)
+    running = standins.launcher_pids(port)
     assert sorted(s["pid"] for s in doc["servers"]) == sorted(running), doc
     assert len(running) <= 1, f"two servers on :{port}: {running}"
     for s in doc["servers"]:
@@ -148,7 +141,7 @@ def test_killed_at_each_step_status_tells_the_truth_and_revert_restores(sshd, st
         assert ("resuming" in r.err) == (point == "sweep:after-run"), r
     cli.run("revert", install.pkg, "--timeout", "60").expect(0)
     assert digest(install.pkg) == pristine, "revert did not restore every byte"
-    [pid] = H.launcher_pids(port)
+    [pid] = standins.launcher_pids(port)
     assert identity(pid) == first, "the server running at the end is not the original, as launched"
     H.wait_http(port, timeout=30)
     final_doc = cli.run("status", install.pkg, "--json").expect(0).json()

@@ -14,13 +14,24 @@ pytestmark = pytest.mark.e2e
 
 
 def record(t: float, pid: int = 10, rank: int = 0, mode: str = "decode", bs: int = 1, draft: float = 1.0,
-           verify: float = 2.0, extend: float = 0.5, accepted: int | None = 3) -> str:
+           verify: float = 2.0, extend: float = 0.5, accepted: int | None = 3, run: str | None = "gpu1-9-500-cfg1",
+           timer: str = "sync") -> str:
+    """One record; ``run``: the launch it belongs to (every rank of one launch shares it)."""
     phases = {"draft": draft, "verify": verify, "draft_extend": extend} if mode == "decode" else {
         "target": verify, "draft_extend": extend}
     cycle = sum(phases.values()) + 0.1
-    return json.dumps({"v": 1, "t": t, "host": "gpu1", "pid": pid, "rank": rank, "worker": "EAGLEWorkerV2",
-                       "mode": mode, "bs": bs, "cycle_ms": round(cycle, 4), "timer": "sync", "phases": phases,
-                       "accepted": accepted}) + "\n"
+    doc = {"v": 1, "t": t, "host": "gpu1", "pid": pid, "rank": rank, "worker": "EAGLEWorkerV2", "mode": mode,
+           "bs": bs, "cycle_ms": round(cycle, 4), "timer": timer, "phases": phases, "accepted": accepted}
+    if run is not None:
+        doc["run"] = run
+    return json.dumps(doc) + "\n"
+
+
+def header(run: str, t: float, pid: int, rank: int, timer: str, steps: str) -> str:
+    """The line the runtime writes when it opens a log: which launch, with which flags and timer."""
+    return json.dumps({"v": 1, "kind": "run", "run": run, "t": t, "host": "gpu1", "pid": pid, "rank": rank,
+                       "timer": timer, "flags": {"speculative-algorithm": "EAGLE3",
+                                                 "speculative-num-steps": steps}}) + "\n"
 
 
 def write_log(folder: Path, name: str, lines: list[str]) -> Path:
@@ -37,7 +48,8 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 
 def test_local_folder_json_table_csv_and_bad_lines(tmp_path):
-    """Two ranks merge; a garbage line is counted, never fatal; the numbers are the hand-computed ones."""
+    """Two ranks of one launch (one run) merge; a garbage line is counted, never fatal; the numbers are the
+    hand-computed ones."""
     logs = tmp_path / "logs"
     write_log(logs, "gpu1-10-rank0.jsonl", [record(100 + i * 0.01) for i in range(10)] + ["not json\n"])
     write_log(logs, "gpu1-11-rank1.jsonl", [record(100 + i * 0.01, pid=11, rank=1, draft=3.0) for i in range(10)])
@@ -74,6 +86,55 @@ def test_compare_and_trace(tmp_path):
     assert r.returncode == 0, r.stderr
     events = json.loads(trace.read_text())["traceEvents"]
     assert sum(1 for e in events if e.get("ph") == "X" and e["name"] == "draft") == 5
+
+
+def test_runs_are_never_blended(tmp_path):
+    """Three launches logged into one folder (the H200 case: an agreeing draft with the sync timer, a random
+    draft with events, the agreeing draft with events): three groups, each headed by its launch, accept lengths
+    5.93, 1.00 and 5.93 kept apart; --merge-runs blends them and says so; --run and --since pick."""
+    logs = tmp_path / "logs"
+    runs = [("gpu1-100-1000-aaaa", 1000.0, "sync", 593), ("gpu1-200-2000-bbbb", 2000.0, "events", 100),
+            ("gpu1-300-3000-cccc", 3000.0, "events", 593)]
+    for i, (rid, t0, timer, acc) in enumerate(runs):
+        pid = 100 * (i + 1)
+        write_log(logs, f"gpu1-{pid}-rank0.jsonl", [header(rid, t0, pid, 0, timer, "5")] + [
+            record(t0 + 1 + k * 0.01, pid=pid, bs=100, accepted=acc, run=rid, timer=timer) for k in range(10)])
+    doc = json.loads(run("report", "--json", str(logs)).stdout)
+    decode = [g for g in doc["groups"] if g["mode"] == "decode"]
+    assert [g["accept_len"] for g in decode] == [5.93, 1.0, 5.93]
+    assert [g["key"]["run"] for g in decode] == [r[0] for r in runs]
+    assert [(r["id"], r["timer"]) for r in doc["runs"]] == [(r[0], r[2]) for r in runs]
+    text = run("report", str(logs)).stdout
+    assert text.count("\nrun ") + text.startswith("run ") == 3 and "timer=events" in text
+    r = run("report", "--json", "--merge-runs", str(logs))
+    merged = [g for g in json.loads(r.stdout)["groups"] if g["mode"] == "decode"]
+    assert len(merged) == 1 and merged[0]["accept_len"] == pytest.approx((593 + 100 + 593) / 300, abs=0.01)
+    assert "merged 3 runs" in run("report", "--merge-runs", str(logs)).stdout
+    only = json.loads(run("report", "--json", "--run", "gpu1-200", str(logs)).stdout)
+    assert [g["accept_len"] for g in only["groups"]] == [1.0]
+    since = json.loads(run("report", "--json", "--since", "2500", str(logs)).stdout)
+    assert [r["id"] for r in since["runs"]] == ["gpu1-300-3000-cccc"]
+    bad = run("report", "--run", "nope", str(logs))
+    assert bad.returncode == 2 and "gpu1-100-1000-aaaa" in bad.stderr
+    assert run("report", "--merge-runs", "--all-runs", str(logs)).returncode == 2
+
+
+def test_compare_writes_one_trace_per_source(tmp_path):
+    """--trace with --compare: a trace for each source (t.1.json, t.2.json), never silently none."""
+    before, after = tmp_path / "before", tmp_path / "after"
+    write_log(before, "a-1-rank0.jsonl", [record(100 + i * 0.01, draft=2.0, run="a-1-1-x") for i in range(5)])
+    write_log(after, "a-2-rank0.jsonl", [record(200 + i * 0.01, draft=1.0, run="a-2-2-x") for i in range(5)])
+    trace = tmp_path / "t.json"
+    r = run("report", "--compare", "--trace", str(trace), str(before), str(after))
+    assert r.returncode == 0, r.stderr
+    for n in (1, 2):
+        events = json.loads((tmp_path / f"t.{n}.json").read_text())["traceEvents"]
+        assert sum(1 for e in events if e.get("ph") == "X" and e["name"] == "draft") == 5
+    assert not trace.exists()
+    chart = tmp_path / "phases.svg"
+    r = run("report", "--compare", "--chart", str(chart), str(before), str(after))
+    assert r.returncode == 0 and chart.read_text().lstrip().startswith("<"), r.stderr
+    assert run("report", "--chart", str(chart), str(before)).returncode == 2  # a chart needs --compare
 
 
 def test_usage_errors(tmp_path):
@@ -115,6 +176,44 @@ def test_target_logs_are_fetched_incrementally_over_ssh(sshd, ssh_env, tmp_path)
     r = run(*args, env=env)
     assert json.loads(r.stdout)["records"] == 63
     assert cached[0].read_bytes() == f0.read_bytes()
+
+
+def test_the_cache_is_per_log_dir_and_forgets_deleted_files(sshd, ssh_env, tmp_path):
+    """report TARGET --log-dir A, then --log-dir B: B's records only (the cache is keyed by target and log dir);
+    a log deleted on the host does not come back from the cache."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    fa = write_log(a, "gpu1-10-rank0.jsonl", [record(100 + i * 0.01) for i in range(4)])
+    write_log(b, "gpu1-10-rank0.jsonl", [record(200 + i * 0.01) for i in range(9)])
+    env = dict(ssh_env, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    common = ["report", "--json", "--all-runs", "-i", sshd.client_key, sshd.target, "--log-dir"]
+    assert json.loads(run(*common, str(a), env=env).stdout)["records"] == 4
+    assert json.loads(run(*common, str(b), env=env).stdout)["records"] == 9
+    write_log(a, "gpu1-11-rank1.jsonl", [record(100 + i * 0.01, pid=11, rank=1) for i in range(3)])
+    assert json.loads(run(*common, str(a), env=env).stdout)["records"] == 7
+    fa.unlink()
+    assert json.loads(run(*common, str(a), env=env).stdout)["records"] == 3
+
+
+def test_a_local_install_is_a_source_like_a_remote_target(tmp_path):
+    """report PATH of an sglang install (not a folder of logs) reads its timing logs as `report TARGET` does:
+    --log-dir, else the folder its manifest names."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "standin_harness", Path(__file__).resolve().parents[1] / "stubs" / "stand_in_sglang" / "standin_harness.py")
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    tree = harness.make_tree(tmp_path / "site", harness.V1_WORKER)
+    logs = tmp_path / "logs"
+    write_log(logs, "gpu1-10-rank0.jsonl", [record(100 + i * 0.01) for i in range(6)])
+    env = dict(__import__("os").environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    r = run("report", "--json", "--log-dir", str(logs), str(tree / "sglang"), env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["records"] == 6
+    r = run("apply", "--no-restart", "--log-dir", str(logs), str(tree / "sglang"), env=env)
+    assert r.returncode == 0, r.stderr
+    r = run("report", "--json", str(tree), env=env)  # the manifest says where the logs are
+    assert r.returncode == 0 and json.loads(r.stdout)["records"] == 6, r.stderr
 
 
 def test_target_without_logs_is_a_one_line_error(sshd, ssh_env, tmp_path):

@@ -36,13 +36,6 @@ DESCRIBED = {  # what status says of each way
 }
 
 
-@pytest.fixture
-def standins():
-    s = H.StandIns(PY)
-    yield s
-    s.cleanup()
-
-
 def _cli(request, tmp_path, via: str) -> CLI:
     if via == "local":
         return CLI("local", cli_env(tmp_path))
@@ -132,7 +125,7 @@ def test_only_the_install_servers_are_stopped_or_started(cli, standins, tmp_path
     cli.run("apply", mine.pkg, "--timeout", "60").expect(0)
     cli.run("revert", mine.pkg, "--timeout", "60").expect(0)
     assert not H.alive(mine_proc.pid)
-    assert H.alive(other_proc.pid) and H.launcher_pids(po) == [other_proc.pid]
+    assert H.alive(other_proc.pid) and standins.launcher_pids(po) == [other_proc.pid]
     assert "[eaglepatch]" not in other.worker.read_text()
 
 
@@ -170,19 +163,113 @@ def test_a_too_short_timeout_rolls_back_without_losing_the_original_server(cli, 
     assert H.http_get(port, "/health_generate")[0] == 200
 
 
-def test_an_original_that_cannot_come_back_is_named_with_its_command_line(cli, standins, tmp_path):
+def test_an_original_that_cannot_come_back_is_named_with_how_to_start_it(cli, standins, tmp_path):
     """The patched server crashes, and the original cannot start again either (here: it exits at start once a
-    file exists): apply exits 7 and says exactly how to start it by hand (folder and command line)."""
+    file exists): apply exits 7 and names a script on the host that starts it by hand exactly as it was (its
+    folder, whole environment, command line); run once the block is gone, that script brings back the original
+    server, the same process description as before."""
     install = make_install(standins, tmp_path / "install", "venv-by-path", worker=WORKER + REJECTS_PATCH)
     block = tmp_path / "cannot start again"
     port, proc = up(install, standins, tmp_path / "work dir", "--fail-if-exists", str(block))
+    first = identity(proc.pid)
     block.write_text("")
     r = cli.run("apply", install.pkg, "--timeout", "30")
     assert r.rc == 7, r
     line = r.err.strip().splitlines()[-1]
     assert "original files restored" in line and "did NOT come back up" in line, r
-    assert f"to start it yourself: cd '{tmp_path / 'work dir'}' && " in line, line
-    assert str(block) in line  # the whole command line, its arguments included
+    script = line.rsplit("start it yourself with: sh ", 1)[1].strip()
+    text = Path(script).read_text()
+    assert f"cd '{tmp_path / 'work dir'}'" in text and str(block) in text and "EAGLEPATCH_TEST_OWNER=" in text
+    assert standins.launcher_pids(port) == []
+    block.unlink()
+    subprocess.Popen(["sh", script], start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
+    H.wait_http(port, timeout=30)
+    [pid] = standins.launcher_pids(port)
+    assert identity(pid) == first
+
+
+def test_a_restart_that_cannot_start_stops_nothing(cli, standins, tmp_path):
+    """The server's folder was deleted since it started (a deploy replaced it): starting it again would fail, so
+    eaglepatch finds that out before stopping it: apply rolls back its files and the original server runs on,
+    never stopped (same pid)."""
+    install = make_install(standins, tmp_path / "install", "venv-by-path")
+    work = tmp_path / "release-1"
+    port, proc = up(install, standins, work)
+    before = digest(install.pkg)
+    shutil.rmtree(work)
+    r = cli.run("apply", install.pkg, "--timeout", "30")
+    assert r.rc == 7, r
+    assert "does not exist" in r.err and "never stopped" in r.err, r
+    assert standins.launcher_pids(port) == [proc.pid] and digest(install.pkg) == before
+
+
+def test_a_server_started_under_nohup_keeps_ignoring_sighup(cli, standins, tmp_path):
+    """nohup makes a server ignore SIGHUP; restarted, it must still (and still take SIGINT): the signal
+    dispositions are part of how it was launched. eaglepatch itself ignores SIGINT/SIGHUP/SIGTERM while it
+    relaunches; none of that leaks into the server."""
+    install = make_install(standins, tmp_path / "install", "venv-by-path")
+    venv = install.pkg.parents[3]
+    port = standins.port()
+    argv = ["nohup", str(venv / "bin" / "python"), "-m", "sglang.launch_server", "--port", str(port), "--tp", "1"]
+    proc = standins.spawn(argv, tmp_path / "w", standins.venv_env(venv), port=port)
+    H.wait_http(port, timeout=30)
+    first = identity(proc.pid)
+    assert int(first["sig_ign"], 16) & (1 << 0)  # SIGHUP (1) ignored
+    cli.run("apply", install.pkg, "--timeout", "60").expect(0)
+    [pid] = standins.launcher_pids(port)
+    assert pid != proc.pid and identity(pid) == first
+    cli.run("revert", install.pkg, "--timeout", "60").expect(0)
+    [pid] = standins.launcher_pids(port)
+    assert identity(pid) == first
+
+
+def test_another_users_server_is_listed_but_not_restarted(cli, standins, tmp_path):
+    """A server of the install run by another user (nobody) while eaglepatch runs as root: its interpreter is
+    asked where sglang comes from as that user (never as root), it is listed, and restarting it is refused: run
+    as root it would not be the same server. Exit 2, nothing changed."""
+    assert os.geteuid() == 0, "this test runs a server as nobody: run it as root (CI does)"
+    root = Path(tempfile.mkdtemp(prefix="eaglepatch-other-user-", dir="/tmp"))
+    try:
+        root.chmod(0o755)
+        tree = H.make_tree(root / "site", WORKER)
+        for p in [root, *root.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        port = standins.port()
+        drop = [shutil.which("setpriv"), "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+        # the system's interpreter: nobody may not reach the one of this venv (under /root)
+        argv = ["/usr/bin/python3", "-m", "sglang.launch_server", "--port", str(port), "--tp", "1"]
+        proc = standins.spawn([*drop, *argv], root, standins.env(tree, HOME=str(root)), port=port)
+        H.wait_http(port, timeout=30)
+        pkg = tree / "sglang"
+        [srv] = servers(cli, pkg)
+        assert srv["pid"] == proc.pid
+        before = digest(tree)
+        r = cli.run("apply", pkg, "--timeout", "30")
+        assert r.rc == 2 and "runs as another user" in r.err, r
+        assert digest(tree) == before and standins.launcher_pids(port) == [proc.pid]
+    finally:
+        standins.cleanup()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_server_loading_on_the_port_blocks_a_second_start(cli, standins, tmp_path):
+    """Another install's server is loading on the port (its launcher runs; it has not bound the port yet):
+    restarting this install's server there would put two servers on one port and its GPUs, so nothing is
+    stopped or started, and the message names the other launcher."""
+    mine = make_install(standins, tmp_path / "mine", "venv-by-path")
+    port, proc = up(mine, standins, tmp_path / "w")
+    other = make_install(standins, tmp_path / "other", "pythonpath")
+    # a launcher for the same port that has not bound it yet (a model still loading before the HTTP server)
+    (other.pkg / "launch_server.py").write_text("import time\ntime.sleep(120)\n")
+    loading = other.launch(tmp_path / "ow", port)
+    for _ in range(100):
+        if loading.pid in H.launcher_pids(port):
+            break
+        time.sleep(0.05)
+    r = cli.run("restart", mine.pkg, "--timeout", "30")
+    assert r.rc == 7 and f"pid {loading.pid}" in r.err and "starting or running on" in r.err, r
+    assert proc.poll() is None and H.alive(proc.pid)
 
 
 def test_permission_problems_are_one_line_and_change_nothing(sshd, tmp_path):

@@ -340,10 +340,13 @@ def test_ssh_config_match_exec_and_proxycommand(sshd, tmp_path, monkeypatch):
 
 
 def test_bad_proxyjump_in_ssh_config(sshd, tmp_path, monkeypatch):
+    """A ProxyJump that is not [user@]host[:port][,...] is a usage error that names it. ``a,,b`` is refused by OpenSSH
+    too (ssh -G fails: the fallback reads it, and eaglepatch's own parser refuses it); OpenSSH would read
+    ``bad host name`` as ``bad``, so that is no test of this."""
     from eaglepatch.errors import UsageError
 
     home = sshd.make_home(tmp_path / "home")
-    Path(home, ".ssh", "config").write_text("Host broken\n    ProxyJump bad host name\n")
+    Path(home, ".ssh", "config").write_text("Host broken\n    ProxyJump a,,b\n")
     monkeypatch.setenv("HOME", home)
     with pytest.raises(UsageError, match="ProxyJump"):
         _open("broken")
@@ -622,3 +625,49 @@ def test_apply_and_revert_each_run_on_one_ssh_channel(sshd, ssh_home, tmp_path, 
     assert doc["changed"]
     assert len(opened) == 1
     h.assert_same(h.snapshot(tree.root), before, "revert after apply")
+
+
+# ------------------------------------------------------------------------------------------------------ tunnels
+
+
+def test_tunnel_round_trip_and_half_close(host):
+    """open_tunnel (eaglepatch/hosts/tunnel.py): bytes go both ways through the SSH connection; the client's EOF
+    reaches the far side, which may still answer; the accepted socket has TCP_NODELAY (a streamed answer's small
+    chunks are not held back); after close_tunnel nothing listens on the port any more."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+
+        def echo_upper():
+            conn, _ = srv.accept()
+            with conn:
+                data = b""
+                while chunk := conn.recv(65536):
+                    data += chunk
+                conn.sendall(data.upper())  # after the client's half-close
+
+        t = threading.Thread(target=echo_upper, daemon=True)
+        t.start()
+        port = host.open_tunnel("127.0.0.1", srv.getsockname()[1])
+        (tunnel,) = host._tunnels
+        payload = b"abc" * 100_000
+        with socket.create_connection(("127.0.0.1", port), timeout=20) as c:
+            c.sendall(payload)
+            for _ in range(100):
+                with tunnel._lock:
+                    accepted = list(tunnel._conns)
+                if accepted:
+                    break
+                time.sleep(0.05)
+            assert [a.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0 for a in accepted] == [True]
+            c.shutdown(socket.SHUT_WR)
+            got = b""
+            while chunk := c.recv(65536):
+                got += chunk
+        t.join(10)
+        assert got == payload.upper()
+        assert tunnel.port == port
+        host.close_tunnel(port)
+        assert host._tunnels == []
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()

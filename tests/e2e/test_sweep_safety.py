@@ -31,13 +31,6 @@ def stop(pid: int) -> None:
 
 
 @pytest.fixture
-def standins():
-    s = H.StandIns(PY)
-    yield s
-    s.cleanup()
-
-
-@pytest.fixture
 def cli(sshd, tmp_path) -> CLI:
     return CLI("ssh", cli_env(tmp_path, sshd.env()), ssh=[sshd.target, "-i", sshd.client_key])
 
@@ -50,7 +43,7 @@ def test_a_misspelt_flag_is_refused_before_anything_starts(cli, standins, tmp_pa
     r = cli.run("sweep", install.pkg, "--grid", "speculative-num-stepz=1,2", *LOAD)
     assert r.rc == 2, r
     assert "has no --speculative-num-stepz" in r.err and "did you mean --speculative-num-steps?" in r.err, r
-    assert H.launcher_pids(port) == [proc.pid]
+    assert standins.launcher_pids(port) == [proc.pid]
     # a flag the server does have, though not one eaglepatch's own list knows, is accepted
     r = cli.run("sweep", install.pkg, "--grid", "max-running-requests=8", *LOAD, "--json").expect(0)
     assert [p["status"] for p in r.json()["points"]] == ["ok"]
@@ -70,11 +63,11 @@ def test_points_sglang_would_refuse_are_not_launched(cli, standins, tmp_path):
     assert ok["status"] == "ok" and bad["status"] == "failed", doc
     assert bad["error"].startswith("not launched:") and "at most 1 + 6 = 7 draft tokens" in bad["error"]
     assert r.err.count("starting sglang on") == 2  # the valid point, then the original back
-    before = H.launcher_pids(port)
+    before = standins.launcher_pids(port)
     r = cli.run("sweep", install.pkg, "--grid", "speculative-eagle-topk=2", "--grid", "speculative-num-steps=2",
                 "--grid", "speculative-num-draft-tokens=8,9", *LOAD)
     assert r.rc == 2 and "sglang would refuse every point of this grid" in r.err, r
-    assert H.launcher_pids(port) == before
+    assert standins.launcher_pids(port) == before
 
 
 def test_a_finished_sweep_run_again_starts_nothing_even_after_the_server_moved(cli, standins, tmp_path):
@@ -84,37 +77,46 @@ def test_a_finished_sweep_run_again_starts_nothing_even_after_the_server_moved(c
     port, proc = up(install, standins, tmp_path / "w", *SPEC)
     args = ["--grid", "speculative-num-steps=1,2", *LOAD]
     first = cli.run("sweep", install.pkg, *args, "--json").expect(0).json()
-    [back] = H.launcher_pids(port)
+    [back] = standins.launcher_pids(port)
     stop(back)
     moved, moved_proc = up(install, standins, tmp_path / "w2", *SPEC)
     r = cli.run("sweep", install.pkg, *args, "--json").expect(0)
     assert "this sweep is complete" in r.err and "starting sglang" not in r.err, r
     assert [p["tokens_per_s"] for p in r.json()["points"]] == [p["tokens_per_s"] for p in first["points"]]
-    assert H.launcher_pids(port) == [] and H.launcher_pids(moved) == [moved_proc.pid]
+    assert standins.launcher_pids(port) == [] and standins.launcher_pids(moved) == [moved_proc.pid]
+
+
+ARGS = ["--grid", "speculative-num-steps=1,2", *LOAD]
+
+
+def killed_after_first_run(cli, standins, tmp_path):
+    """A sweep of a fresh server, killed after its first run (its point's server running), then that server
+    stopped by the user: (install, port, the sweep's arguments)."""
+    install = make_install(standins, tmp_path / "i", "venv-by-path")
+    port, _proc = up(install, standins, tmp_path / "w", *SPEC)
+    r = cli.run("sweep", install.pkg, *ARGS, env={"EAGLEPATCH_FAILPOINT": "sweep:after-run"})
+    assert r.rc == -9, r
+    [point_server] = standins.launcher_pids(port)
+    stop(point_server)
+    return install, port, ARGS
 
 
 def test_a_resumed_sweep_does_not_start_a_second_server_beside_the_users(cli, standins, tmp_path):
     """A sweep killed after its first run; the user stops the point's server and starts theirs on another port.
     Resuming would launch the next point on the sweep's port beside it: the sweep refuses (exit 5), starts and
     stops nothing, and says how to sweep the server that runs now."""
-    install = make_install(standins, tmp_path / "i", "venv-by-path")
-    port, proc = up(install, standins, tmp_path / "w", *SPEC)
-    args = ["--grid", "speculative-num-steps=1,2", *LOAD]
-    r = cli.run("sweep", install.pkg, *args, env={"EAGLEPATCH_FAILPOINT": "sweep:after-run"})
-    assert r.rc == -9, r
-    [point_server] = H.launcher_pids(port)
-    stop(point_server)
+    install, port, args = killed_after_first_run(cli, standins, tmp_path)
     other, other_proc = up(install, standins, tmp_path / "w2", *SPEC)
     mine = identity(other_proc.pid)
     r = cli.run("sweep", install.pkg, *args)
     assert r.rc == 5, r
     assert f"runs on :{other}" in r.err and "second model server" in r.err and "--fresh" in r.err, r
-    assert H.launcher_pids(port) == [] and H.launcher_pids(other) == [other_proc.pid]
+    assert standins.launcher_pids(port) == [] and standins.launcher_pids(other) == [other_proc.pid]
     assert identity(other_proc.pid) == mine
     # as told: a fresh sweep of the server that runs now
     r = cli.run("sweep", install.pkg, *args, "--fresh", "--server-port", str(other), "--json").expect(0)
     assert [p["status"] for p in r.json()["points"]] == ["ok", "ok"]
-    [now] = H.launcher_pids(other)
+    [now] = standins.launcher_pids(other)
     assert identity(now)["argv"] == mine["argv"]
 
 
@@ -122,16 +124,10 @@ def test_a_sweep_does_not_stop_a_server_it_did_not_start(cli, standins, tmp_path
     """A sweep killed after its first run; the user replaced the point's server on the same port with their own
     command line. The resumed sweep finds a server it did not record or start there: exit 5, that server keeps
     running untouched."""
-    install = make_install(standins, tmp_path / "i", "venv-by-path")
-    port, proc = up(install, standins, tmp_path / "w", *SPEC)
-    args = ["--grid", "speculative-num-steps=1,2", *LOAD]
-    r = cli.run("sweep", install.pkg, *args, env={"EAGLEPATCH_FAILPOINT": "sweep:after-run"})
-    assert r.rc == -9, r
-    [point_server] = H.launcher_pids(port)
-    stop(point_server)
+    install, port, args = killed_after_first_run(cli, standins, tmp_path)
     _p, theirs = up(install, standins, tmp_path / "w3", *SPEC, "--max-running-requests", "4", port=port)
     r = cli.run("sweep", install.pkg, *args)
     assert r.rc == 5 and "is not the one this sweep recorded or started" in r.err, r
-    assert H.launcher_pids(port) == [theirs.pid]
+    assert standins.launcher_pids(port) == [theirs.pid]
     state = [json.loads(line) for line in next((tmp_path / "client cache").rglob("*.jsonl")).read_text().splitlines()]
     assert [s["kind"] for s in state][:3] == ["sweep", "launch", "run"]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from safety import CLI, PY, H, cli_env, make_install
+from safety import CLI, PY, REJECTS_PATCH, WORKER, H, cli_env, digest, make_install
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -102,31 +102,43 @@ def standins():
     s.cleanup()
 
 
+class Unit:
+    """A stand-in "service": its spec file for the stand-in systemctl, which (re)starts it in the unit's cgroup."""
+
+    def __init__(self, standins, unit_cgroup, tmp_path, worker: str = WORKER):
+        self.name, self.cgroup = unit_cgroup
+        self.install = make_install(standins, tmp_path / "install", "venv-by-path", worker=worker)
+        self.port = standins.port()
+        self.units = tmp_path / "units"
+        self.units.mkdir()
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "systemctl").write_text(SYSTEMCTL.format(python=sys.executable))
+        (bin_dir / "systemctl").chmod(0o755)
+        venv = self.install.pkg.parents[3]
+        argv = [str(venv / "bin" / "python"), "-m", "sglang.launch_server", "--port", str(self.port),
+                "--startup-delay", "0.3", "--tp", "1"]
+        env = dict(standins.venv_env(venv), INVOCATION_ID=secrets.token_hex(16))
+        (self.units / f"{self.name}.json").write_text(json.dumps({"cgroup": str(self.cgroup), "argv": argv,
+                                                                  "cwd": str(tmp_path), "env": env}))
+        self.cli = CLI("local", dict(cli_env(tmp_path), PATH=f"{bin_dir}:{os.environ['PATH']}",
+                                     EAGLEPATCH_TEST_UNITS=str(self.units)))
+        # "systemctl start": the unit's first process
+        subprocess.run([str(bin_dir / "systemctl"), "restart", self.name], check=True, env=self.cli.env)
+        H.wait_http(self.port, timeout=30)
+
+    @property
+    def main(self) -> int:
+        return int((self.units / f"{self.name}.main").read_text())
+
+
 def test_a_systemd_server_is_named_and_restarted_through_systemctl(standins, unit_cgroup, tmp_path):
     """status says which unit runs the server; apply and revert restart it with systemctl (the unit's own
     ExecStart, in its cgroup), not by relaunching its command line; a sweep, which must change the command line,
     is refused with the reason."""
-    unit, cgroup = unit_cgroup
-    install = make_install(standins, tmp_path / "install", "venv-by-path")
-    port = standins.port()
-    units = tmp_path / "units"
-    units.mkdir()
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "systemctl").write_text(SYSTEMCTL.format(python=sys.executable))
-    (bin_dir / "systemctl").chmod(0o755)
-    venv = install.pkg.parents[3]
-    argv = [str(venv / "bin" / "python"), "-m", "sglang.launch_server", "--port", str(port), "--startup-delay",
-            "0.3", "--tp", "1"]
-    env = dict(standins.venv_env(venv), INVOCATION_ID=secrets.token_hex(16))
-    (units / f"{unit}.json").write_text(json.dumps({"cgroup": str(cgroup), "argv": argv, "cwd": str(tmp_path),
-                                                   "env": env}))
-    cli = CLI("local", dict(cli_env(tmp_path), PATH=f"{bin_dir}:{os.environ['PATH']}",
-                            EAGLEPATCH_TEST_UNITS=str(units)))
-    # "systemctl start": the unit's first process
-    subprocess.run([str(bin_dir / "systemctl"), "restart", unit], check=True, env=cli.env)
-    H.wait_http(port, timeout=30)
-    first = int((units / f"{unit}.main").read_text())
+    u = Unit(standins, unit_cgroup, tmp_path)
+    unit, cgroup, install, cli, port = u.name, u.cgroup, u.install, u.cli, u.port
+    first = u.main
 
     doc = cli.run("status", install.pkg, "--json").expect(0).json()
     [srv] = doc["servers"]
@@ -134,7 +146,7 @@ def test_a_systemd_server_is_named_and_restarted_through_systemctl(standins, uni
 
     r = cli.run("apply", install.pkg, "--timeout", "60").expect(0)
     assert "systemctl restart " + unit in r.err and "starting sglang on" not in r.err, r
-    second = int((units / f"{unit}.main").read_text())
+    second = u.main
     assert second != first and not H.alive(first)
     [srv] = cli.run("status", install.pkg, "--json").expect(0).json()["servers"]
     assert (srv["pid"], srv["systemd_unit"], srv["code"]) == (second, unit, "current")
@@ -142,10 +154,43 @@ def test_a_systemd_server_is_named_and_restarted_through_systemctl(standins, uni
 
     r = cli.run("sweep", install.pkg, "--grid", "speculative-num-steps=1,2")
     assert r.rc == 2 and "runs under systemd" in r.err and unit in r.err, r
-    assert int((units / f"{unit}.main").read_text()) == second and H.alive(second)
+    assert u.main == second and H.alive(second)
 
     r = cli.run("revert", install.pkg, "--timeout", "60").expect(0)
     assert "systemctl restart " + unit in r.err, r
-    third = int((units / f"{unit}.main").read_text())
-    assert third != second and H.launcher_pids(port) == [third]
+    third = u.main
+    assert third != second and standins.launcher_pids(port) == [third]
     assert "[eaglepatch]" not in install.worker.read_text()
+
+
+def test_a_patched_unit_that_crashes_is_rolled_back_through_systemctl(standins, unit_cgroup, tmp_path):
+    """The patched server of a unit crashes at start: the rollback puts the files back and restarts the unit
+    again (systemctl: never by hand), and the original comes up."""
+    u = Unit(standins, unit_cgroup, tmp_path, worker=WORKER + REJECTS_PATCH)
+    before = digest(u.install.pkg)
+    r = u.cli.run("apply", u.install.pkg, "--timeout", "30")
+    assert r.rc == 7 and "original files restored" in r.err and "the original server is up again" in r.err, r
+    assert digest(u.install.pkg) == before
+    assert r.err.count("systemctl restart " + u.name) == 2 and "starting sglang on" not in r.err
+    assert standins.launcher_pids(u.port) == [u.main]
+
+
+def test_a_server_started_inside_a_unit_is_not_restarted_with_it(standins, unit_cgroup, tmp_path):
+    """A server started from a shell of a service (a Jupyter terminal, a CI job) sits in that unit's cgroup with
+    its INVOCATION_ID, but is not the unit's main process: restarting the unit would stop everything else it
+    runs, and relaunching the server by hand beside systemd is not safe either: apply refuses (exit 2), nothing
+    changes."""
+    u = Unit(standins, unit_cgroup, tmp_path)
+    # the unit's main process is now something else (the service itself); the server merely runs inside it
+    service = subprocess.Popen([sys.executable, "-c", "import sys,time; open(sys.argv[1],'a').write('%d ' % "
+                                "__import__('os').getpid()); time.sleep(120)", str(u.cgroup / "cgroup.procs")],
+                               start_new_session=True)
+    standins.orphans.append(service.pid)
+    (u.units / f"{u.name}.main").write_text(str(service.pid))
+    server = standins.launcher_pids(u.port)[0]
+    [srv] = u.cli.run("status", u.install.pkg, "--json").expect(0).json()["servers"]
+    assert srv["pid"] == server and srv["systemd_unit"] == u.name
+    before = digest(u.install.pkg)
+    r = u.cli.run("apply", u.install.pkg, "--timeout", "30")
+    assert r.rc == 2 and "without being its main process" in r.err, r
+    assert digest(u.install.pkg) == before and standins.launcher_pids(u.port) == [server]

@@ -172,7 +172,9 @@ def test_json_shape_is_the_contract(tmp_path: Path) -> None:
     f = write(tmp_path / "a.jsonl", four_cycles())
     doc = aggregate([f], sources=["gpu1"]).to_json()
     json.dumps(doc)  # serialisable
-    assert list(doc) == ["sources", "records", "skipped_lines", "groups"]
+    # one run: the contract's keys as before, then "runs" (its synthetic id: the file has no "run")
+    assert list(doc) == ["sources", "records", "skipped_lines", "groups", "runs"]
+    assert [r["id"] for r in doc["runs"]] == ["file:a.jsonl"]
     assert doc["sources"] == ["gpu1"]
     (g,) = doc["groups"]
     required = {"mode", "key", "n", "cycle_ms", "phases", "accept_len", "tokens_per_s", "between_ms",
@@ -214,15 +216,17 @@ def test_accept_len_needs_bs_tokens_do_not(tmp_path: Path) -> None:
 
 
 def test_merges_files_ranks_and_hosts(tmp_path: Path) -> None:
-    a = write(tmp_path / "gpu1-1-rank0.jsonl", seq([10.0, 20.0], [1.0], host="gpu1", pid=1, rank=0))
-    b = write(tmp_path / "gpu1-1-rank1.jsonl", seq([30.0, 40.0], [3.0], host="gpu1", pid=1, rank=1))
+    """The files, ranks and hosts of one run (one "run" id) form one group per mode."""
+    a = write(tmp_path / "gpu1-1-rank0.jsonl", seq([10.0, 20.0], [1.0], host="gpu1", pid=1, rank=0, run="r1"))
+    b = write(tmp_path / "gpu1-1-rank1.jsonl", seq([30.0, 40.0], [3.0], host="gpu1", pid=1, rank=1, run="r1"))
     c = write(
         tmp_path / "gpu2-7-rank0.jsonl",
-        seq([50.0], [], host="gpu2", pid=7, rank=0)
+        seq([50.0], [], host="gpu2", pid=7, rank=0, run="r1")
         + [rec(t=T0 + 0.5, host="gpu2", pid=7, rank=0, mode="prefill", cycle_ms=100.0,
-               phases={"target": 90.0, "draft_extend": 8.0}, accepted=2, bs=2)],
+               phases={"target": 90.0, "draft_extend": 8.0}, accepted=2, bs=2, run="r1")],
     )
     res = aggregate([a, b, c])
+    assert [r.id for r in res.runs] == ["r1"]
     assert res.records == 6
     assert [(g.mode, g.n) for g in res.groups] == [("decode", 5), ("prefill", 1)]
     dec = res.groups[0]
@@ -261,10 +265,11 @@ def test_by_bs_sorts_numerically(tmp_path: Path) -> None:
 
 def test_skip_is_per_process_across_files(tmp_path: Path) -> None:
     # process A: 3 cycles split over two files; process B: 3 cycles in one file
-    a_recs = seq([10.0, 20.0, 30.0], [1.0, 1.0], host="h", pid=1)
+    # (one run: without "run", each file would be a run of its own)
+    a_recs = seq([10.0, 20.0, 30.0], [1.0, 1.0], host="h", pid=1, run="r")
     a1 = write(tmp_path / "h-1-rank0.jsonl", a_recs[:1])
     a2 = write(tmp_path / "h-1-rank0.later.jsonl", a_recs[1:])
-    b = write(tmp_path / "h-2-rank0.jsonl", seq([100.0, 200.0, 300.0], [5.0, 7.0], host="h", pid=2))
+    b = write(tmp_path / "h-2-rank0.jsonl", seq([100.0, 200.0, 300.0], [5.0, 7.0], host="h", pid=2, run="r"))
     res = aggregate([a1, a2, b], skip=2)
     assert res.records == 6  # all valid records, those skipped included
     g = res.groups[0]
@@ -429,7 +434,8 @@ def test_render_table_shows_the_numbers(tmp_path: Path) -> None:
     f = write(tmp_path / "a.jsonl", recs)
     text = render_table(aggregate([f]))
     lines = text.splitlines()
-    assert lines[0].startswith("decode  n=4  accept len 2.667  tok/s 160.0  wall tok/s 148.1")
+    assert lines[0].startswith("run ") and lines[0].endswith("timer=sync  (id file:a.jsonl)")  # the run's header
+    assert lines[1].startswith("decode  n=4  accept len 2.667  tok/s 160.0  wall tok/s 148.1")
     assert not text.endswith("\n")
     body = [ln.split()[0] for ln in lines if ln and ln.split()[0] in
             {"target", "draft", "verify", "draft_extend", "zeta", "cycle", "between"}]

@@ -1,17 +1,14 @@
-"""The pure parts of ``eaglepatch sweep`` (eaglepatch/sweep.py) and its chart (eaglepatch/chart.py): the grid and
-its validation, the points and the shuffled plan, rewriting the launch command, the state file, the summary (the
-CONTRACT.md ``sweep --json`` shape), the table, CSV, and the PNG/SVG chart."""
+"""The pure parts of ``eaglepatch sweep`` (eaglepatch/tuning/sweep.py): the grid and its validation, the points and the
+shuffled plan, rewriting the launch command, the state file, the summary (the CONTRACT.md ``sweep --json`` shape),
+the table and CSV. Its chart: tests/unit/test_chart.py."""
 
 from __future__ import annotations
 
 import json
-import struct
-import zlib
 
 import pytest
 
-from eaglepatch import sweep as sw
-from eaglepatch.chart import render_chart, write_chart
+from eaglepatch.tuning import sweep as sw
 from eaglepatch.errors import Conflict, UsageError
 
 HEAD = ["/venv/bin/python3", "-m", "sglang.launch_server"]
@@ -326,45 +323,3 @@ def test_run_figures_from_a_bench_document():
                                      "phases_p50": {"draft": 1.0, "verify": 2.0, "draft_extend": 0.5, "cycle": 3.6}}
     assert sw.run_figures({"client": {"tokens_per_s": 5.0, "accept_len": 3.0}, "timings": None}) == {
         "tokens_per_s": 5.0, "accept_len": 3.0, "phases_p50": {}, "records": None}
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# the chart
-
-
-def _png_chunks(data: bytes):
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    i = 8
-    while i < len(data):
-        (n,) = struct.unpack(">I", data[i:i + 4])
-        kind, body = data[i + 4:i + 8], data[i + 8:i + 8 + n]
-        (crc,) = struct.unpack(">I", data[i + 8 + n:i + 12 + n])
-        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF
-        yield kind, body
-        i += 12 + n
-
-
-def test_png_chart_is_a_valid_png_with_the_bars_drawn(tmp_path):
-    pts = _points()
-    ph = {"draft": 3.1, "verify": 7.9, "draft_extend": 1.0, "cycle": 12.2}
-    runs = [_run(pts[0], 0, 90.2), _run(pts[1], 0, 94.0, 2.9, ph), _run(pts[2], 0, 70.0, 3.3, ph),
-            _run(pts[3], 0, None, status="failed", error="no")]
-    doc = sw.summarize("t", pts, runs, baseline=True, repeat=1)
-    path = tmp_path / "sweep.png"
-    write_chart(doc, str(path))
-    data = path.read_bytes()
-    chunks = dict(_png_chunks(data))
-    w, h, depth, ctype = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
-    assert (depth, ctype) == (8, 2) and w >= 640 and h > 300
-    raw = zlib.decompress(chunks[b"IDAT"])
-    assert len(raw) == h * (1 + 3 * w)
-    pixels = {raw[y * (1 + 3 * w) + 1 + 3 * x: y * (1 + 3 * w) + 4 + 3 * x] for y in range(0, h, 3)
-              for x in range(0, w, 3)}
-    assert bytes((40, 150, 70)) in pixels  # the best point's bar
-    assert bytes((150, 90, 190)) in pixels  # a verify segment
-
-
-def test_svg_chart_for_a_svg_name():
-    doc = sw.summarize("t", _points(), [], baseline=True, repeat=1)
-    svg = render_chart(doc, "x.SVG").decode()
-    assert svg.startswith("<svg") and "baseline (no speculation)" in svg and svg.rstrip().endswith("</svg>")

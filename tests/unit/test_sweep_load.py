@@ -1,4 +1,4 @@
-"""The load that ``bench`` sends (eaglepatch/load.py), against small in-process HTTP servers, and the time-window
+"""The load that ``bench`` sends (eaglepatch/tuning/load.py), against small in-process HTTP servers, and the time-window
 filter of ``eaglepatch.report.aggregate`` that gives bench the timing records of the load's minutes."""
 
 from __future__ import annotations
@@ -12,19 +12,22 @@ import pytest
 
 from eaglepatch.errors import UsageError
 from eaglepatch.hosts.local import LocalHost
-from eaglepatch.load import LoadFailed, LoadSpec, run_load
+from eaglepatch.tuning.load import LoadFailed, LoadSpec, run_load
 from eaglepatch.report import aggregate
 
 
 class _Server:
-    """``/generate``: streams (``mode`` "stream"), answers JSON ("json"), fails ("fail"), or fails every other
-    request ("flaky"). Each step takes ``step`` seconds; 4 steps of ``max_new_tokens / 4`` tokens."""
+    """``/generate``: streams and closes the connection (``mode`` "stream"), streams in HTTP/1.1 chunks and keeps
+    it ("chunked", as uvicorn serves sglang), answers JSON ("json"), fails ("fail"), or fails every other
+    request ("flaky"). Each step takes ``step`` seconds; 4 steps of ``max_new_tokens / 4`` tokens.
+    ``connections`` counts the TCP connections it accepted."""
 
     def __init__(self, mode: str, step: float = 0.005):
         self.mode, self.step = mode, step
         self.bodies: list[dict] = []
         self.headers: list[dict] = []
         self.n = 0
+        self.connections = 0
         self.lock = threading.Lock()
         outer = self
 
@@ -33,6 +36,11 @@ class _Server:
 
             def log_message(self, *a):
                 pass
+
+            def setup(self):
+                super().setup()
+                with outer.lock:
+                    outer.connections += 1
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -50,6 +58,19 @@ class _Server:
                     self.wfile.write(data)
                     return
                 meta = lambda k: {"completion_tokens": k, "spec_accept_length": 2.5, "spec_verify_ct": max(1, k // 2)}  # noqa: E731
+                if outer.mode == "chunked":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    for i in range(1, 5):
+                        time.sleep(outer.step)
+                        data = b"data: " + json.dumps({"text": "x" * i, "meta_info": dict(
+                            meta(m * i // 4), e2e_latency=outer.step * i)}).encode() + b"\n\n"
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                        self.wfile.flush()
+                    self.wfile.write(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
+                    return
                 if outer.mode == "stream":
                     self.send_response(200)
                     self.send_header("Content-Type", "text/event-stream")
@@ -115,6 +136,27 @@ def test_streamed_load_measures_tokens_ttft_latency_and_accept_length(server):
     assert 4 <= doc["ttft_ms"]["p50"] and 18 <= doc["latency_ms"]["p50"]
     assert doc["accept_len"] == 2.0  # 8 tokens / 4 verify steps: spec_verify_ct wins over spec_accept_length
     assert res.start <= res.end and set(doc["ttft_ms"]) == {"mean", "p50", "p90", "p99", "max"}
+
+
+@pytest.mark.parametrize("server", ["chunked"], indirect=True)
+def test_one_connection_per_slot_is_kept_open_across_warmup_and_load(server):
+    """A server that keeps its connections (HTTP/1.1 chunked streams, as uvicorn serves sglang): each of the 2
+    slots opens one connection and sends all its requests on it, warm-up included; through an SSH forward that
+    is one channel per slot instead of one per request. The server's own first-token time comes back too."""
+    res = run_load(server.url, LoadSpec(requests=6, concurrency=2, input_len=3, max_new_tokens=8, warmup=2))
+    doc = res.to_json()
+    assert (server.n, server.connections) == (8, 2)
+    assert (doc["failed"], doc["output_tokens"]) == (0, 48)
+    assert doc["server_ttft_ms"]["p50"] == pytest.approx(server.step * 1000)
+    assert doc["ttft_ms"]["p50"] >= doc["server_ttft_ms"]["p50"]
+
+
+@pytest.mark.parametrize("server", ["stream"], indirect=True)
+def test_a_server_that_closes_each_connection_gets_a_new_one_per_request(server):
+    """A server that closes after each answer: the next request opens a new connection (before its clock), and
+    nothing fails."""
+    doc = run_load(server.url, LoadSpec(requests=4, concurrency=2, input_len=3, max_new_tokens=8, warmup=0)).to_json()
+    assert (server.n, server.connections, doc["failed"]) == (4, 4, 0)
 
 
 @pytest.mark.parametrize("server", ["json"], indirect=True)

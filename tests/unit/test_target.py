@@ -154,7 +154,7 @@ def test_ssh_forms(text, user, host, port):
     assert spec.text == text and spec.name == text
     assert spec.path is None
     assert spec.identity is None and spec.jump is None
-    assert spec.connect_timeout == DEFAULT_CONNECT_TIMEOUT
+    assert spec.connect_timeout is None  # not given: the SSH config's ConnectTimeout, else DEFAULT_CONNECT_TIMEOUT
     assert spec.accept_new_host_key is False
 
 
@@ -252,6 +252,14 @@ def test_parse_jump_and_hop_directly():
 @pytest.mark.parametrize("timeout, expected", [(3, 3.0), (0.5, 0.5), ("7", 7.0), (None, None)])
 def test_connect_timeout(timeout, expected):
     assert parse_target("gpu1", SSHOptions(connect_timeout=timeout)).connect_timeout == expected
+
+
+def test_connect_timeout_not_given_is_none():
+    """Not given means "the SSH config's ConnectTimeout, else DEFAULT_CONNECT_TIMEOUT" (decided when connecting), so
+    neither the options nor the spec carry a default that would override the config."""
+    assert SSHOptions().connect_timeout is None
+    assert parse_target("gpu1").connect_timeout is None
+    assert DEFAULT_CONNECT_TIMEOUT == 10.0
 
 
 @pytest.mark.parametrize("timeout", [0, -1, "abc", float("nan"), float("inf")])

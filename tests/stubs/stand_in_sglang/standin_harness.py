@@ -632,3 +632,15 @@ class StandIns:
                 proc.wait(5)
             except subprocess.TimeoutExpired:
                 pass
+        # The output and start script of the servers eaglepatch relaunched on this instance's ports (its log dir
+        # on the host, /tmp/eaglepatch, or /tmp/eaglepatch-<uid>): a port is bound by one server at a time, so
+        # these names are this test's.
+        for folder in ("/tmp/eaglepatch", f"/tmp/eaglepatch-{os.getuid()}"):
+            for port in self.ports:
+                for name in (f"server-{port}.log", f"start-{port}.sh"):
+                    path = os.path.join(folder, name)
+                    try:
+                        if os.lstat(path).st_uid == os.getuid():
+                            os.unlink(path)
+                    except OSError:
+                        pass

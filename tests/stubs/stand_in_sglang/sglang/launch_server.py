@@ -17,6 +17,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -48,12 +49,24 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--api-key")
     p.add_argument("--speculative-algorithm")
     p.add_argument("--speculative-num-steps", type=int)
+    # sglang flags the stand-in reflects in /server_info and in its sglang-like log lines (--sim-sglang-log)
+    p.add_argument("--speculative-draft-model-path", "--speculative-draft-model", dest="speculative_draft_model_path")
+    p.add_argument("--speculative-eagle-topk", type=int)
+    p.add_argument("--speculative-num-draft-tokens", type=int)
+    p.add_argument("--cuda-graph-max-bs", type=int)
+    p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--disable-overlap-schedule", action="store_true")
+    p.add_argument("--disable-custom-all-reduce", action="store_true")
+    p.add_argument("--context-length", type=int)
+    p.add_argument("--decode-log-interval", type=int, default=40)
     # the stand-in's own
     p.add_argument("--startup-delay", type=float, default=0.0)
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--ready-endpoint", action="store_true")
     p.add_argument("--accept-length", type=float, default=None)
     p.add_argument("--fail-if-exists", metavar="PATH")
+    p.add_argument("--sim-sglang-log", action="store_true")
+    p.add_argument("--sim-between-ms", type=float, default=0.0)
     # the simulated speed (milliseconds), see Speed
     p.add_argument("--sim-base-ms", type=float, default=5.0)
     p.add_argument("--sim-verify-ms", type=float, default=6.0)
@@ -90,6 +103,7 @@ class Speed:
         self.verify_s = args.sim_verify_ms * ms
         self.draft_s = args.sim_draft_ms * self.steps * ms
         self.extend_s = args.sim_extend_ms * ms
+        self.between_s = args.sim_between_ms * ms  # the scheduler's own work before each decode cycle
         self.prefill_ms = args.sim_prefill_ms
 
     def prefill_s(self, input_len: int) -> float:
@@ -134,6 +148,67 @@ class _Batch:
 class _VerifyOut:
     def __init__(self, drafts: int):
         self.accept_length_per_req_cpu = [drafts]
+
+
+def sglang_log(msg: str) -> None:
+    """A line in sglang's own log format (``[YYYY-mm-dd HH:MM:SS] msg``)."""
+    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}", flush=True)
+
+
+class DecodeLog:
+    """sglang's ``Decode batch`` line, every ``--decode-log-interval`` simulated decode cycles (of any request):
+    ``#running-req`` is the number of requests in flight, ``accept len`` the stand-in's accept length (with
+    speculation), ``cuda graph`` False with ``--disable-cuda-graph`` or more requests in flight than
+    ``--cuda-graph-max-bs``. Only with ``--sim-sglang-log``."""
+
+    def __init__(self, args: argparse.Namespace, speed: Speed):
+        self.on = args.sim_sglang_log
+        self.args, self.speed = args, speed
+        self.lock = threading.Lock()
+        self.active = 0
+        self.cycles = 0
+        self.tokens = 0
+        self.since = time.monotonic()
+
+    def request(self, delta: int) -> None:
+        with self.lock:
+            self.active += delta
+
+    def cycle(self, produced: int) -> None:
+        if not self.on:
+            return
+        with self.lock:
+            self.cycles += 1
+            self.tokens += produced
+            if self.cycles % max(1, self.args.decode_log_interval):
+                return
+            now = time.monotonic()
+            tps = self.tokens / max(now - self.since, 1e-6)
+            self.tokens, self.since = 0, now
+            running = self.active
+        graph = not self.args.disable_cuda_graph and (self.args.cuda_graph_max_bs is None
+                                                      or running <= self.args.cuda_graph_max_bs)
+        spec = ""
+        if self.speed.spec:
+            acc = self.speed.accept
+            spec = f"accept len: {acc:.2f}, accept rate: {(acc - 1) / max(1, self.speed.steps):.2f}, "
+        sglang_log(f"Decode batch, #running-req: {running}, #token: {running * 64}, token usage: 0.00, {spec}"
+                   f"cuda graph: {graph}, gen throughput (token/s): {tps:.2f}, #queue-req: 0")
+
+
+def server_args_line(args: argparse.Namespace) -> str:
+    """sglang's start-up ``server_args=ServerArgs(...)`` line, with the fields the stand-in knows."""
+    fields = [("model_path", args.model_path), ("context_length", args.context_length), ("port", args.port),
+              ("tp_size", args.tp), ("disable_overlap_schedule", args.disable_overlap_schedule),
+              ("decode_log_interval", args.decode_log_interval), ("cuda_graph_max_bs", args.cuda_graph_max_bs),
+              ("disable_cuda_graph", args.disable_cuda_graph),
+              ("disable_custom_all_reduce", args.disable_custom_all_reduce),
+              ("speculative_algorithm", args.speculative_algorithm),
+              ("speculative_draft_model_path", args.speculative_draft_model_path),
+              ("speculative_num_steps", args.speculative_num_steps),
+              ("speculative_eagle_topk", args.speculative_eagle_topk),
+              ("speculative_num_draft_tokens", args.speculative_num_draft_tokens)]
+    return "server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in fields) + ")"
 
 
 def make_engine(speed: Speed):
@@ -192,6 +267,7 @@ class State:
         self.args = args
         self.unknown = unknown
         self.speed = Speed(args, os.environ)
+        self.decode_log = DecodeLog(args, self.speed)
         self.engine = None  # the worker's entry method, once imported (make_engine)
         self.t0 = time.monotonic()
         self.requests = 0
@@ -248,6 +324,14 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                         "tp_size": args.tp,
                         "port": args.port,
                         "speculative_algorithm": args.speculative_algorithm,
+                        "speculative_draft_model_path": args.speculative_draft_model_path,
+                        "speculative_num_steps": (state.speed.steps if args.speculative_algorithm else None),
+                        "speculative_eagle_topk": args.speculative_eagle_topk,
+                        "cuda_graph_max_bs": args.cuda_graph_max_bs,
+                        "disable_cuda_graph": args.disable_cuda_graph,
+                        "disable_overlap_schedule": args.disable_overlap_schedule,
+                        "disable_custom_all_reduce": args.disable_custom_all_reduce,
+                        "context_length": args.context_length,
                         "pid": os.getpid(),
                         "argv": sys.argv,
                         "internal_states": [{"avg_spec_accept_length": state.speed.accept or 0.0}],
@@ -256,6 +340,17 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             if path == "/v1/models":
                 return self._send(200, {"object": "list", "data": [{"id": args.served_model_name or args.model_path}]})
             return self._send(404, {"detail": "Not Found"})
+
+        def setup(self) -> None:
+            super().setup()
+            # as uvicorn does: a streamed answer's small chunks go out at once, not after the last one's ACK
+            self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def parse_request(self) -> bool:
+            # e2e_latency counts from the request's arrival (its first line read), as sglang counts from its
+            # tokenizer manager's receipt of it
+            self.arrived = time.monotonic()
+            return super().parse_request()
 
         def do_POST(self) -> None:
             path = self.path.split("?", 1)[0]
@@ -288,7 +383,7 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             with state.lock:
                 state.requests += 1
                 rid = state.requests
-            t = time.monotonic()
+            t = self.arrived
             prompt_tokens = len(item) if isinstance(item, list) else max(1, len(str(item).split()))
 
             def doc(done: int, cycles: int) -> dict:
@@ -299,44 +394,53 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                     meta["spec_verify_ct"] = cycles
                 return {"text": " tok" * done, "meta_info": meta}
 
-            run_cycle(state, True, 1, speed.prefill_s(prompt_tokens))
-            done = 1
-            if emit is not None:
-                emit(doc(done, 0))
-            cycles = speed.cycles(n)
-            for i, k in enumerate(cycles):
-                run_cycle(state, False, k, speed.cycle_s)
-                done += k
+            state.decode_log.request(1)
+            try:
+                run_cycle(state, True, 1, speed.prefill_s(prompt_tokens))
+                done = 1
                 if emit is not None:
-                    emit(doc(done, i + 1))
-            return doc(done, len(cycles))
+                    emit(doc(done, 0))
+                cycles = speed.cycles(n)
+                for i, k in enumerate(cycles):
+                    run_cycle(state, False, k, speed.cycle_s)
+                    state.decode_log.cycle(k)
+                    done += k
+                    if emit is not None:
+                        emit(doc(done, i + 1))
+                return doc(done, len(cycles))
+            finally:
+                state.decode_log.request(-1)
 
         def _stream(self, item: object, n: int) -> None:
-            """sglang's streamed /generate: server-sent events, ``data: {...}`` per step, then ``data: [DONE]``."""
+            """sglang's streamed /generate: server-sent events, ``data: {...}`` per step, then ``data: [DONE]``,
+            in HTTP/1.1 chunks on a connection that stays open for the next request (as uvicorn serves it)."""
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
-            self.send_header("Connection", "close")
+            self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            self.close_connection = True
 
-            def emit(d: dict) -> None:
-                self.wfile.write(b"data: " + json.dumps(d).encode() + b"\n\n")
+            def chunk(data: bytes) -> None:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
 
             try:
-                self._generate(item, n, emit)
-                self.wfile.write(b"data: [DONE]\n\n")
+                self._generate(item, n, lambda d: chunk(b"data: " + json.dumps(d).encode() + b"\n\n"))
+                chunk(b"data: [DONE]\n\n")
+                self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
             except (BrokenPipeError, ConnectionResetError):
-                pass
+                self.close_connection = True
 
     return Handler
 
 
 def run_cycle(state: "State", extend: bool, produced: int, seconds: float) -> None:
     """One simulated forward step that takes ``seconds``: through the worker's entry method when there is one
-    (its phases sleep their parts), the rest slept after it."""
+    (its phases sleep their parts), the rest slept after it; a decode cycle is preceded by the scheduler's own work
+    (``--sim-between-ms``, outside the entry method)."""
+    if not extend and state.speed.between_s > 0:
+        time.sleep(state.speed.between_s)
     t0 = time.monotonic()
     engine = state.engine
     if engine is not None:
@@ -370,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     state = State(args, unknown)
+    if args.sim_sglang_log:
+        sglang_log(server_args_line(args))
     # bind at once (a second server on the port fails here, like sglang's), answer 503 while "loading"
     httpd = ThreadingHTTPServer((args.host, args.port), make_handler(state))
     httpd.daemon_threads = True

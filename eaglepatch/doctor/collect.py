@@ -1,0 +1,237 @@
+"""Reading a target for ``doctor``, changing nothing, and the ``doctor --json`` document.
+
+One facts round trip (the install, its servers from /proc: pid, argv, cwd, environment, children; no lock taken),
+one ``doctor`` request on the host (``op_doctor`` in ops/_remote.py: each server's log from its stdout/stderr when
+they are files, its ``/server_info``, the config.json of the models its command line names, ``nvidia-smi``), the
+new bytes of the timing logs (into this machine's cache, as ``report`` fetches them), and the sweep state files
+on this machine. Then the rules (``eaglepatch.doctor.rules``) per server.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from typing import Any, Callable, Sequence
+
+from eaglepatch.doctor.facts import (
+    LOG_FILTER,
+    LogFacts,
+    ServerFacts,
+    model_config,
+    parse_flags,
+    parse_gpu_list,
+    parse_log,
+    parse_topo,
+    server_args_of,
+)
+from eaglepatch.doctor.rules import Finding, diagnose
+from eaglepatch.doctor.facts import evidence
+
+Say = Callable[[str], None]
+# the server's environment variables that rules look at
+_ENV_KEEP = re.compile(r"^(SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN|NCCL_[A-Z_]+|CUDA_VISIBLE_DEVICES)$")
+
+
+def doctor(text: str, c: Any, say: Say, log_dir: str | None = None) -> Any:
+    """The ``doctor --json`` document of each server of the target's install (``--server-port`` picks): one
+    object for one server, a list for several."""
+    from eaglepatch.errors import UsageError
+    from eaglepatch.ops import lifecycle as lc
+    from eaglepatch.ops.actions import _facts, _Target, fetch_logs_from
+    from eaglepatch.ops.core import call, code_state
+    from eaglepatch.transform.recipe import builtin_recipe
+
+    with _Target(text, c) as t:
+        name = t.spec.name
+        facts = _facts(t, builtin_recipe(), transform=False)  # no lock: doctor changes nothing
+        servers = lc.chosen(facts, c.facts.server_ports)
+        if not servers:
+            return no_server_doc(name, facts.version, facts.package_dir)
+        patched = bool(facts.manifest) and facts.runtime_sha256 is not None
+        ldir = log_dir or ((facts.manifest or {}).get("runtime") or {}).get("log_dir") or (
+            "/tmp/eaglepatch" if patched else None)
+        payload = []
+        for srv in servers:
+            flags = parse_flags(server_args_of(srv.argv))
+            models = [m for m in (flags.get("model-path"), flags.get("speculative-draft-model-path"))
+                      if isinstance(m, str) and m]
+            env = srv.env or {}
+            payload.append({"pid": srv.pid, "children": list(srv.children), "port": srv.port,
+                            "host": srv.probe_host, "api_key": srv.api_key, "cwd": srv.cwd, "models": models,
+                            "env": {k: env[k] for k in ("HOME", "HF_HOME", "HF_HUB_CACHE") if k in env}})
+        say(f"{name}: reading {len(servers)} server(s): logs, /server_info, model configs, nvidia-smi")
+        raw = call(t.host, facts.python, "doctor", timeout=180, servers=payload, filter=LOG_FILTER)
+        folder, log_note = None, None
+        if ldir and (patched or log_dir):
+            try:
+                folder = fetch_logs_from(t.host, name, facts.python, ldir, lambda _m: None)
+            except UsageError as exc:
+                log_note = str(exc)
+        overlap = any(os.path.basename(f.path) == "eagle_worker_v2.py" for f in facts.files)
+        gpus = raw.get("gpus") or {}
+        docs = []
+        for srv, got in zip(servers, raw.get("servers") or []):
+            state = "not-patched"
+            if patched:
+                state = "stale" if code_state(srv.started_at, facts) == "stale" else "patched"
+            sf, sources = server_facts(name, facts.version, srv, got, gpus, state, ldir, folder, log_note, overlap)
+            findings = diagnose(sf)
+            docs.append(document(name, facts.version, srv, findings, sources))
+        return docs[0] if len(docs) == 1 else docs
+
+
+def no_server_doc(name: str, version: str | None, package_dir: str) -> dict[str, Any]:
+    f = Finding("no-server", "info", "no sglang server of this install is running",
+                [evidence("install", f"sglang {version or '?'} at {package_dir}: no server runs it (eaglepatch "
+                                     "status lists the servers of other installs)")],
+                "start the server (python -m sglang.launch_server ...), put load on it, then run doctor again")
+    return {"target": name, "sglang_version": version, "server": None, "findings": [f.to_json()], "sources": {}}
+
+
+def document(name: str, version: str | None, srv: Any, findings: Sequence[Finding],
+             sources: dict[str, Any]) -> dict[str, Any]:
+    """``doctor --json`` for one server (docs/contract.md)."""
+    return {"target": name, "sglang_version": version,
+            "server": {"pid": srv.pid, "argv": list(srv.argv), "port": srv.port},
+            "findings": [f.to_json() for f in findings], "sources": sources}
+
+
+def server_facts(name: str, version: str | None, srv: Any, got: dict[str, Any], gpus: dict[str, Any], patch: str,
+                 log_dir: str | None, folder: str | None, log_note: str | None,
+                 overlap: bool) -> tuple[ServerFacts, dict[str, Any]]:
+    """``ServerFacts`` of one server from what the host answered, the fetched timing logs and the sweeps here;
+    and ``sources``: what was read (or why not), for the document."""
+    sources: dict[str, Any] = {}
+    env = srv.env or {}
+    flags = parse_flags(server_args_of(srv.argv))
+    kw: dict[str, Any] = dict(target=name, version=version, pid=srv.pid, port=srv.port, argv=list(srv.argv),
+                              flags=flags, env={k: v for k, v in env.items() if _ENV_KEEP.match(k)}, patch=patch,
+                              log_dir=log_dir, overlap_workers=overlap)
+    if srv.env is None:
+        sources["environment"] = "not readable (another user's process)"
+    # the server's own answer
+    si = got.get("server_info") or {}
+    if si.get("doc") is not None:
+        kw["server_info"] = si["doc"]
+        sources["server_info"] = si.get("endpoint")
+    else:
+        sources["server_info"] = f"unavailable: {si.get('error') or 'not asked'}"
+    # its log: the file with the most decode lines (stdout and stderr are usually the same file)
+    logs = [x for x in got.get("logs") or [] if x.get("lines") is not None]
+    if logs:
+        parsed = [parse_log(x["lines"], x["path"]) for x in logs]
+        best = max(parsed, key=lambda lf: (len(lf.decode), lf.server_args is not None))
+        kw["log"] = best
+        sources["server_log"] = {"path": best.path, "decode_lines": len(best.decode)}
+    else:
+        why = [x.get("error") for x in got.get("logs") or [] if x.get("error")]
+        other = got.get("log_other") or []
+        sources["server_log"] = ("unavailable: " + ("; ".join(why) if why else
+                                                   f"stdout/stderr are not files ({', '.join(other) or 'closed'})"))
+    # the models' configs
+    configs = got.get("configs") or {}
+    for key, flag in (("target_config", "model-path"), ("draft_config", "speculative-draft-model-path")):
+        m = flags.get(flag)
+        if isinstance(m, str) and m:
+            cfg = model_config(m, configs.get(m))
+            kw[key] = cfg
+            sources[key] = cfg.path if cfg.data is not None else f"unavailable: {cfg.error} ({m})"
+    # timing records of this server's processes
+    if patch == "not-patched":
+        sources["timing_log"] = "unavailable: the install is not patched"
+    elif folder is None:
+        sources["timing_log"] = f"unavailable: {log_note or 'no log folder'}"
+    else:
+        rec = load_records(folder, {srv.pid, *srv.children})
+        kw.update(rec)
+        sources["timing_log"] = {"dir": log_dir, "records": rec.get("records", 0), "timer": rec.get("timer")}
+    # sweeps of this server kept on this machine
+    kw["sweep"] = find_sweep(name, srv)
+    sources["sweep"] = kw["sweep"]["path"] if kw["sweep"] else "none of this server on this machine"
+    # the GPUs
+    if gpus.get("error"):
+        sources["nvidia_smi"] = f"unavailable: {gpus['error']}"
+    else:
+        kw["gpus"] = tuple(parse_gpu_list(gpus.get("list") or ""))
+        kw["topo"] = parse_topo(gpus.get("topo") or "")
+        sources["nvidia_smi"] = {"gpus": len(kw["gpus"]), "topology": bool(kw["topo"])}
+    return ServerFacts(**kw), sources
+
+
+def load_records(folder: str, pids: set[int]) -> dict[str, Any]:
+    """The ``ServerFacts`` fields from the timing records that the server's processes wrote (their files in
+    ``folder``): ``decode`` (the decode group of them all), ``by_rank``, ``by_bs``, ``timer``, ``records``; an
+    empty dict when there are none."""
+    from eaglepatch import report as rep
+
+    from eaglepatch.ops.actions import logs_of
+
+    files = logs_of(sorted(glob.glob(os.path.join(folder, "*.jsonl"))), pids)
+    if not files:
+        return {}
+
+    def decode_groups(by: str | None) -> tuple[tuple[dict[str, Any], ...], Any]:
+        res = rep.aggregate(files, by=by, merge_runs=True)
+        return tuple(g.to_json() for g in res.groups if g.mode == "decode"), res
+
+    groups, res = decode_groups(None)
+    if not groups:
+        return {}
+    timers = sorted({part for r in res.runs for part in (r.timer or "").split("+") if part})
+    return {"decode": groups[0], "records": sum(g["n"] for g in groups), "timer": "+".join(timers) or None,
+            "by_rank": decode_groups("rank")[0], "by_bs": decode_groups("bs")[0]}
+
+
+def _point_of(key: str) -> Any:
+    from eaglepatch.tuning import sweep as sw
+
+    d = json.loads(key)
+    return sw.Point(flags=tuple(tuple(x) for x in d.get("flags") or ()),
+                    env=tuple(tuple(x) for x in d.get("env") or ()), baseline=bool(d.get("baseline")))
+
+
+def find_sweep(name: str, srv: Any, cache: str | None = None) -> dict[str, Any] | None:
+    """The newest sweep of this server kept on this machine (a state file of ``eaglepatch sweep`` whose target is
+    ``name`` and whose server listened on the same port), preferring one with a baseline that ran: its
+    ``sweep --json`` summary, plus ``path``, ``load`` and ``current`` (the point whose runs had this very command
+    line, or None)."""
+    from eaglepatch.tuning import sweep as sw
+
+    found = []
+    for path in glob.glob(os.path.join(cache or sw.cache_dir(), "*.jsonl")):
+        try:
+            state = sw.StateFile(path)
+        except OSError:
+            continue
+        head = state.header or {}
+        if head.get("target") != name or (head.get("original") or {}).get("port") != srv.port:
+            continue
+        try:
+            points = [_point_of(k) for k in head.get("points") or ()]
+        except (ValueError, TypeError):
+            continue
+        if not points or not state.runs:
+            continue
+        summary = sw.summarize(name, points, state.runs, any(p.baseline for p in points), int(head.get("repeat", 1)))
+        summary["path"] = path
+        summary["load"] = head.get("load") or {}
+        summary["current"] = None
+        for i, p in enumerate(points):
+            if any(r.get("point") == p.key and r.get("status") == "ok" and list(r.get("argv") or ()) == list(srv.argv)
+                   for r in state.runs):
+                summary["current"] = i
+                break
+        b = summary.get("baseline")
+        base_ok = b is not None and summary["points"][b].get("status") == "ok"
+        found.append((base_ok, os.path.getmtime(path), summary))
+    if not found:
+        return None
+    return max(found, key=lambda x: (x[0], x[1]))[2]
+
+
+def facts_for_log(lines: Sequence[str]) -> LogFacts:
+    """``parse_log`` of raw log lines after the host's filter (for tests and tools)."""
+    pat = re.compile(LOG_FILTER)
+    return parse_log([ln for ln in lines if pat.search(ln)])

@@ -1,0 +1,466 @@
+"""Each rule of ``eaglepatch doctor`` (eaglepatch/doctor/rules.py) on facts, with its healthy counterpart: the
+finding when its condition holds, none when it does not (no false alarm), none when the evidence it needs is
+missing. Timing records are written as JSONL and read through the real aggregation (``collect.load_records``);
+sweeps through real state files (``collect.find_sweep``); log lines come from the real corpus.
+
+Every test can fail: a threshold moved, a condition inverted, a rule that guesses without evidence, a healthy
+server flagged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from eaglepatch.tuning import sweep as sw
+from eaglepatch.doctor import rules as R
+from eaglepatch.doctor.collect import find_sweep, load_records
+from eaglepatch.doctor.facts import ModelConfig, ServerFacts, parse_log, parse_topo
+
+LOGS = Path(__file__).resolve().parents[1] / "data" / "sglang_logs" / "0.5.16"
+TARGET = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "vocab_size": 128256,
+          "max_position_embeddings": 8192}
+EAGLE3 = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 4096, "vocab_size": 128256,
+          "draft_vocab_size": 32000, "max_position_embeddings": 8192}
+ARGV = ["/v/bin/python", "-m", "sglang.launch_server", "--model-path", "/m/target", "--speculative-algorithm",
+        "EAGLE3", "--speculative-draft-model-path", "/m/draft", "--speculative-num-steps", "3",
+        "--speculative-eagle-topk", "1", "--port", "30000"]
+
+
+def facts(algorithm: str | None = "EAGLE3", target: dict | None = None, draft: dict | None = None,
+          **kw) -> ServerFacts:
+    flags = {"model-path": "/m/target", "port": "30000"}
+    if algorithm:
+        flags.update({"speculative-algorithm": algorithm, "speculative-draft-model-path": "/m/draft",
+                      "speculative-num-steps": "3", "speculative-eagle-topk": "1"})
+    flags.update(kw.pop("flags", {}))
+    return ServerFacts(target="gpu1", version="0.5.16", pid=4242, port=30000, argv=list(ARGV), flags=flags,
+                       patch=kw.pop("patch", "patched"), log_dir="/tmp/eaglepatch",
+                       target_config=ModelConfig("/m/target", "/m/target/config.json", target) if target else None,
+                       draft_config=ModelConfig("/m/draft", "/m/draft/config.json", draft) if draft else None, **kw)
+
+
+def log(name: str):
+    return parse_log((LOGS / name).read_text().splitlines(), str(LOGS / name))
+
+
+def ids(f: ServerFacts) -> list[str]:
+    return [x.id for x in R.diagnose(f)]
+
+
+def write_records(folder: Path, pid: int, *, rank: int = 0, n: int = 60, cycle: float = 2.0,
+                  phases: dict | None = None, host: tuple[float, dict] | None = None, gap: float = 0.3,
+                  accept: float = 1.0, bs: int = 1, timer: str = "events", t0: float = 1.7e9) -> None:
+    """``n`` decode records of one process, ``gap`` ms apart (the scheduler's time between cycles)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    t = t0
+    with open(folder / f"gpu1-{pid}-rank{rank}.jsonl", "a") as out:
+        for _ in range(n):
+            rec = {"v": 1, "t": round(t, 6), "host": "gpu1", "pid": pid, "rank": rank, "worker": "EAGLEWorkerV2",
+                   "mode": "decode", "bs": bs, "cycle_ms": cycle, "timer": timer,
+                   "phases": phases or {"draft": 0.5, "verify": 1.0, "draft_extend": 0.5}, "accepted": accept * bs}
+            if host:
+                rec["host_cycle_ms"], rec["host_phases"] = host
+            out.write(json.dumps(rec) + "\n")
+            t += ((host[0] if host else cycle) + gap) / 1000
+
+
+def with_records(f: ServerFacts, tmp_path: Path, pids=(4242,), **kw) -> ServerFacts:
+    for pid in pids:
+        write_records(tmp_path, pid, **kw)
+    return loaded(f, tmp_path, set(pids))
+
+
+def loaded(f: ServerFacts, folder: Path, pids: set[int]) -> ServerFacts:
+    """``f`` with the records of ``pids`` in ``folder``, read as doctor reads them."""
+    return dataclasses.replace(f, **load_records(str(folder), pids))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# eagle3-draft-as-eagle
+
+
+def test_eagle3_draft_as_eagle_and_its_healthy_counterparts():
+    """EAGLE (or NEXTN, which sglang 0.5.16 resolves to EAGLE) with an EAGLE-3 draft: high, with the flag and the
+    config's architectures as evidence. EAGLE3 with it, EAGLE with an EAGLE(-2) draft, or no draft config read:
+    nothing."""
+    f = facts("EAGLE", TARGET, EAGLE3)
+    [found] = [x for x in R.diagnose(f) if x.id == "eagle3-draft-as-eagle"]
+    assert found.severity == "high" and "EAGLE3" in found.next
+    assert {e["source"] for e in found.evidence} == {"command-line", "config"}
+    assert "under --speculative-algorithm NEXTN" in R.eagle3_draft_as_eagle(facts("NEXTN", TARGET, EAGLE3)).title
+    assert R.eagle3_draft_as_eagle(facts("EAGLE3", TARGET, EAGLE3)) is None
+    assert R.eagle3_draft_as_eagle(facts("EAGLE", TARGET, dict(EAGLE3, architectures=["LlamaForCausalLMEagle"]))) is None
+    assert R.eagle3_draft_as_eagle(facts("EAGLE", TARGET, None)) is None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# draft-mismatch
+
+
+@pytest.mark.parametrize("draft,what", [
+    (dict(EAGLE3, vocab_size=32000), "vocabulary"),
+    (dict(EAGLE3, hidden_size=5120), "hidden size"),
+    (dict(EAGLE3, hidden_size=5120, vocab_size=152064), "vocabulary and hidden size"),
+    (dict(EAGLE3, hidden_size=2048, target_hidden_size=5120), "hidden size"),
+])
+def test_draft_mismatch(draft, what):
+    """A draft whose vocab_size or hidden size (target_hidden_size when it gives one) differs from the target's."""
+    found = R.draft_mismatch(facts("EAGLE3", TARGET, draft))
+    assert found is not None and found.severity == "high" and what in found.title
+
+
+def test_draft_mismatch_healthy_counterparts():
+    """Same sizes; an EAGLE-3 draft with a small hidden size but target_hidden_size matching; a STANDALONE draft
+    (a small model of its own, with its own sizes); a config not read: nothing."""
+    assert R.draft_mismatch(facts("EAGLE3", TARGET, EAGLE3)) is None
+    assert R.draft_mismatch(facts("EAGLE3", TARGET, dict(EAGLE3, hidden_size=2048, target_hidden_size=4096))) is None
+    assert R.draft_mismatch(facts("STANDALONE", TARGET, dict(TARGET, hidden_size=1024))) is None
+    assert R.draft_mismatch(facts("EAGLE3", TARGET, None)) is None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# draft-context-short
+
+
+def test_draft_context_short():
+    """Draft trained for 2048, server takes the target's 8192 (sglang allowed it with the override variable,
+    and logged the override): medium, with those as evidence."""
+    f = facts("EAGLE3", TARGET, dict(EAGLE3, max_position_embeddings=2048),
+              env={"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"},
+              log=parse_log(["[2026-01-01 00:00:00] Overriding the draft model's max_position_embeddings to 8192."]))
+    found = R.draft_context_short(f)
+    assert found.severity == "medium" and "2048" in found.title and "8192" in found.title
+    assert {e["source"] for e in found.evidence} == {"config", "server-log", "environment"}
+    assert "--context-length 2048" in found.next
+
+
+def test_draft_context_short_healthy_counterparts():
+    """Equal contexts; a draft with rope scaling that covers the target; a server capped with --context-length at
+    the draft's; no draft config: nothing."""
+    assert R.draft_context_short(facts("EAGLE3", TARGET, EAGLE3)) is None
+    scaled = dict(EAGLE3, max_position_embeddings=2048, rope_scaling={"factor": 4.0})
+    assert R.draft_context_short(facts("EAGLE3", TARGET, scaled)) is None
+    capped = facts("EAGLE3", TARGET, dict(EAGLE3, max_position_embeddings=2048), flags={"context-length": "2048"})
+    assert R.draft_context_short(capped) is None
+    assert R.draft_context_short(facts("EAGLE3", TARGET, None)) is None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# accept-length-low
+
+
+def test_accept_length_low_from_the_real_random_draft_log():
+    """The real random-draft decode lines (accept len 1.00) and the server's own average: high; the next step
+    names the EAGLE-3-as-EAGLE cause when that finding holds too."""
+    f = facts("EAGLE3", log=log("eagle3_random_draft_decode.log"),
+              server_info={"internal_states": [{"avg_spec_accept_length": 1.0}]})
+    found = R.accept_length_low(f)
+    assert found.severity == "high" and found.title.startswith("accept length 1.00")
+    assert [e["source"] for e in found.evidence][:2] == ["server-log", "server-info"]
+    assert "accept len: 1.00" in found.evidence[0]["line"]
+    caused = R.accept_length_low(facts("EAGLE", TARGET, EAGLE3, log=log("eagle3_random_draft_decode.log")))
+    assert "eagle3-draft-as-eagle" in caused.next
+
+
+def test_accept_length_low_healthy_counterparts(tmp_path):
+    """The real agreeing-draft lines (4.00); one source at 1.0 but another at 3.0 (the evidence seen disagrees:
+    no finding); no speculation; nothing measured (a server_info average of 0 before any decode): nothing."""
+    assert R.accept_length_low(facts("EAGLE3", log=log("eagle3_agree_draft_decode.log"))) is None
+    mixed = with_records(facts("EAGLE3", log=log("eagle3_random_draft_decode.log")), tmp_path, accept=3.0)
+    assert R.accept_length_low(mixed) is None
+    assert R.accept_length_low(facts(None, log=log("eagle3_random_draft_decode.log"))) is None
+    assert R.accept_length_low(facts("EAGLE3", server_info={"internal_states": [{"avg_spec_accept_length": 0.0}]})) is None
+    assert R.accept_length_low(facts("EAGLE3", log=parse_log([]))) is None
+
+
+def test_accept_length_from_records_alone(tmp_path):
+    """1.1 tokens per cycle in the timing records alone is enough (at most 1.2); 1.3 is not."""
+    assert R.accept_length_low(with_records(facts("EAGLE3"), tmp_path / "a", accept=1.1)) is not None
+    assert R.accept_length_low(with_records(facts("EAGLE3"), tmp_path / "b", accept=1.3)) is None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# speculation-slower (sweep state files, as eaglepatch sweep writes them)
+
+
+def state_file(cache: Path, results: dict, port: int = 30000, argv_of=None, target: str = "gpu1") -> None:
+    """A finished sweep of ``target`` with ``--baseline``: ``results`` maps a steps value (None: the baseline) to
+    its tok/s."""
+    points = [sw.Point(baseline=True)] + [sw.Point(flags=(("speculative-num-steps", str(k)),))
+                                          for k in results if k is not None]
+    st = sw.StateFile(str(cache / f"{target}-{len(results)}.jsonl"))
+    st.write_header({"version": 1, "target": target, "original": {"argv": ARGV, "port": port},
+                     "points": [p.key for p in points], "repeat": 1,
+                     "load": {"requests": 32, "concurrency": 4}})
+    for i, p in enumerate(points):
+        k = None if p.baseline else int(p.flags[0][1])
+        argv = (argv_of or (lambda k: ARGV if k == 3 else ARGV[:-2] + [f"--x{k}", "1"]))(k)
+        st.add_run({"point": p.key, "index": i, "rep": 0, "argv": argv, "status": "ok",
+                    "tokens_per_s": results[k], "accept_len": None if k is None else 2.5, "phases_p50": {}})
+
+
+def test_speculation_slower_for_this_command_line(tmp_path):
+    """This very command line (steps 3) ran at 150 tok/s, no speculation at 200: high; steps 2 at 260 is the
+    sweep's best, so the next step is to relaunch with it."""
+    state_file(tmp_path, {None: 200.0, 3: 150.0, 2: 260.0})
+    f = facts("EAGLE3", sweep=find_sweep("gpu1", SimpleNamespace(port=30000, argv=ARGV), cache=str(tmp_path)))
+    assert f.sweep["current"] is not None
+    found = R.speculation_slower(f)
+    assert found.severity == "high" and "this command line" in found.title
+    assert "speculative-num-steps=2" in found.next
+    assert [e["text"].split(":")[0] for e in found.evidence] == ["baseline (no speculation)", "speculative-num-steps=3"]
+
+
+def test_speculation_slower_when_every_point_was(tmp_path):
+    """No point ran this command line, and every speculative point was slower than no speculation: high, and the
+    next step is to run without speculation."""
+    state_file(tmp_path, {None: 200.0, 1: 150.0, 5: 120.0}, argv_of=lambda k: ARGV[:-2] + ["--y", str(k)])
+    f = facts("EAGLE3", sweep=find_sweep("gpu1", SimpleNamespace(port=30000, argv=ARGV), cache=str(tmp_path)))
+    assert f.sweep["current"] is None
+    found = R.speculation_slower(f)
+    assert "every speculative point" in found.title and "without speculation" in found.next
+
+
+def test_speculation_slower_healthy_counterparts(tmp_path):
+    """This command line faster than the baseline; one speculative point faster when this one did not run; a
+    sweep of another target or another port; no sweep at all: nothing."""
+    state_file(tmp_path / "a", {None: 200.0, 3: 260.0})
+    srv = SimpleNamespace(port=30000, argv=ARGV)
+    assert R.speculation_slower(facts(sweep=find_sweep("gpu1", srv, cache=str(tmp_path / "a")))) is None
+    state_file(tmp_path / "b", {None: 200.0, 1: 150.0, 5: 220.0}, argv_of=lambda k: ARGV[:-2] + ["--y", str(k)])
+    assert R.speculation_slower(facts(sweep=find_sweep("gpu1", srv, cache=str(tmp_path / "b")))) is None
+    state_file(tmp_path / "c", {None: 200.0, 3: 150.0}, port=30001)
+    assert find_sweep("gpu1", srv, cache=str(tmp_path / "c")) is None
+    assert find_sweep("gpu2", srv, cache=str(tmp_path / "a")) is None
+    assert R.speculation_slower(facts(sweep=None)) is None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# cuda-graph-off
+
+
+def test_cuda_graph_disabled_by_flag_or_server_info():
+    """--disable-cuda-graph (or /server_info saying so): high, and the next step drops the flag."""
+    found = R.cuda_graph_off(facts(flags={"disable-cuda-graph": True}))
+    assert found.severity == "high" and "without --disable-cuda-graph" in found.next
+    assert R.cuda_graph_off(facts(server_info={"disable_cuda_graph": True})).severity == "high"
+
+
+def test_cuda_graph_off_from_decode_lines():
+    """Decode lines that say cuda graph: False with more running requests than the largest captured batch: high
+    when most lines do (with the flag to raise to the largest batch seen), medium when few do."""
+    off = ("[2026-01-01 00:00:00] Decode batch, #running-req: 24, #token: 900, token usage: 0.01, accept len: 2.50, "
+           "accept rate: 0.50, cuda graph: False, gen throughput (token/s): 900.00, #queue-req: 0")
+    on = off.replace("#running-req: 24", "#running-req: 8").replace("cuda graph: False", "cuda graph: True")
+    f = facts(flags={"cuda-graph-max-bs": "16"}, log=parse_log([on, off, off]))
+    found = R.cuda_graph_off(f)
+    assert found.severity == "high" and "--cuda-graph-max-bs 24" in found.next
+    assert "2 of 3 decode batch line(s)" in found.evidence[0]["text"]
+    assert R.cuda_graph_off(facts(flags={"cuda-graph-max-bs": "16"}, log=parse_log([on, on, on, off]))).severity == "medium"
+
+
+def test_cuda_graph_off_from_batch_sizes_in_the_records(tmp_path):
+    """Decode cycles at batch size 24 with graphs captured up to 16 (no log read): medium."""
+    write_records(tmp_path, 4242, bs=8, n=30)
+    write_records(tmp_path, 4242, bs=24, n=30, t0=1.7e9 + 10)
+    f = loaded(facts(flags={"cuda-graph-max-bs": "16"}), tmp_path, {4242})
+    found = R.cuda_graph_off(f)
+    assert found.severity == "medium" and "30 decode cycle(s) at batch sizes 24 > 16" in found.evidence[0]["text"]
+
+
+def test_cuda_graph_healthy_counterparts(tmp_path):
+    """The real 0.5.16 log (graphs on, 4 requests, captured to 16), whose prefill lines say cuda graph: False;
+    records within the captured batch sizes; nothing read: nothing."""
+    assert R.cuda_graph_off(facts(log=log("eagle3_random_draft_two_launches.log"))) is None
+    text = (LOGS / "eagle3_random_draft_two_launches.log").read_text().splitlines()
+    first = text[:[i for i, ln in enumerate(text) if "server_args=" in ln][1]]
+    assert any("Prefill batch" in ln and "cuda graph: False" in ln for ln in first)
+    assert R.cuda_graph_off(facts(log=parse_log(first))) is None
+    assert R.cuda_graph_off(with_records(facts(flags={"cuda-graph-max-bs": "16"}), tmp_path, bs=16)) is None
+    assert R.cuda_graph_off(facts()) is None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# too-many-steps
+
+
+def test_too_many_steps(tmp_path):
+    """5 steps, accept length 3.2, 2 ms per draft step, verify 6 ms, extend 1 ms: the model favours 2 steps
+    (about 10% faster per token); the next step sweeps 2..5; the evidence gives the break-even from the sweep's
+    baseline when there is one, else from verify."""
+    f = with_records(facts(flags={"speculative-num-steps": "5"}), tmp_path, cycle=17.0, phases={"draft": 10.0, "verify": 6.0, "draft_extend": 1.0}, accept=3.2,
+                 gap=0.2)
+    found = R.too_many_steps(f)
+    assert found.severity == "medium" and found.title.startswith("5 draft steps cost more than they buy: 2 ")
+    assert "--grid speculative-num-steps=2,3,5" in found.next
+    assert any("break-even" in e["text"] for e in found.evidence)
+    assert any("one verify" in e["text"] for e in found.evidence)  # no sweep: estimated
+
+
+def test_too_many_steps_healthy_counterparts(tmp_path):
+    """Every draft token accepted at 3 steps (more steps would pay); top-k 2 (a tree: the chain model does not
+    apply); accept length 1.0 (accept-length-low's); no records: nothing."""
+    ph = {"draft": 3.0, "verify": 6.0, "draft_extend": 1.0}
+    assert R.too_many_steps(with_records(facts(), tmp_path / "a", cycle=10.0, phases=ph, accept=4.0)) is None
+    tree = facts(flags={"speculative-eagle-topk": "2"})
+    assert R.too_many_steps(with_records(tree, tmp_path / "b", cycle=10.0, phases=ph, accept=2.0)) is None
+    assert R.too_many_steps(with_records(facts(), tmp_path / "c", cycle=10.0, phases=ph, accept=1.0)) is None
+    assert R.too_many_steps(facts()) is None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# host-bound
+
+
+def test_host_bound_by_the_time_between_cycles(tmp_path):
+    """The real testbed's figures (cycle 2.14 ms, between 1.03 ms: 48%): host-bound."""
+    found = R.host_bound(with_records(facts(), tmp_path, cycle=2.14, gap=1.03, timer="sync"))
+    assert found is not None and "1.03 ms against a decode cycle p50 of 2.14 ms (48%)" in found.evidence[0]["text"]
+    assert "speculative-num-steps=1,2,3" in found.next
+
+
+def test_host_bound_by_the_events_timer(tmp_path):
+    """Events timer: host time 0.95 of the GPU time, little time between cycles: host-bound, with the per-phase
+    host and GPU times as evidence."""
+    host = (1.9, {"draft": 0.46, "verify": 0.86, "draft_extend": 0.58})
+    found = R.host_bound(with_records(facts(), tmp_path, cycle=2.0, gap=0.1, host=host))
+    assert found is not None and "host/GPU 0.95" in found.evidence[0]["text"]
+    assert "draft GPU 0.50 ms host 0.46 ms" in found.evidence[0]["text"]
+
+
+def test_host_bound_healthy_counterpart(tmp_path):
+    """A GPU-bound server: host time half the GPU's, 10% between cycles: nothing; no records: nothing."""
+    host = (1.0, {"draft": 0.2, "verify": 0.6, "draft_extend": 0.2})
+    assert R.host_bound(with_records(facts(), tmp_path, cycle=2.0, gap=0.2, host=host)) is None
+    assert R.host_bound(facts()) is None
+
+
+def test_host_bound_names_the_overlap_scheduler_when_it_is_off(tmp_path):
+    f = with_records(facts(flags={"disable-overlap-schedule": True}), tmp_path, cycle=2.0, gap=1.5)
+    assert "without --disable-overlap-schedule" in R.host_bound(f).next
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# rank-skew
+
+
+def test_rank_skew(tmp_path):
+    """TP 2: rank 1's verify 7.2 ms against rank 0's 6.0 ms (1.2x): the slow rank and its GPU are named (rank 1
+    on CUDA_VISIBLE_DEVICES=2,3 is GPU 3)."""
+    write_records(tmp_path, 100, rank=0, phases={"draft": 1.0, "verify": 6.0, "draft_extend": 1.0}, cycle=8.0)
+    write_records(tmp_path, 101, rank=1, phases={"draft": 1.0, "verify": 7.2, "draft_extend": 1.0}, cycle=9.2)
+    f = loaded(facts(flags={"tp-size": "2"}, env={"CUDA_VISIBLE_DEVICES": "2,3"}), tmp_path, {100, 101})
+    found = R.rank_skew(f)
+    assert found.title.startswith("rank 1's verify is 1.20x") and "-i 3" in found.next
+    assert [e["text"].split(":")[0] for e in found.evidence] == ["rank 0 (GPU 2)", "rank 1 (GPU 3)"]
+
+
+def test_rank_skew_healthy_counterparts(tmp_path):
+    """5% apart; one rank only: nothing."""
+    write_records(tmp_path, 100, rank=0, phases={"draft": 1.0, "verify": 6.0, "draft_extend": 1.0})
+    write_records(tmp_path, 101, rank=1, phases={"draft": 1.0, "verify": 6.3, "draft_extend": 1.0})
+    assert R.rank_skew(loaded(facts(flags={"tp-size": "2"}), tmp_path, {100, 101})) is None
+    assert R.rank_skew(loaded(facts(flags={"tp-size": "2"}), tmp_path, {100})) is None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# tp-communication
+
+
+def test_tp_communication(tmp_path):
+    """TP 2 with the custom all-reduce disabled: low; medium once the records show verify at half the cycle or
+    more; NCCL_P2P_DISABLE=1 and GPUs linked over SYS count too."""
+    low = R.tp_communication(facts(flags={"tp-size": "2", "disable-custom-all-reduce": True}))
+    assert low.severity == "low" and "--grid disable-custom-all-reduce=off,on" in low.next
+    f = with_records(facts(flags={"tp-size": "2", "disable-custom-all-reduce": True}), tmp_path, cycle=8.0,
+                     phases={"draft": 1.0, "verify": 6.0, "draft_extend": 1.0})
+    assert R.tp_communication(f).severity == "medium"
+    env = R.tp_communication(facts(flags={"tp-size": "2"}, env={"NCCL_P2P_DISABLE": "1"}))
+    assert "--env NCCL_P2P_DISABLE=0,1" in env.next
+    topo = parse_topo("\tGPU0\tGPU1\nGPU0\t X \tSYS\nGPU1\tSYS\t X \n")
+    assert "GPU0-GPU1 SYS" in R.tp_communication(facts(flags={"tp-size": "2"}, topo=topo)).evidence[0]["text"]
+
+
+def test_tp_communication_healthy_counterparts():
+    """TP 1 with the flag; TP 2 with NVLink and nothing disabled: nothing."""
+    assert R.tp_communication(facts(flags={"disable-custom-all-reduce": True})) is None
+    topo = parse_topo("\tGPU0\tGPU1\nGPU0\t X \tNV18\nGPU1\tNV18\t X \n")
+    assert R.tp_communication(facts(flags={"tp-size": "2"}, topo=topo)) is None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# sync-on-overlap
+
+
+def test_sync_on_overlap(tmp_path):
+    """Sync-timer records on a server that runs the overlap scheduler (as /server_info says, or from the command
+    line and an install with the V2 workers): medium, next: apply --mode auto."""
+    f = with_records(facts(server_info={"disable_overlap_schedule": False}), tmp_path / "a", timer="sync")
+    found = R.sync_on_overlap(f)
+    assert found.severity == "medium" and "--mode auto" in found.next
+    g = with_records(facts(overlap_workers=True), tmp_path / "b", timer="sync")
+    assert R.sync_on_overlap(g) is not None
+
+
+def test_sync_on_overlap_healthy_counterparts(tmp_path):
+    """Events records; sync records with the overlap scheduler off (flag or server_info); an install without V2
+    workers and nothing else said: nothing."""
+    assert R.sync_on_overlap(with_records(facts(overlap_workers=True), tmp_path / "a", timer="events")) is None
+    off = facts(overlap_workers=True, flags={"disable-overlap-schedule": True})
+    assert R.sync_on_overlap(with_records(off, tmp_path / "b", timer="sync")) is None
+    si = facts(server_info={"disable_overlap_schedule": True})
+    assert R.sync_on_overlap(with_records(si, tmp_path / "c", timer="sync")) is None
+    assert R.sync_on_overlap(with_records(facts(), tmp_path / "d", timer="sync")) is None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# not-patched, no-timing-records, the order
+
+
+def test_not_patched_and_no_records():
+    """Not patched: info, naming the findings that need records; stale: restart; patched without records:
+    no-timing-records; patched with records: neither."""
+    np = R.not_patched(facts(patch="not-patched"))
+    assert np.severity == "info" and "eaglepatch apply gpu1" in np.next and "host-bound" in np.next
+    assert "eaglepatch restart gpu1" in R.not_patched(facts(patch="stale")).next
+    assert R.not_patched(facts(patch="patched")) is None
+    assert R.no_timing_records(facts(patch="patched")).id == "no-timing-records"
+    assert R.no_timing_records(facts(patch="patched", records=5)) is None
+    assert R.no_timing_records(facts(patch="not-patched")) is None
+
+
+def test_findings_are_ordered_by_severity_and_shaped_as_the_contract_says(tmp_path):
+    """High first, then medium, low, info; each {id, severity, title, evidence [{source, text}], next}."""
+    f = facts("EAGLE", TARGET, dict(EAGLE3, max_position_embeddings=2048),
+              flags={"tp-size": "2", "disable-custom-all-reduce": True}, patch="not-patched",
+              log=log("eagle3_random_draft_decode.log"))
+    found = R.diagnose(f)
+    assert [x.id for x in found] == ["eagle3-draft-as-eagle", "accept-length-low", "draft-context-short",
+                                     "tp-communication", "not-patched"]
+    sev = [R.SEVERITIES.index(x.severity) for x in found]
+    assert sev == sorted(sev)
+    for x in found:
+        doc = x.to_json()
+        assert set(doc) == {"id", "severity", "title", "evidence", "next"} and doc["evidence"]
+        assert all({"source", "text"} <= set(e) for e in doc["evidence"])
+
+
+def test_a_healthy_patched_server_has_no_finding(tmp_path):
+    """EAGLE3 with its own draft, accept length 3.5, GPU-bound cycles, graphs on, the real agreeing log: nothing."""
+    f = facts("EAGLE3", TARGET, EAGLE3, log=log("eagle3_agree_draft_decode.log"), flags={"cuda-graph-max-bs": "16"},
+              server_info={"disable_overlap_schedule": False})
+    host = (5.0, {"draft": 1.0, "verify": 3.0, "draft_extend": 1.0})
+    f = with_records(f, tmp_path, cycle=10.0, phases={"draft": 2.0, "verify": 7.0, "draft_extend": 1.0}, accept=3.5,
+                 host=host, gap=0.5, bs=8)
+    assert ids(f) == []
+
+
+def test_every_rule_has_a_docstring_with_its_id():
+    """docs/doctor.md is written from these: each rule states its id and condition."""
+    for name, rule in R.RULES:
+        assert rule.__doc__ and f"``{name}``" in rule.__doc__, name

@@ -1,0 +1,604 @@
+"""The steps of the program that runs on the target (eaglepatch/ops/_remote.py): ``op_facts``'s (find the package,
+list the worker files, read the manifest and backups, the runtime, take the lock, writability) and ``_execute``'s
+(check what is there, stage temp files and compile, back up, write the manifest, swap in, undo), each run here on a
+temporary folder laid out like an install.
+
+ops/_remote.py cannot be imported alone (it uses ``op_scan``, ``OPS`` and ``parse_server_args`` of
+server/_remote.py, and runs appended to it): ``Remote`` executes the whole program, as ``core.remote_program()``
+builds it for the host, into a fresh namespace per test, so a test may replace one of its functions (``_replace``,
+``_fault``, ``os``) the way the program's own functions will see it.
+
+The plans executed here are made with ``eaglepatch.ops.core.Write.payload``, as ``Session.execute`` makes them.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import socket
+import stat
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from eaglepatch.ops.core import Write, remote_program
+
+_CODE = compile(remote_program(), "<eaglepatch remote program>", "exec")
+TOKEN = "0123456789abcdef"
+
+
+class Remote:
+    """The remote program in a namespace of its own: ``remote.exec_stage(...)`` calls its function; ``remote.set``
+    replaces a global that its functions look up when they run."""
+
+    def __init__(self) -> None:
+        self.g: dict[str, Any] = {"__name__": "eaglepatch_remote_under_test"}
+        exec(_CODE, self.g)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.g[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def set(self, name: str, value: Any) -> None:
+        assert name in self.g, f"the remote program has no {name}"
+        self.g[name] = value
+
+
+@pytest.fixture
+def remote() -> Remote:
+    return Remote()
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+V1 = (b"class EAGLEWorker(TpModelWorker):\n"
+      b"    def forward_batch_generation(self, batch):\n"
+      b"        return self.verify(batch, self.draft(batch))\n")
+V1_NEW = V1.replace(b"    def forward", b"    @_eaglepatch.entry  # [eaglepatch]\n    def forward")
+RUNTIME = b"_CONFIG = {}  # eaglepatch:config\n"
+
+
+class Install:
+    """A temporary install: <root>/lib/python3.10/site-packages/sglang with srt/speculative/eagle_worker.py."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.pkg = root / "lib" / "python3.10" / "site-packages" / "sglang"
+        self.spec = self.pkg / "srt" / "speculative"
+        self.spec.mkdir(parents=True)
+        (self.pkg / "__init__.py").write_text("")
+        (self.pkg / "version.py").write_text('__version__ = "0.5.3"\n')
+        self.worker = self.spec / "eagle_worker.py"
+        self.worker.write_bytes(V1)
+        self.worker.chmod(0o640)
+        self.runtime = self.spec / "_eaglepatch_runtime.py"
+        self.backup_dir = self.spec / ".eaglepatch"
+        self.backup = self.backup_dir / "eagle_worker.py.orig"
+        self.manifest = self.backup_dir / "manifest.json"
+        self.lock = self.spec / ".eaglepatch.lock"
+
+    def take_lock(self, token: str = TOKEN) -> None:
+        self.lock.write_text(json.dumps({"token": token, "time": time.time()}))
+
+    def snapshot(self) -> dict[str, str]:
+        """Every path under the root: a file's sha256 and mode, a folder's mode."""
+        out = {}
+        for dirpath, dirs, files in os.walk(self.root):
+            for name in dirs + files:
+                p = Path(dirpath) / name
+                mode = oct(stat.S_IMODE(p.lstat().st_mode))
+                out[str(p.relative_to(self.root))] = f"dir {mode}" if p.is_dir() else f"{sha(p.read_bytes())} {mode}"
+        return out
+
+    def payload(self, writes: list[Write], manifest: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
+        """An execute request as ``Session.execute`` sends it (the runtime's expected bytes: what is there)."""
+        items = []
+        for w in writes:
+            p = w.payload()
+            if w.path == str(self.runtime):
+                p["expect_sha256"] = sha(self.runtime.read_bytes()) if self.runtime.exists() else None
+            items.append(p)
+        return dict({"token": TOKEN, "lock_path": str(self.lock), "writes": items,
+                     "manifest": {"path": str(self.manifest), "data": manifest}, "fault": None, "then": None}, **extra)
+
+    def apply_plan(self) -> list[Write]:
+        """What ``plan_apply`` plans for a pristine worker: the patched file (backed up first), a new runtime."""
+        return [Write(str(self.worker), "sglang/srt/speculative/eagle_worker.py", V1, V1_NEW, backup=str(self.backup)),
+                Write(str(self.runtime), "sglang/srt/speculative/_eaglepatch_runtime.py", None, RUNTIME)]
+
+    def revert_plan(self) -> list[Write]:
+        """What ``plan_revert`` plans for the install ``apply_plan`` left: the original back, the runtime and the
+        backup removed."""
+        return [Write(str(self.worker), "sglang/srt/speculative/eagle_worker.py", V1_NEW, V1),
+                Write(str(self.runtime), "sglang/srt/speculative/_eaglepatch_runtime.py", None, None, compile=False),
+                Write(str(self.backup), "sglang/srt/speculative/.eaglepatch/eagle_worker.py.orig", None, None,
+                      compile=False, expect_sha256=sha(V1))]
+
+
+@pytest.fixture
+def inst(tmp_path: Path) -> Install:
+    return Install(tmp_path / "host")
+
+
+def temps(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if ".eaglepatch-tmp-" in p.name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# op_facts's steps
+
+
+def test_the_package_is_found_from_a_prefix_the_package_or_a_file_inside_it(remote: Remote, inst: Install) -> None:
+    """--sglang-path may name a venv (lib/python3.X/site-packages/sglang below it), the package itself, or a file in
+    it: each gives the same package, resolved; a folder without one is an error answered as it is."""
+    pkg = str(inst.pkg.resolve())
+    for hint in (inst.root, inst.pkg, inst.worker):
+        assert remote.facts_find_package({"sglang_path": str(hint)}, []) == (pkg, None), hint
+    empty = inst.root.parent / "empty"
+    empty.mkdir()
+    assert remote.facts_find_package({"sglang_path": str(empty)}, []) == (
+        None, {"error": "no sglang package at %s" % empty})
+
+
+def _server(pid: int, package_dir: str | None, port: int) -> dict[str, Any]:
+    argv = ["python3", "-m", "sglang.launch_server", "--model-path", "/m", "--port", str(port)]
+    return {"pid": pid, "argv": argv, "args_index": 3, "package_dir": package_dir, "interpreter": "/venv/bin/python"}
+
+
+def test_the_package_is_not_guessed_between_two_installs_that_serve(remote: Remote) -> None:
+    """Servers of two installs run and nothing names one: the answer lists both (pid and port each) instead of
+    picking one, which could stop the other install's server. One install serving: it is the one, and no
+    interpreter is run to find it."""
+    servers = [_server(11, "/b/sglang", 30001), _server(10, "/a/sglang", 30000), _server(12, "/a/sglang", 30002)]
+    pkg, stop = remote.facts_find_package({}, servers)
+    assert pkg is None
+    assert stop == {"ambiguous": [
+        {"package_dir": "/a/sglang", "servers": [{"pid": 10, "port": 30000}, {"pid": 12, "port": 30002}]},
+        {"package_dir": "/b/sglang", "servers": [{"pid": 11, "port": 30001}]}]}
+
+    def no_interpreter(python: str) -> None:
+        raise AssertionError("an interpreter was run although a server names the package")
+
+    remote.set("_package_of_python", no_interpreter)
+    assert remote.facts_find_package({}, servers[1:]) == ("/a/sglang", None)
+
+
+def test_only_the_servers_of_the_package_are_ours(remote: Remote) -> None:
+    """A server of another install (or of none known) is only listed, by pid, port and package."""
+    a, b, c = _server(10, "/a/sglang", 30000), _server(11, "/b/sglang", 30001), _server(12, None, 30002)
+    mine, others = remote.facts_servers_of([a, b, c], "/a/sglang")
+    assert mine == [a]
+    assert others == [{"pid": 11, "port": 30001, "package_dir": "/b/sglang"},
+                      {"pid": 12, "port": 30002, "package_dir": None}]
+
+
+def test_worker_files_are_the_entry_files_and_nothing_eaglepatch_made(remote: Remote, inst: Install) -> None:
+    """Only ``*.py`` files whose text matches the pattern are worker files, sorted, sub-folders included; the
+    runtime module, temp files, ``__pycache__`` and the backups folder never are, though they match: patching one
+    of them would patch eaglepatch's own files."""
+    spec = inst.spec
+    (spec / "sub").mkdir()
+    (spec / "sub" / "ngram_worker.py").write_bytes(V1.replace(b"EAGLEWorker", b"NGRAMWorker"))
+    (spec / "utils.py").write_text("def helper():\n    pass\n")
+    (spec / "notes.txt").write_bytes(V1)
+    (spec / "_eaglepatch_runtime.py").write_bytes(V1)
+    (spec / ".eagle_worker.py.eaglepatch-tmp-0a1b").write_bytes(V1)  # a temp file as _execute names them
+    (spec / "x.eaglepatch-tmp-0a1b.py").write_bytes(V1)  # any name with the tag, even one ending in .py
+    (spec / "__pycache__").mkdir()
+    (spec / "__pycache__" / "cached.py").write_bytes(V1)
+    inst.backup_dir.mkdir()
+    (inst.backup_dir / "kept.py").write_bytes(V1)
+    files = remote.facts_worker_files(str(inst.pkg), str(spec), remote.ENTRY_PATTERN)
+    assert [f["path"] for f in files] == ["sglang/srt/speculative/eagle_worker.py",
+                                          "sglang/srt/speculative/sub/ngram_worker.py"]
+    first = files[0]
+    assert base64.b64decode(first["data"]) == V1 and first["sha256"] == sha(V1)
+    assert first["abs"] == str(inst.worker) and stat.S_IMODE(first["mode"]) == 0o640
+    assert first["mtime"] == inst.worker.stat().st_mtime
+    assert remote.facts_worker_files(str(inst.pkg), str(spec / "nowhere"), remote.ENTRY_PATTERN) == []
+
+
+def test_the_manifest_and_the_backups_it_names(remote: Remote, inst: Install) -> None:
+    """No manifest, or one that does not parse, reads as None (a half-written one must not stop revert); each
+    backup the manifest names gets the sha256 of its bytes, None when it is missing or not named at all."""
+    assert remote.facts_manifest(str(inst.manifest)) is None
+    inst.backup_dir.mkdir()
+    inst.manifest.write_text('{"files": [')
+    assert remote.facts_manifest(str(inst.manifest)) is None
+    inst.backup.write_bytes(V1)
+    gone = str(inst.backup_dir / "gone.py.orig")
+    inst.manifest.write_text(json.dumps({"files": [{"path": "a", "backup": str(inst.backup)},
+                                                   {"path": "b", "backup": gone}, {"path": "c"}]}))
+    manifest = remote.facts_manifest(str(inst.manifest))
+    assert remote.facts_backups(manifest) == {str(inst.backup): sha(V1), gone: None, None: None}
+    assert remote.facts_backups(None) == {}
+
+
+def test_the_runtime_module_as_found(remote: Remote, inst: Install) -> None:
+    """No runtime module: only ``runtime_sha256`` None (the client reads the missing bytes as None); one there:
+    its sha256, its bytes (the diff of a --mode change needs them) and its mtime (is a server's code stale?)."""
+    assert remote.facts_runtime(str(inst.runtime)) == {"runtime_sha256": None}
+    inst.runtime.write_bytes(RUNTIME)
+    assert remote.facts_runtime(str(inst.runtime)) == {
+        "runtime_sha256": sha(RUNTIME), "runtime_data": base64.b64encode(RUNTIME).decode(),
+        "runtime_mtime": inst.runtime.stat().st_mtime}
+
+
+OWNER = {"token": TOKEN, "client_host": "laptop", "client_pid": 4242, "user": "me", "what": "apply"}
+
+
+def test_the_facts_request_takes_the_lock_only_when_asked(remote: Remote, inst: Install) -> None:
+    """status reads facts without a lock (None); apply's facts take it (its owner and the time written, 0600); a
+    second run's owner is refused with the holder named; an install without a speculative folder has no lock."""
+    assert remote.facts_take_lock(str(inst.spec), None) is None
+    assert not inst.lock.exists()
+    assert remote.facts_take_lock(str(inst.spec), {"owner": OWNER}) == {"ok": True}
+    held = json.loads(inst.lock.read_text())
+    assert held["token"] == TOKEN and held["client_pid"] == 4242 and abs(held["time"] - time.time()) < 60
+    assert stat.S_IMODE(inst.lock.stat().st_mode) == 0o600
+    other = dict(OWNER, token="fedcba9876543210", client_pid=4343)
+    answer = remote.facts_take_lock(str(inst.spec), {"owner": other, "ttl": 7200})
+    assert answer["ok"] is False and answer["held"]["token"] == TOKEN and answer["path"] == str(inst.lock)
+    assert remote.facts_take_lock(str(inst.spec / "nowhere"), {"owner": OWNER}) is None
+
+
+def test_the_lock_of_a_dead_process_is_taken_over(remote: Remote, inst: Install) -> None:
+    """The client knows the pid of a run on its own machine is gone (``dead_pids``): its lock is stale and taken
+    over at once. The same lock from a live run (not in dead_pids) or another machine is respected."""
+    dead = {"token": "deaddeaddeaddead", "client_host": "laptop", "client_pid": 999999, "time": time.time()}
+    inst.lock.write_text(json.dumps(dead))
+    me = dict(OWNER, token="1111222233334444")
+    assert remote.op_lock({"lock_path": str(inst.lock), "owner": me, "ttl": 7200, "dead_pids": []})["ok"] is False
+    elsewhere = dict(me, client_host="desktop")
+    refused = remote.op_lock({"lock_path": str(inst.lock), "owner": elsewhere, "ttl": 7200, "dead_pids": [999999]})
+    assert refused["ok"] is False
+    taken = remote.op_lock({"lock_path": str(inst.lock), "owner": me, "ttl": 7200, "dead_pids": [999999]})
+    assert taken == {"ok": True}
+    assert json.loads(inst.lock.read_text())["token"] == "1111222233334444"
+
+
+def test_an_old_lock_or_an_old_empty_lock_file_is_stale(remote: Remote, inst: Install) -> None:
+    """A lock older than its ttl is taken over; an empty lock file (its taker is writing it this instant) is
+    respected while fresh and taken over once its file is older than the ttl."""
+    me = dict(OWNER, token="1111222233334444")
+    req = {"lock_path": str(inst.lock), "owner": me, "ttl": 60, "dead_pids": []}
+    inst.lock.write_text(json.dumps({"token": "old", "client_host": "x", "client_pid": 1, "time": time.time() - 61}))
+    assert remote.op_lock(req) == {"ok": True}
+    inst.lock.write_text("")
+    assert remote.op_lock(req)["ok"] is False
+    os.utime(inst.lock, (time.time() - 120, time.time() - 120))
+    assert remote.op_lock(req) == {"ok": True}
+
+
+def test_writability_and_owner(remote: Remote, inst: Install) -> None:
+    """A missing speculative folder cannot be written and has no owner; an existing one is writable by its owner
+    (the test's user) and names that owner."""
+    import pwd
+
+    assert remote.facts_writable(str(inst.spec / "nowhere")) == {"writable": False, "owner": None}
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    assert remote.facts_writable(str(inst.spec)) == {"writable": True, "owner": me}
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write a folder whatever its mode")
+def test_a_read_only_folder_is_not_writable(remote: Remote, inst: Install) -> None:
+    """Without write permission on the folder, apply could not create its temp files: ``writable`` says so."""
+    inst.spec.chmod(0o555)
+    try:
+        assert remote.facts_writable(str(inst.spec))["writable"] is False
+    finally:
+        inst.spec.chmod(0o755)
+
+
+def test_op_facts_answers_from_its_steps(remote: Remote, inst: Install) -> None:
+    """The whole facts request, as ``gather`` gets it: the keys in their order, the worker file, the lock taken
+    in the same request (and then read back), and the paths the planner uses."""
+    remote.set("op_scan", lambda payload: {"servers": []})
+    answer = remote.op_facts({"sglang_path": str(inst.root), "lock": {"owner": OWNER, "ttl": 7200},
+                              "pattern": r"def (forward_batch_generation)\b|^class \w+\("})
+    spec = str(inst.spec.resolve())
+    assert list(answer) == ["hostname", "self_python", "servers", "user", "euid", "other_servers", "python",
+                            "package_dir", "version", "spec_dir", "lock_result", "files", "backup_dir",
+                            "manifest_path", "manifest", "backups", "runtime_sha256", "runtime_path", "lock_path",
+                            "lock", "writable", "owner"]
+    assert answer["hostname"] == socket.gethostname() and answer["python"] == sys.executable
+    assert answer["version"] == "0.5.3" and answer["spec_dir"] == spec
+    assert [f["path"] for f in answer["files"]] == ["sglang/srt/speculative/eagle_worker.py"]
+    assert answer["lock_result"] == {"ok": True} and answer["lock"]["token"] == TOKEN
+    assert answer["manifest"] is None and answer["backups"] == {} and answer["runtime_sha256"] is None
+    assert answer["manifest_path"] == spec + "/.eaglepatch/manifest.json"
+    json.dumps(answer)  # one JSON document
+
+
+def test_op_facts_stops_at_an_unknown_path(remote: Remote, inst: Install) -> None:
+    """A --sglang-path without a package answers the error and reads nothing more (no files, no lock taken)."""
+    remote.set("op_scan", lambda payload: {"servers": []})
+    answer = remote.op_facts({"sglang_path": str(inst.root / "nope"), "lock": {"owner": OWNER}})
+    assert answer["error"] == "no sglang package at %s" % (inst.root / "nope")
+    assert "files" not in answer and not inst.lock.exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# _execute's steps
+
+
+def test_a_file_changed_since_it_was_read_is_refused_and_nothing_is_touched(remote: Remote, inst: Install) -> None:
+    """The plan was made from V1; someone edited the file since: the check answers a conflict naming the file and
+    both short hashes, and the whole execution writes nothing (no temp file, no backup, no manifest)."""
+    inst.take_lock()
+    payload = inst.payload(inst.apply_plan(), {"files": []})
+    inst.worker.write_bytes(V1 + b"# edited\n")
+    before = inst.snapshot()
+    run = remote.ExecRun(TOKEN)
+    answer = remote.exec_check_unchanged(run, payload["writes"])
+    assert answer == {"ok": False, "kind": "conflict", "path": str(inst.worker),
+                      "error": "changed since it was read (expected %s, found %s)" % (
+                          sha(V1)[:12], sha(V1 + b"# edited\n")[:12])}
+    assert remote._execute(payload) == answer
+    assert inst.snapshot() == before
+
+
+def test_a_file_that_appeared_where_none_was_expected_is_refused(remote: Remote, inst: Install) -> None:
+    """``expect_sha256`` None means "no file there": a runtime module that appeared since the facts were read (a
+    concurrent run without the lock) is not overwritten."""
+    inst.take_lock()
+    payload = inst.payload(inst.apply_plan(), {"files": []})
+    inst.runtime.write_bytes(b"someone else's\n")
+    answer = remote.exec_check_unchanged(remote.ExecRun(TOKEN), payload["writes"])
+    assert answer["kind"] == "conflict" and answer["path"] == str(inst.runtime)
+    assert "expected no file" in answer["error"]
+
+
+def test_staging_writes_temps_with_the_original_s_mode_and_compiles_them(remote: Remote, inst: Install) -> None:
+    """Each temp file lies beside its destination with the bytes to write and the mode of the file it replaces (a
+    new file: 0644); nothing is replaced yet. A removal stages nothing."""
+    inst.runtime.write_bytes(RUNTIME)
+    payload = inst.payload(inst.revert_plan()[1:2] + inst.apply_plan()[:1], None)
+    run = remote.ExecRun(TOKEN)
+    assert remote.exec_check_unchanged(run, payload["writes"]) is None
+    staged, refused = remote.exec_stage(run, payload["writes"])
+    assert refused is None
+    assert [(w["path"], tmp) for w, tmp in staged] == [
+        (str(inst.runtime), None),
+        (str(inst.worker), str(inst.spec / (".eagle_worker.py.eaglepatch-tmp-" + TOKEN)))]
+    tmp = Path(staged[1][1])
+    assert tmp.read_bytes() == V1_NEW and stat.S_IMODE(tmp.stat().st_mode) == 0o640
+    assert inst.worker.read_bytes() == V1 and inst.runtime.read_bytes() == RUNTIME
+    new = inst.payload(inst.apply_plan()[1:], None)["writes"]
+    inst.runtime.unlink()
+    run = remote.ExecRun(TOKEN)
+    remote.exec_check_unchanged(run, new)
+    (_, tmp_path), = remote.exec_stage(run, new)[0]
+    assert stat.S_IMODE(os.stat(tmp_path).st_mode) == 0o644
+
+
+def test_code_that_does_not_compile_is_refused_before_anything_is_replaced(remote: Remote, inst: Install) -> None:
+    """The server's interpreter compiles every staged Python file: a syntax error answers ``compile`` with the
+    line and the interpreter, its temp files are gone, and the install is as it was (no backup folder made)."""
+    inst.take_lock()
+    broken = Write(str(inst.worker), "w", V1, b"def broken(:\n", backup=str(inst.backup))
+    before = inst.snapshot()
+    answer = remote._execute(inst.payload([broken], {"files": []}))
+    assert answer["ok"] is False and answer["kind"] == "compile" and answer["path"] == str(inst.worker)
+    assert "(line 1)" in answer["error"] and answer["python"] == sys.executable
+    assert inst.snapshot() == before and temps(inst.root) == []
+
+
+def _record_replaces(remote: Remote, fail: Callable[[str, str], bool] = lambda src, dst: False) -> list[str]:
+    """Replace the program's rename with one that records each destination, and raises EACCES where ``fail``
+    says."""
+    done: list[str] = []
+    real = remote._replace
+
+    def replace(src: str, dst: str) -> None:
+        if fail(src, dst):
+            raise PermissionError(13, "Permission denied", dst)
+        done.append(dst)
+        real(src, dst)
+
+    remote.set("_replace", replace)
+    return done
+
+
+def test_backups_and_the_manifest_are_written_before_any_rename(remote: Remote, inst: Install) -> None:
+    """The originals must be safe before a worker file changes: the backup (the original's bytes and mode) and
+    the manifest land first, then the worker file, then the runtime, in plan order; the manifest is 0600 JSON."""
+    inst.take_lock()
+    renames = _record_replaces(remote)
+    answer = remote._execute(inst.payload(inst.apply_plan(), {"files": [], "b": 1, "a": 2}))
+    assert answer["ok"] is True, answer
+    assert renames == [str(inst.backup), str(inst.manifest), str(inst.worker), str(inst.runtime)]
+    assert inst.backup.read_bytes() == V1 and stat.S_IMODE(inst.backup.stat().st_mode) == 0o640
+    assert inst.manifest.read_text() == json.dumps({"files": [], "b": 1, "a": 2}, indent=1, sort_keys=True)
+    assert stat.S_IMODE(inst.manifest.stat().st_mode) == 0o600
+    assert stat.S_IMODE(inst.backup_dir.stat().st_mode) == 0o700
+    assert inst.worker.read_bytes() == V1_NEW and inst.runtime.read_bytes() == RUNTIME
+    assert temps(inst.root) == [] and inst.lock.exists()  # the lock is op_execute's to release, not _execute's
+
+
+def test_a_backup_that_already_holds_the_original_is_kept(remote: Remote, inst: Install) -> None:
+    """apply run again after a crash that left the backup: its bytes are the original's, so it is not rewritten
+    (no rename onto it)."""
+    inst.take_lock()
+    inst.backup_dir.mkdir()
+    inst.backup.write_bytes(V1)
+    renames = _record_replaces(remote)
+    assert remote._execute(inst.payload(inst.apply_plan(), {"files": []}))["ok"] is True
+    assert str(inst.backup) not in renames and inst.backup.read_bytes() == V1
+
+
+def test_a_failed_rename_puts_everything_back(remote: Remote, inst: Install) -> None:
+    """The runtime's rename fails after the worker file was replaced and the backup and manifest written: the
+    worker gets its original bytes and mode back, the backup, the manifest and the folder made for them go, no
+    temp file stays; the answer names the path that failed and nothing as unrestored."""
+    inst.take_lock()
+    before = inst.snapshot()
+    _record_replaces(remote, fail=lambda src, dst: dst == str(inst.runtime))
+    answer = remote._execute(inst.payload(inst.apply_plan(), {"files": []}))
+    assert answer == {"ok": False, "kind": "io", "path": str(inst.runtime), "error": "Permission denied"}
+    assert inst.snapshot() == before
+
+
+def test_what_cannot_be_put_back_is_named(remote: Remote, inst: Install) -> None:
+    """When undoing fails too (the rename that would restore the worker file), the answer lists that path as
+    unrestored: the client then tells the user to check it, never "nothing changed"."""
+    inst.take_lock()
+    _record_replaces(remote, fail=lambda src, dst: dst == str(inst.runtime) or src.endswith(TOKEN + "r"))
+    answer = remote._execute(inst.payload(inst.apply_plan(), {"files": []}))
+    assert answer["unrestored"] == [str(inst.worker)]
+    assert inst.worker.read_bytes() == V1_NEW
+
+
+class _OsRemoveFails:
+    """``os`` for the remote program, whose ``remove`` fails on the paths ``fail`` names."""
+
+    def __init__(self, fail: Callable[[str], bool]) -> None:
+        self._fail = fail
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    def remove(self, path: str) -> None:
+        if self._fail(path):
+            raise PermissionError(13, "Permission denied", path)
+        os.remove(path)
+
+
+def _applied(remote: Remote, inst: Install) -> None:
+    """The install as ``apply`` leaves it (the lock taken first when nobody holds it)."""
+    if not inst.lock.exists():
+        inst.take_lock()
+    assert remote._execute(inst.payload(inst.apply_plan(), {"files": []}))["ok"] is True
+
+
+def test_revert_puts_the_original_back_and_removes_what_apply_left(tmp_path: Path) -> None:
+    """apply then revert: every byte and mode of the install as before apply (the backup folder goes with the
+    manifest, being empty then), and the stale bytecode of the worker file is removed."""
+    inst = Install(tmp_path / "host")
+    inst.take_lock()
+    pristine = inst.snapshot()
+    remote = Remote()
+    _applied(remote, inst)
+    cache = inst.spec / "__pycache__"
+    cache.mkdir()
+    (cache / "eagle_worker.cpython-310.pyc").write_bytes(b"old")
+    (cache / "eagle_worker_v2.cpython-310.pyc").write_bytes(b"other")
+    answer = remote._execute(inst.payload(inst.revert_plan(), None))
+    assert answer == {"ok": True, "bytecode_removed": ["eagle_worker.cpython-310.pyc"], "stale_temps_removed": []}
+    (cache / "eagle_worker_v2.cpython-310.pyc").unlink()
+    cache.rmdir()
+    assert inst.snapshot() == pristine
+
+
+def test_a_failed_removal_during_revert_puts_everything_back(remote: Remote, inst: Install) -> None:
+    """revert's removal of the runtime fails after the worker file got its original back: the patched worker file
+    is put back too, so the install is left patched and whole (never a patched file without its runtime)."""
+    _applied(remote, inst)
+    before = inst.snapshot()
+    remote.set("os", _OsRemoveFails(lambda p: p == str(inst.runtime)))
+    answer = remote._execute(inst.payload(inst.revert_plan(), None))
+    assert answer["ok"] is False and answer["path"] == str(inst.runtime) and "unrestored" not in answer
+    assert inst.snapshot() == before
+
+
+def test_the_manifest_folder_stays_while_a_kept_copy_is_in_it(remote: Remote, inst: Install) -> None:
+    """revert --force keeps a drifted file's copy in .eaglepatch: removing the manifest must not take the folder
+    (and the copy) with it."""
+    _applied(remote, inst)
+    kept = inst.backup_dir / "eagle_worker.py.drifted-1"
+    kept.write_bytes(b"drifted\n")
+    run = remote.ExecRun(TOKEN)
+    assert remote.exec_remove_manifest(run, {"path": str(inst.manifest), "data": None}) is None
+    assert not inst.manifest.exists() and kept.read_bytes() == b"drifted\n"
+    assert run.touched == [str(inst.manifest)] and run.prev[str(inst.manifest)][0] == b'{\n "files": []\n}'
+
+
+def test_the_stale_temp_files_of_a_killed_run_are_removed(remote: Remote, inst: Install) -> None:
+    """A run killed between staging and renaming leaves ``.NAME.eaglepatch-tmp-TOKEN`` (and ``...r`` of an undo)
+    beside its destinations and backups; the next run removes those, and only those, before it starts (it holds
+    the lock, so none is another run's)."""
+    inst.take_lock()
+    inst.backup_dir.mkdir()
+    stale = [inst.spec / ".eagle_worker.py.eaglepatch-tmp-abc123",
+             inst.spec / ".eagle_worker.py.eaglepatch-tmp-abc123r",
+             inst.backup_dir / ".manifest.json.eaglepatch-tmp-ff00"]
+    kept = [inst.spec / ".eagle_worker.py.eaglepatch-tmp-NOTHEX", inst.spec / "eagle_worker.py.eaglepatch-tmp-abc",
+            inst.root / ".x.eaglepatch-tmp-abc"]
+    for p in stale + kept:
+        p.write_bytes(b"x")
+    payload = inst.payload(inst.apply_plan(), {"files": []})
+    assert sorted(set(remote.exec_dirs(payload))) == [str(inst.spec), str(inst.backup_dir)]
+    answer = remote._execute(payload)
+    assert sorted(answer["stale_temps_removed"]) == sorted(str(p) for p in stale)
+    assert not any(p.exists() for p in stale) and all(p.exists() for p in kept)
+
+
+def test_without_the_lock_nothing_is_touched(remote: Remote, inst: Install) -> None:
+    """The lock expired and another run took it: this one answers a conflict before touching anything, not even
+    the stale temp files (they may be that other run's, in flight)."""
+    inst.take_lock("another-run-token")
+    tmp = inst.spec / ".eagle_worker.py.eaglepatch-tmp-abc123"
+    tmp.write_bytes(b"in flight")
+    before = inst.snapshot()
+    answer = remote._execute(inst.payload(inst.apply_plan(), {"files": []}))
+    assert answer == {"ok": False, "kind": "conflict", "error": "lost the lock %s" % inst.lock}
+    assert inst.snapshot() == before
+
+
+class _Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("point, expect", [
+    ("execute:after-upload", "temps staged; no backup, no manifest; nothing replaced"),
+    ("execute:after-backup", "backup and manifest written; nothing replaced"),
+    ("execute:between-renames", "the worker file replaced; the runtime not yet"),
+])
+def test_the_failpoints_fire_where_the_crash_tests_expect(remote: Remote, inst: Install, point: str,
+                                                          expect: str) -> None:
+    """tests/e2e/test_crash_safety.py kills the host's helper at these names, and docs/safety.md's table says what
+    each leaves: the helper dies (here: raises) at exactly that state, having met the earlier points in order."""
+    inst.take_lock()
+    met: list[str] = []
+
+    def fault(payload: dict[str, Any], name: str) -> None:
+        met.append(name)
+        if payload.get("fault") == name:
+            raise _Killed(name)
+
+    remote.set("_fault", fault)
+    with pytest.raises(_Killed):
+        remote._execute(inst.payload(inst.apply_plan(), {"files": []}, fault=point))
+    names = ["execute:after-upload", "execute:after-backup", "execute:between-renames"]
+    assert met == names[:names.index(point) + 1]
+    staged = temps(inst.root)
+    if point == "execute:after-upload":
+        assert len(staged) == 2 and not inst.backup_dir.exists()
+    if point == "execute:after-backup":
+        assert inst.backup.read_bytes() == V1 and inst.manifest.exists() and len(staged) == 2
+    assert inst.worker.read_bytes() == (V1_NEW if point == "execute:between-renames" else V1), expect
+    assert not inst.runtime.exists(), expect
+
+
+def test_bytecode_of_exactly_the_written_files_is_dropped(remote: Remote, inst: Install) -> None:
+    """An old .pyc of a file just replaced could be loaded instead of it: every cached version of that module goes
+    (any interpreter tag, .pyo too), a module whose name only starts the same does not."""
+    cache = inst.spec / "__pycache__"
+    cache.mkdir()
+    for name in ("eagle_worker.cpython-310.pyc", "eagle_worker.cpython-38.opt-1.pyc", "eagle_worker.pyo",
+                 "eagle_worker_v2.cpython-310.pyc", "eagle_worker.cpython-310.pyc.lock"):
+        (cache / name).write_bytes(b"x")
+    removed = remote.exec_drop_bytecode([{"path": str(inst.worker)}, {"path": str(inst.backup)}])
+    assert sorted(removed) == ["eagle_worker.cpython-310.pyc", "eagle_worker.cpython-38.opt-1.pyc",
+                               "eagle_worker.pyo"]
+    assert sorted(p.name for p in cache.iterdir()) == ["eagle_worker.cpython-310.pyc.lock",
+                                                       "eagle_worker_v2.cpython-310.pyc"]
