@@ -16,11 +16,13 @@ method touches is a permissive stub, with the few values it compares or branches
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import inspect
 import json
+import sys
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -83,12 +85,16 @@ CASES = _cases()
 # Stand-ins
 
 
+# What the V2 fakes return as accept_lens: a list-like Lens, or (test_v2_device_accept_lens_...) a CUDA tensor.
+ACCEPT_LENS: list[Any] = [lambda: Lens([3, 4])]
+
+
 def _result() -> Permissive:
     """What verify (and every other faked call) returns: the accepted-token fields of every release."""
     r = Permissive(name="result")
     r.accept_length_per_req_cpu = [2, 3]  # V1: drafts only
     r.num_correct_drafts_per_req_cpu = [2, 3]  # V1 0.5.12
-    r.accept_lens = Lens([3, 4])  # V2: bonus included
+    r.accept_lens = ACCEPT_LENS[0]()  # V2: bonus included
     r.verified_id = tensor(2)
     r.draft_extend_input.input_ids = tensor(2)
     r.new_seq_lens = tensor(2)
@@ -161,14 +167,18 @@ def _module_overrides(module: types.ModuleType, case: Case, rec: Recorder) -> No
                                        pause=False)
 
 
-def _run_cycles(tmp_path: Path, sglang_release, recipe, case: Case) -> tuple[list[dict], list[list], Instrumented]:
-    """Instrument, load, run one prefill and one decode cycle; returns (records, calls per cycle, result)."""
+def _run_cycles(tmp_path: Path, sglang_release, recipe, case: Case,
+                setup: Callable[[Any], None] | None = None) -> tuple[list[dict], list[list], Instrumented]:
+    """Instrument, load, run one prefill and one decode cycle; returns (records, calls per cycle, result).
+    ``setup(runtime)`` runs once the patched module and its runtime are loaded."""
     site = sglang_release(case.version)
     src = (site / "sglang" / "srt" / "speculative" / case.rel).read_bytes().decode("utf-8")
     res = instrument(src, case.rel, recipe)
     assert isinstance(res, Instrumented), res
     calls_per_cycle = []
     with load_patched(tmp_path, case.rel, res.source, RUNTIME_SOURCE) as (module, runtime):
+        if setup is not None:
+            setup(runtime)
         rec = Recorder(runtime, PAUSE_MS / 1000.0)
         rec.learn_arity(module)
         _module_overrides(module, case, rec)
@@ -309,3 +319,59 @@ def test_v2_tail_draft_and_dp_prefill_coordination(tmp_path, sglang_release, rec
     assert decode["accepted"] == 7
     assert dp_prefill["mode"] == "prefill"
     assert list(dp_prefill["phases"]) == ["draft", "target", "draft_extend"]
+
+
+def _runtime_fakes() -> types.ModuleType:
+    """tests/unit/test_runtime.py, for its fake CUDA torch (events the test completes, pinned host copies)."""
+    spec = importlib.util.spec_from_file_location(
+        "_runtime_fakes", Path(__file__).resolve().parents[1] / "unit" / "test_runtime.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.family == "v2"], ids=lambda c: c.id)
+def test_v2_device_accept_lens_are_copied_to_pinned_memory(tmp_path, sglang_release, recipe, case, monkeypatch):
+    """The release's real V2 entry method under the events timer with accept_lens a CUDA tensor: the runtime never
+    reads it on the host (a .tolist() or .sum() would assert), copies it asynchronously into pinned memory, and the
+    decode record carries the 7 tokens once the copy's event is done."""
+    f = _runtime_fakes()
+    torch = types.ModuleType("torch")
+    torch.cuda = f.FakeCuda()
+    torch._C = types.SimpleNamespace(_cuda_getCurrentRawStream=torch.cuda.raw_stream)
+    torch.Tensor = f.FakeTensor
+    pinned: list[Any] = []
+
+    def empty(shape: Any, dtype: Any = None, pin_memory: bool = False) -> Any:
+        assert pin_memory, "the host copy must go to pinned memory"
+        host = f.FakeHost(shape, dtype)
+        pinned.append(host)
+        return host
+
+    torch.empty = empty
+
+    class DeviceLens(f.FakeTensor):
+        """accept_lens on the GPU: also the arithmetic the worker applies to it (unread, like Lens's)."""
+
+        def __init__(self) -> None:
+            f.FakeTensor.__init__(self, [3, 4], is_cuda=True)
+
+        def _any(self, *args: Any, **kwargs: Any) -> Permissive:
+            return Permissive(name="lens-op")
+
+        __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _any
+
+        def __getattr__(self, name: str) -> Permissive:
+            return Permissive(name=f"lens.{name}")
+
+    def setup(runtime: Any) -> None:
+        # The worker module imported the harness's stub torch; the runtime looks torch up when it needs it.
+        monkeypatch.setitem(sys.modules, "torch", torch)
+        runtime.configure(mode="events", log_dir=str(tmp_path / "log"), summary_every=0)
+
+    monkeypatch.setattr(sys.modules[__name__], "ACCEPT_LENS", [DeviceLens])
+    records, _calls, _res = _run_cycles(tmp_path, sglang_release, recipe, case, setup)
+    prefill, decode = records
+    assert decode["timer"] == "events" and prefill["timer"] == "events"
+    assert decode["accepted"] == 7 and decode["bs"] == 2
+    assert pinned and all(h.values == [3, 4] for h in pinned), "accept_lens not copied into pinned memory"
