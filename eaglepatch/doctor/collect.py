@@ -37,7 +37,7 @@ _ENV_KEEP = re.compile(r"^(SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN|NCCL_[A-Z_]
 def doctor(text: str, c: Any, say: Say, log_dir: str | None = None) -> Any:
     """The ``doctor --json`` document of each server of the target's install (``--server-port`` picks): one
     object for one server, a list for several."""
-    from eaglepatch.errors import UsageError
+    from eaglepatch.errors import EaglepatchError
     from eaglepatch.ops import lifecycle as lc
     from eaglepatch.ops.actions import _facts, _Target, fetch_logs_from
     from eaglepatch.ops.core import call, code_state
@@ -67,7 +67,7 @@ def doctor(text: str, c: Any, say: Say, log_dir: str | None = None) -> Any:
         if ldir and (patched or log_dir):
             try:
                 folder = fetch_logs_from(t.host, name, facts.python, ldir, lambda _m: None)
-            except UsageError as exc:
+            except EaglepatchError as exc:  # a refusal, or a host that did not answer in time: no records
                 log_note = str(exc)
         overlap = any(os.path.basename(f.path) == "eagle_worker_v2.py" for f in facts.files)
         gpus = raw.get("gpus") or {}
@@ -90,11 +90,35 @@ def no_server_doc(name: str, version: str | None, package_dir: str) -> dict[str,
     return {"target": name, "sglang_version": version, "server": None, "findings": [f.to_json()], "sources": {}}
 
 
+_SECRET_WORDS = ("key", "token", "secret", "password", "passwd")
+
+
+def masked(argv: Sequence[str]) -> list[str]:
+    """``argv`` with the value of every option named like a secret (``--api-key``, ``--hf-token=...``) replaced by
+    ``***``, as the runtime masks it in its log headers: doctor's output is evidence people paste."""
+    out: list[str] = []
+    hide = False
+    for a in argv:
+        if hide and not a.startswith("--"):
+            out.append("***")
+            hide = False
+            continue
+        hide = False
+        if a.startswith("--") and any(w in a.lower() for w in _SECRET_WORDS):
+            name, eq, _ = a.partition("=")
+            if eq:
+                a = name + "=***"
+            else:
+                hide = True
+        out.append(a)
+    return out
+
+
 def document(name: str, version: str | None, srv: Any, findings: Sequence[Finding],
              sources: dict[str, Any]) -> dict[str, Any]:
-    """``doctor --json`` for one server (docs/contract.md)."""
+    """``doctor --json`` for one server (docs/contract.md); secret option values masked."""
     return {"target": name, "sglang_version": version,
-            "server": {"pid": srv.pid, "argv": list(srv.argv), "port": srv.port},
+            "server": {"pid": srv.pid, "argv": masked(srv.argv), "port": srv.port},
             "findings": [f.to_json() for f in findings], "sources": sources}
 
 
@@ -144,7 +168,8 @@ def server_facts(name: str, version: str | None, srv: Any, got: dict[str, Any], 
     elif folder is None:
         sources["timing_log"] = f"unavailable: {log_note or 'no log folder'}"
     else:
-        rec = load_records(folder, {srv.pid, *srv.children})
+        rec = load_records(folder, {srv.pid, *srv.children},
+                           None if srv.start is None else {(srv.pid, srv.start)})
         kw.update(rec)
         sources["timing_log"] = {"dir": log_dir, "records": rec.get("records", 0), "timer": rec.get("timer")}
     # sweeps of this server kept on this machine
@@ -160,10 +185,11 @@ def server_facts(name: str, version: str | None, srv: Any, got: dict[str, Any], 
     return ServerFacts(**kw), sources
 
 
-def load_records(folder: str, pids: set[int]) -> dict[str, Any]:
+def load_records(folder: str, pids: set[int], launches: set[tuple[int, int]] | None = None) -> dict[str, Any]:
     """The ``ServerFacts`` fields from the timing records that the server's processes wrote (their files in
-    ``folder``): ``decode`` (the decode group of them all), ``by_rank``, ``by_bs``, ``timer``, ``records``; an
-    empty dict when there are none."""
+    ``folder``) in this launch (``launches``: its ``(pid, start ticks)``; an earlier launch with the same pid
+    appended to the same files): ``decode`` (the decode group of them all), ``by_rank``, ``by_bs``, ``timer``,
+    ``records``; an empty dict when there are none."""
     from eaglepatch import report as rep
 
     from eaglepatch.ops.actions import logs_of
@@ -173,7 +199,7 @@ def load_records(folder: str, pids: set[int]) -> dict[str, Any]:
         return {}
 
     def decode_groups(by: str | None) -> tuple[tuple[dict[str, Any], ...], Any]:
-        res = rep.aggregate(files, by=by, merge_runs=True)
+        res = rep.aggregate(files, by=by, merge_runs=True, launches=launches)
         return tuple(g.to_json() for g in res.groups if g.mode == "decode"), res
 
     groups, res = decode_groups(None)

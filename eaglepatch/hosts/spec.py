@@ -18,7 +18,9 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 
 # A DNS name, an IPv4 address or an ssh_config alias: no whitespace, no '/', '@', '[', ']' or shell-ish characters.
 _HOST_RE = re.compile(r"^[A-Za-z0-9_.%+-]+$")
-_USER_RE = re.compile(r"^[^\s/:\[\]]+$")
+# A user name: what OpenSSH itself accepts in a %r expansion (its valid_ruser: no shell metacharacters, no leading
+# '-'), since a ProxyCommand of the SSH config may carry it to a shell.
+_USER_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.+@\\-]*$")
 _V6_RE = re.compile(r"^[0-9A-Fa-f:.]+(%[A-Za-z0-9_.-]+)?$")
 
 

@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -901,16 +902,26 @@ def _doctor_hf_snapshot(name, env):
 def _doctor_model_config(name, cwd, env):
     """``{"path", "text"}`` of a model's config.json (a local folder, or a repo id in the hub cache), or
     ``{"error"}``."""
-    path = name if os.path.isabs(name) else os.path.join(cwd or "/", name)
-    cfg = os.path.join(path, "config.json") if os.path.isdir(path) else None
+    # a relative name is the server's cwd's; with its cwd unknown, only the hub cache can say which model it is
+    path = name if os.path.isabs(name) else (os.path.join(cwd, name) if cwd else None)
+    cfg = os.path.join(path, "config.json") if path and os.path.isdir(path) else None
     if cfg is None:
         cfg = _doctor_hf_snapshot(name, env or {})
         if cfg is None:
             return {"error": "not a local folder, and not in the server's Hugging Face cache"}
     try:
-        if os.path.getsize(cfg) > (4 << 20):
-            return {"path": cfg, "error": "config.json is over 4 MB"}
-        return {"path": cfg, "text": _read(cfg).decode("utf-8", "replace")}
+        # O_NONBLOCK: a FIFO named config.json must not block the read; only a regular file is read
+        fd = os.open(cfg, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return {"path": cfg, "error": "config.json is not a regular file"}
+            if st.st_size > (4 << 20):
+                return {"path": cfg, "error": "config.json is over 4 MB"}
+            with os.fdopen(os.dup(fd), "rb") as f:
+                return {"path": cfg, "text": f.read(4 << 20).decode("utf-8", "replace")}
+        finally:
+            os.close(fd)
     except OSError as exc:
         return {"path": cfg, "error": exc.strerror or str(exc)}
 
@@ -924,13 +935,24 @@ def _doctor_nvidia_smi(timeout):
     out = {}
     for key, argv in (("list", [exe, "-L"]), ("topo", [exe, "topo", "-m"])):
         try:
-            p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               timeout=timeout)
-            out[key] = p.stdout[:65536].decode("utf-8", "replace")
-            if p.returncode:
-                out[key + "_error"] = "exit %d: %s" % (p.returncode, p.stderr[:300].decode("utf-8", "replace"))
-        except (OSError, subprocess.SubprocessError) as exc:
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as exc:
             out[key + "_error"] = str(exc)
+            continue
+        try:
+            stdout, stderr = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # a hung driver can keep nvidia-smi in an uninterruptible wait: kill it, wait a little, leave it
+            p.kill()
+            try:
+                p.wait(2)
+            except subprocess.TimeoutExpired:
+                pass
+            out[key + "_error"] = "nvidia-smi did not answer in %g s" % timeout
+            break   # the next call would hang the same way
+        out[key] = stdout[:65536].decode("utf-8", "replace")
+        if p.returncode:
+            out[key + "_error"] = "exit %d: %s" % (p.returncode, stderr[:300].decode("utf-8", "replace"))
     return out
 
 

@@ -517,6 +517,7 @@ class FetchedLogs:
 
     folder: str
     current: frozenset[int] = frozenset()
+    launches: frozenset[tuple[int, int]] = frozenset()  # (pid, start ticks) of those servers: their runs' ids
 
 
 def fetch_logs(text: str, c: Connect, log_dir: str | None, say: Say) -> FetchedLogs:
@@ -524,15 +525,17 @@ def fetch_logs(text: str, c: Connect, log_dir: str | None, say: Say) -> FetchedL
     with _Target(text, c) as t:
         python = c.facts.python or "python3"
         current: frozenset[int] = frozenset()
+        launches: frozenset[tuple[int, int]] = frozenset()
         try:
             facts = _facts(t, builtin_recipe(), transform=False)
             log_dir = log_dir or ((facts.manifest or {}).get("runtime") or {}).get("log_dir")
             python = facts.python
             current = frozenset(p for s in facts.servers for p in (s["pid"], *(s.get("children") or ())))
+            launches = frozenset((s["pid"], s["start"]) for s in facts.servers if s.get("start") is not None)
         except (Unsupported, AmbiguousInstall):
             pass  # the logs can still be read (--log-dir, or the default folder); which run is current is unknown
         folder = fetch_logs_from(t.host, t.spec.name, python, log_dir or "/tmp/eaglepatch", say)
-        return FetchedLogs(folder, current)
+        return FetchedLogs(folder, current, launches)
 
 
 def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say) -> str:
@@ -625,29 +628,32 @@ def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, tra
     from eaglepatch import report as rep
 
     per_source: list[list[str]] = []  # the log files of each source
-    latest = False
+    own: list[dict[str, Any]] = []  # each source's own selection: a TARGET's current run by default
     for s in sources:
         if (os.path.exists(s) or is_local_target(s)) and _is_log_source(s):
             per_source.append(rep.iter_log_files([s]))
+            own.append({})
             continue
         # a TARGET: a remote one, or a local install (package, venv, checkout): the same code path
         fetched = fetch_logs(s, c, log_dir, say)
         files = rep.iter_log_files([fetched.folder])
+        sel: dict[str, Any] = {}
         if not runs.explicit:
-            # by default the current run: the logs of the processes of the servers that run now (every rank)
+            # by default the current run: the runs of the servers that run now (every rank), read from their
+            # processes' files; never an earlier launch that had the same pid
             mine = logs_of(files, fetched.current)
             if mine:
-                files = mine
+                files, sel = mine, {"launches": fetched.launches}
             else:
-                latest = True
+                sel = {"latest": True}
                 say(f"note: {s}: no timing log of the server that runs now: the newest run is shown (--all-runs "
                     "for every run)")
         per_source.append(files)
-    select: dict[str, Any] = {"merge_runs": runs.merge, "run_ids": list(runs.ids) or None, "since": runs.since,
-                              "latest": latest}
+        own.append(sel)
+    select: dict[str, Any] = {"merge_runs": runs.merge, "run_ids": list(runs.ids) or None, "since": runs.since}
     if compare:
         results, traces = rep.aggregate_each(per_source, list(sources), trace_path=trace, by=by, skip=skip,
-                                             **select)
+                                             each=own, **select)
         for path in traces:
             say(f"trace written to {path}: open it in https://ui.perfetto.dev")
         cmp = rep.compare(results, list(sources))
@@ -665,7 +671,19 @@ def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, tra
     if not files:
         raise UsageError(f"no timing logs (*.jsonl) in {', '.join(sources)}: apply first, then put load on the "
                          "server")
-    result = rep.aggregate(files, by=by, skip=skip, trace_path=trace, **select)
+    if any(own) and len(sources) > 1:
+        # several sources in one table: each source's own selection picks its run ids first (a TARGET's current
+        # run must not cut the runs of the files given beside it), then one aggregation of those runs
+        picked: list[str] = []
+        for fs, sel in zip(per_source, own):
+            if fs:
+                picked += [r.id for r in rep.aggregate(fs, by=None, skip=skip, **select, **sel).runs]
+        select = {**select, "run_ids": picked or None, "since": None}
+        own = [{}]
+        if not picked:
+            files = []
+    result = rep.aggregate(files, by=by, skip=skip, trace_path=trace, **select, **own[0]) if files else \
+        rep.aggregate([], by=by, skip=skip)
     if trace:
         say(f"trace written to {trace}: open it in https://ui.perfetto.dev")
     if fmt == "json":

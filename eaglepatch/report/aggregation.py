@@ -55,7 +55,7 @@ from bisect import bisect_right
 from collections import Counter
 from itertools import accumulate
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 from eaglepatch.errors import UsageError
 from eaglepatch.report.stats import (
@@ -1106,6 +1106,19 @@ def _merge_into(a: _Acc, b: _Acc) -> None:
     a.bs_ab += b.bs_ab
 
 
+def launch_of(run_id: str) -> tuple[int, int] | None:
+    """(launcher pid, its start in clock ticks) of a run id the runtime wrote (``<host>-<pid>-<ticks>-<8 hex>``),
+    else None (``file:...`` ids of older logs, or ids of another shape)."""
+    parts = run_id.rsplit("-", 3)
+    if len(parts) != 4 or not parts[1].isdigit() or not parts[2].isdigit() or len(parts[3]) != 8:
+        return None
+    try:
+        int(parts[3], 16)
+    except ValueError:
+        return None
+    return int(parts[1]), int(parts[2])
+
+
 def _resolve_run_ids(wanted: Sequence[str], known: Sequence[RunInfo]) -> set[str]:
     """The ids that ``wanted`` names: each an id or an unambiguous prefix of one. Raises ``UsageError`` naming
     the runs that exist (or those that the prefix fits) otherwise."""
@@ -1143,6 +1156,7 @@ def aggregate(
     run_ids: Sequence[str] | None = None,
     since: float | None = None,
     latest: bool = False,
+    launches: Collection[tuple[int, int]] | None = None,
 ) -> ReportResult:
     """Read the timing logs ``files`` (local paths, read in the given order) and return their statistics.
 
@@ -1160,9 +1174,10 @@ def aggregate(
     Runs (see the module docstring) are never merged unless ``merge_runs``: the groups are per run, and with
     more than one run selected each group's key holds ``"run"``. Selection, applied in this order:
     ``run_ids`` (only these runs; an unambiguous prefix of an id is enough), ``since`` (only runs whose start is
-    at or after this epoch time), ``latest`` (only the newest of what is left, by start). ``merge_runs``: the
-    selected runs' records together, as one run (the result's ``merged`` is true when that put several runs
-    together, and the renderers warn).
+    at or after this epoch time), ``launches`` (only the runs of these server launches, ``(launcher pid, start
+    ticks)``, and runs of logs without run ids), ``latest`` (only the newest of what is left, by start).
+    ``merge_runs``: the selected runs' records together, as one run (the result's ``merged`` is true when that put
+    several runs together, and the renderers warn).
 
     Statistics (per group): cycle and phase stats (a phase's over the cycles in which it ran), each phase's
     ``share`` = its total time / the group's total cycle time, ``accept_len`` = sum(accepted) / sum(bs) over
@@ -1227,7 +1242,15 @@ def aggregate(
         chosen = [r for r in chosen if r.id in ids]
     if since is not None:
         chosen = [r for r in chosen if r.start is not None and r.start >= since]
+    if launches is not None:
+        # The runs of these server launches (launcher pid, its start in clock ticks: the middle of the runtime's
+        # run ids), and runs whose ids say no launch (logs of an older runtime, read by file); never another
+        # launch's run in the same file (a pid used again, in a container or after a reboot).
+        want = set(launches)
+        chosen = [r for r in chosen if launch_of(r.id) in want or launch_of(r.id) is None]
     if latest and chosen:
+        # the newest, even one that has written only its header (a launch that timed nothing yet): never an
+        # earlier launch's numbers in its place
         chosen = chosen[-1:]
     chosen_ids = {r.id for r in chosen}
     others = tuple(r for r in infos if r.id not in chosen_ids)

@@ -204,12 +204,14 @@ def aggregate_each(
     labels: Sequence[str] | None = None,
     *,
     trace_path: str | None = None,
+    each: Sequence[dict[str, Any]] | None = None,
     **kwargs: Any,
 ) -> tuple[list[ReportResult], list[str]]:
     """Aggregate each source on its own (what ``report --compare`` does): ``file_lists[i]`` are the log files of
     source ``i`` (``iter_log_files([source])``), ``labels[i]`` its name (the result's ``sources``; default: the
     files). ``kwargs`` go to every ``aggregate`` call (``by``, ``skip``, ``latest``, ``since``, ``run_ids``,
-    ``merge_runs``...): a selection applies to each source by itself (``latest``: each source's newest run).
+    ``merge_runs``...): a selection applies to each source by itself (``latest``: each source's newest run);
+    ``each[i]``, when given, adds source ``i``'s own (``launches``, ``latest``: a TARGET's current run).
 
     ``trace_path``: write one trace per source, at ``numbered_paths(trace_path, len(file_lists))`` (``t.json`` ->
     ``t.1.json``, ``t.2.json``...). Returns the results and the trace paths written (``[]`` without
@@ -223,8 +225,9 @@ def aggregate_each(
     for i, files in enumerate(file_lists):
         label = labels[i] if labels is not None else None
         try:
+            own = {**kwargs, **(each[i] if each is not None else {})}
             results.append(aggregate(files, trace_path=paths[i] if paths else None,
-                                     sources=[label] if label is not None else None, **kwargs))
+                                     sources=[label] if label is not None else None, **own))
         except UsageError as exc:
             if label is None:
                 raise

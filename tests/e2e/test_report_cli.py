@@ -214,6 +214,16 @@ def test_a_local_install_is_a_source_like_a_remote_target(tmp_path):
     assert r.returncode == 0, r.stderr
     r = run("report", "--json", str(tree), env=env)  # the manifest says where the logs are
     assert r.returncode == 0 and json.loads(r.stdout)["records"] == 6, r.stderr
+    # beside a folder of logs: the install (no server runs) shows its newest run, the folder every run of its own
+    write_log(logs, "gpu1-11-rank0.jsonl", [record(200 + i * 0.01, pid=11, run="gpu1-11-600-cfg2") for i in range(4)])
+    other = tmp_path / "other"
+    write_log(other, "gpu2-5-rank0.jsonl", [record(50 + i * 0.01, pid=5, run="gpu2-5-1-aaaa") for i in range(3)]
+              + [record(60 + i * 0.01, pid=5, run="gpu2-5-2-bbbb") for i in range(2)])
+    r = run("report", "--json", str(other), str(tree), env=env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert sorted(x["id"] for x in doc["runs"]) == ["gpu1-11-600-cfg2", "gpu2-5-1-aaaa", "gpu2-5-2-bbbb"]
+    assert doc["records"] == 4 + 3 + 2
 
 
 def test_target_without_logs_is_a_one_line_error(sshd, ssh_env, tmp_path):

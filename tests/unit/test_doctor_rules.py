@@ -464,3 +464,13 @@ def test_every_rule_has_a_docstring_with_its_id():
     """docs/doctor.md is written from these: each rule states its id and condition."""
     for name, rule in R.RULES:
         assert rule.__doc__ and f"``{name}``" in rule.__doc__, name
+
+
+def test_doctor_masks_secret_option_values_in_the_server_argv() -> None:
+    from eaglepatch.doctor.collect import masked
+
+    argv = ["python", "-m", "sglang.launch_server", "--api-key", "sk-1", "--hf-token=abc", "--admin-password",
+            "--port", "30000", "--ssl-keyfile", "/k.pem", "--speculative-num-steps", "3"]
+    assert masked(argv) == ["python", "-m", "sglang.launch_server", "--api-key", "***", "--hf-token=***",
+                            "--admin-password", "--port", "30000", "--ssl-keyfile", "***",
+                            "--speculative-num-steps", "3"]

@@ -505,3 +505,38 @@ def test_run_start_is_the_earliest_record_across_processes_of_one_file(tmp_path:
     assert aggregate([f]).runs[0].start == T0
     legacy = write(tmp_path / "old.jsonl", cycles(2, T0 + 50, pid=1) + cycles(2, T0 + 7, pid=2))
     assert aggregate([legacy]).runs[0].start == T0 + 7
+
+
+# --- a server's launch: the runs of (launcher pid, start ticks) -------------------------------------------------
+def test_launch_of_reads_the_runtime_ids_only() -> None:
+    assert agg_mod.launch_of("gpu-1-2-7-1234-99887-0a1b2c3d") == (1234, 99887)
+    for rid in ("file:gpu1-7-rank0.jsonl", "r1", "gpu1-12-34-zzzzzzzz", "gpu1-12-34-abc", "gpu1-x-34-0a1b2c3d"):
+        assert agg_mod.launch_of(rid) is None, rid
+
+
+def test_a_pid_used_again_is_another_launch_and_only_the_current_one_is_read(tmp_path: Path) -> None:
+    """A container starts its server as the same pid every time, so two launches append to one file: the current
+    launch (pid 7, started at tick 900) is read alone; logs of an older runtime (no run ids) still count."""
+    old, cur = "gpu1-7-500-0a0a0a0a", "gpu1-7-900-0b0b0b0b"
+    f = write(tmp_path / "gpu1-7-rank0.jsonl", [header(old, T0, "sync", pid=7)] + cycles(4, T0 + 1, accepted=1, run=old)
+              + [header(cur, T0 + 100, "events", pid=7)] + cycles(6, T0 + 101, accepted=4, run=cur, **events()))
+    res = aggregate([f], launches={(7, 900)})
+    assert [r.id for r in res.runs] == [cur] and [r.id for r in res.other_runs] == [old]
+    (g,) = [g for g in res.groups if g.mode == "decode"]
+    assert (g.n, g.accept_len) == (6, 4.0)
+    assert aggregate([f], launches={(7, 500)}).runs[0].id == old
+    assert aggregate([f], launches={(8, 900)}).groups == ()
+    legacy = write(tmp_path / "gpu1-9-rank0.jsonl", cycles(3, T0))           # no "run": one run per file
+    assert [r.id for r in aggregate([legacy], launches={(9, 1)}).runs] == ["file:gpu1-9-rank0.jsonl"]
+
+
+def test_doctor_reads_only_the_current_launch_of_a_reused_pid(tmp_path: Path) -> None:
+    from eaglepatch.doctor.collect import load_records
+
+    old, cur = "gpu1-7-500-0a0a0a0a", "gpu1-7-900-0b0b0b0b"
+    write(tmp_path / "gpu1-7-rank0.jsonl", [header(old, T0, "sync", pid=7)] + cycles(4, T0 + 1, accepted=1, run=old)
+          + [header(cur, T0 + 100, "events", pid=7)] + cycles(6, T0 + 101, accepted=4, run=cur, **events()))
+    got = load_records(str(tmp_path), {7}, {(7, 900)})
+    assert (got["records"], got["timer"], got["decode"]["accept_len"]) == (6, "events", 4.0)
+    blended = load_records(str(tmp_path), {7})                                # no launch known: every run of pid 7
+    assert blended["records"] == 10

@@ -180,6 +180,9 @@ def test_ssh_forms(text, user, host, port):
         ("[]:22", "empty address"),
         ("[::1]:http", "not a number"),
         ("ro ot@gpu1", "bad user name"),
+        ("a;touch /tmp/x@gpu1", "bad user name"),  # a ProxyCommand's %r goes to a shell: as OpenSSH refuses it
+        ("$(id)@gpu1", "bad user name"),
+        ("-oProxyCommand=x@gpu1", "bad user name"),
         ("ssh://", "has no host name|is empty"),
         ("gg::zz", "not a host name or address"),
     ],
