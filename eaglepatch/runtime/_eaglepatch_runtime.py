@@ -1261,6 +1261,9 @@ def _append(fd, data, size):
             os.ftruncate(fd, size + keep)
         except OSError:
             _torn = keep != done            # the next batch starts on a new line
+        else:
+            if keep:
+                _torn = False               # the file ends with a whole line of this batch (its newline included)
         _error("write")
         return data.count(b"\n", keep)     # (one too many when the batch began with a newline: see _torn)
 

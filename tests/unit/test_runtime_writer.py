@@ -543,6 +543,43 @@ def test_a_failed_cut_back_starts_the_next_batch_on_a_new_line(load, logs, monke
     assert json.loads(lines[2])["bs"] == 2 and json.loads(lines[2])["dropped"] == 1
 
 
+def test_a_cut_back_that_ends_on_a_whole_line_clears_the_torn_state(load, logs, monkeypatch):
+    """A torn file (a failed write whose cut-back failed too); the next batch's write fails just after its leading
+    newline and this cut-back works, so the file ends on a whole line again: the batch after starts right there,
+    with no empty line (found by mutation testing: the torn state used to stay set)."""
+    rt = load()
+    w = decode_worker(rt)
+    real_write, real_trunc = os.write, os.ftruncate
+    state = {"n": 0}
+
+    def flaky(fd, data):
+        state["n"] += 1
+        if state["n"] == 1:                 # a fragment of the first batch, then the disk fails
+            real_write(fd, bytes(data[:10]))
+            raise OSError(errno.EIO, "I/O error")
+        if state["n"] == 2:                 # the leading newline of the second, then the disk fails
+            real_write(fd, bytes(data[:1]))
+            raise OSError(errno.EIO, "I/O error")
+        return real_write(fd, data)
+
+    def no_truncate(fd, size):
+        raise OSError(errno.EPERM, "no")
+
+    monkeypatch.setattr(os, "write", flaky)
+    monkeypatch.setattr(os, "ftruncate", no_truncate)
+    w.forward_batch_generation(Batch(1))
+    rt.flush()
+    monkeypatch.setattr(os, "ftruncate", real_trunc)
+    w.forward_batch_generation(Batch(2))
+    rt.flush()
+    w.forward_batch_generation(Batch(3))
+    rt.flush()
+    text = (logs / _log_name()).read_text()
+    assert "\n\n" not in text
+    lines = text.splitlines()
+    assert len(lines[0]) == 10 and json.loads(lines[-1])["bs"] == 3     # the fragment ... the third batch's record
+
+
 def test_a_deleted_log_file_is_opened_again(load, logs):
     """The file stays open between batches; a cleaned-up log dir (file deleted) gets a new one."""
     rt = load()

@@ -1,0 +1,442 @@
+"""Tests added from mutation testing of the runtime (docs/mutation-runtime.md): each pins a behaviour that a
+surviving mutant of `eaglepatch/runtime/_eaglepatch_runtime.py` changed without any other test noticing."""
+import errno
+import json
+import os
+import socket
+import stat
+import tempfile
+import time
+
+import pytest
+
+from test_runtime import Batch, clean_env, decode_worker, headers, load, logs, records, rt  # noqa: F401
+
+
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch):
+    """tempfile's directory (where a fallback log dir is made) under tmp_path."""
+    d = tmp_path / "tmp"
+    d.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(d))
+    return d
+
+
+def _log_name():
+    return "%s-%d-rank0.jsonl" % (socket.gethostname(), os.getpid())
+
+
+def _fallback_line(rt, log_dir, why):
+    return "[eaglepatch] not writing timing records to %s (%s): writing them to %s instead\n" % (
+        log_dir, why, rt._stats()["log_dir"])
+
+
+# --- _open_in / _open_log -----------------------------------------------------------------------------------
+def test_a_log_dir_that_is_a_file_is_refused_by_the_directory_open(load, tmp_path, private_tmp, capsys):
+    """The directory is opened with O_DIRECTORY: a file there fails the open itself (ENOTDIR)."""
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    rt = load(log_dir=str(not_a_dir))
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt.flush()
+    assert capsys.readouterr().err == _fallback_line(rt, not_a_dir, "a link or not a directory")
+    assert len(records(rt._stats()["log_dir"])) == 1 and not_a_dir.read_text() == "x"
+
+
+def test_a_fifo_at_the_log_dir_is_not_opened(load, tmp_path, private_tmp, capsys):
+    """Without O_DIRECTORY, opening a FIFO for reading would block until a writer comes."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(str(fifo))
+    rt = load(log_dir=str(fifo), exit_seconds=1.0)
+    try:
+        decode_worker(rt).forward_batch_generation(Batch())
+        t0 = time.time()
+        rt.flush()
+        assert time.time() - t0 < 0.9
+        assert capsys.readouterr().err == _fallback_line(rt, fifo, "a link or not a directory")
+        assert len(records(rt._stats()["log_dir"])) == 1
+    finally:
+        try:                                    # release a reader stuck in the open, if any
+            os.close(os.open(str(fifo), os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+
+
+def test_the_log_dir_and_file_are_opened_with_exactly_the_safe_flags(load, logs, monkeypatch):
+    """Every fd the runtime opens is close-on-exec and does not follow a link; the directory is opened as one
+    (O_DIRECTORY), the file for appending only, created 0600, without blocking (a FIFO planted meanwhile)."""
+    rt = load()
+    decode_worker(rt).forward_batch_generation(Batch())
+    real = os.open
+    calls = []
+
+    def spy(path, flags, *a, **kw):
+        calls.append((path, flags) + a + tuple(sorted(kw)))
+        return real(path, flags, *a, **kw)
+
+    monkeypatch.setattr(os, "open", spy)
+    rt.flush()
+    monkeypatch.undo()
+    common = os.O_NOFOLLOW | os.O_CLOEXEC
+    assert calls == [
+        (str(logs), os.O_RDONLY | os.O_DIRECTORY | common),
+        (_log_name(), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | common, 0o600, "dir_fd"),
+    ]
+    import fcntl
+    assert fcntl.fcntl(rt._fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+    assert stat.S_IMODE(os.stat(str(logs / _log_name())).st_mode) == 0o600 and len(records(logs)) == 1
+
+
+def test_a_world_writable_log_dir_is_refused_with_its_mode(load, logs, private_tmp, capsys):
+    logs.mkdir()
+    os.chmod(str(logs), 0o757)
+    rt = load()
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt.flush()
+    assert capsys.readouterr().err == _fallback_line(rt, logs, "writable by group or others (mode 757)")
+
+
+def test_a_log_dir_that_cannot_be_made_is_said_with_the_system_reason(load, tmp_path, private_tmp, capsys):
+    """An OSError (not a refusal) is said by its strerror alone."""
+    (tmp_path / "file").write_text("x")
+    bad = tmp_path / "file" / "sub"
+    rt = load(log_dir=str(bad))
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt.flush()
+    assert capsys.readouterr().err == _fallback_line(rt, bad, os.strerror(errno.ENOTDIR))
+    assert len(records(rt._stats()["log_dir"])) == 1
+
+
+@pytest.mark.parametrize("plant", ["link", "loop", "dir", "fifo"])
+def test_something_not_a_regular_file_at_the_log_file_is_refused_before_the_open(load, logs, tmp_path, private_tmp,
+                                                                                 capsys, plant):
+    """The lstat refuses a link (even one that loops or dangles), a directory, a FIFO: one reason for all."""
+    logs.mkdir(mode=0o700)
+    path = str(logs / _log_name())
+    if plant == "link":
+        os.symlink(str(tmp_path / "nowhere"), path)
+    elif plant == "loop":
+        os.symlink(_log_name(), path)
+    elif plant == "dir":
+        os.mkdir(path)
+    else:
+        os.mkfifo(path)
+    rt = load()
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt.flush()
+    assert capsys.readouterr().err == _fallback_line(rt, logs, "%s is a link or not a regular file" % _log_name())
+    assert len(records(rt._stats()["log_dir"])) == 1 and not os.path.exists(str(tmp_path / "nowhere"))
+
+
+@pytest.mark.parametrize("plant", ["link", "fifo", "fifo with a reader"])
+def test_something_planted_between_the_check_and_the_open_is_refused(load, logs, tmp_path, private_tmp, capsys,
+                                                                     monkeypatch, plant):
+    """The file is checked (lstat), then opened: what is planted in between is refused by the open's flags
+    (O_NOFOLLOW: ELOOP, O_NONBLOCK: ENXIO) or by the fstat after it."""
+    logs.mkdir(mode=0o700)
+    path = str(logs / _log_name())
+    reader = None
+    if plant == "link":
+        target = tmp_path / "victim"
+        target.write_text("precious\n")
+        os.symlink(str(target), path)
+    else:
+        os.mkfifo(path)
+        if plant == "fifo with a reader":
+            reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    real_stat = os.stat
+
+    def not_there_yet(p, *a, **kw):
+        if kw.get("dir_fd") is not None:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+        return real_stat(p, *a, **kw)
+
+    rt = load()
+    decode_worker(rt).forward_batch_generation(Batch())
+    monkeypatch.setattr(os, "stat", not_there_yet)
+    try:
+        rt.flush()
+    finally:
+        monkeypatch.undo()
+        if reader is not None:
+            os.close(reader)
+    why = "%s is not a regular file" if reader is not None else "%s is a link or not a regular file"
+    assert capsys.readouterr().err == _fallback_line(rt, logs, why % _log_name())
+    assert len(records(rt._stats()["log_dir"])) == 1
+    if plant == "link":
+        assert (tmp_path / "victim").read_text() == "precious\n"
+
+
+# --- _append / _write_buffered ------------------------------------------------------------------------------
+def test_short_writes_are_continued_where_they_stopped(load, logs, monkeypatch):
+    """os.write may write less than asked (one byte, a few): the rest follows, nothing twice, nothing lost."""
+    rt = load()
+    w = decode_worker(rt)
+    w.forward_batch_generation(Batch(1))
+    rt.flush()
+    real = os.write
+    calls = {"n": 0}
+
+    def short(fd, data):
+        calls["n"] += 1
+        data = bytes(data)
+        return real(fd, data[:1] if calls["n"] <= 5 else data[:50])
+
+    monkeypatch.setattr(os, "write", short)
+    for bs in (2, 3, 4):
+        w.forward_batch_generation(Batch(bs))
+    rt.flush()
+    monkeypatch.undo()
+    assert calls["n"] > 6
+    assert [r["bs"] for r in records(logs)] == [1, 2, 3, 4]
+    assert rt._stats()["errors"] == 0 and rt._stats()["dropped"] == 0
+
+
+def test_a_write_returning_zero_is_reported_as_such(load, logs, monkeypatch, capsys):
+    rt = load()
+    monkeypatch.setattr(os, "write", lambda fd, data: 0)
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt.flush()
+    monkeypatch.undo()
+    rt.flush()
+    assert "OSError: [Errno %d] write returned 0" % errno.EIO in capsys.readouterr().err
+
+
+def test_a_percent_sign_in_the_host_name_is_written_as_is(rt, logs):
+    """The host and run id are put into a %-format: a "%" in them must not be read as a conversion."""
+    rt._host = "gpu%d-%s%%"
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt.flush()
+    (rec,) = records(logs)
+    (head,) = headers(logs)
+    assert rec["host"] == head["host"] == "gpu%d-%s%%"
+    assert rec["run"] == head["run"] and rec["run"].startswith("gpu%d-%s%%-")
+
+
+def test_records_lost_in_a_failed_write_pass_on_the_losses_they_carried(load, logs, monkeypatch):
+    """A record carries the count of those lost before it ("dropped"); when it is lost itself, the next record
+    written reports both."""
+    rt = load(flush_records=100)
+    w = decode_worker(rt)
+    w.forward_batch_generation(Batch(1))
+    rt.flush()                                                   # the file is open, its header written
+    for bs in (2, 3, 4):
+        w.forward_batch_generation(Batch(bs))
+    with rt._lock:
+        t, tail, lost = rt._buf[1]
+        rt._buf[1] = (t, tail, 7)                                # bs 3 carries 7 earlier losses
+    real = os.write
+
+    def enospc_in_the_second_line(fd, data):
+        data = bytes(data)
+        real(fd, data[:data.index(b"\n") + 5])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", enospc_in_the_second_line)
+    rt.flush()
+    monkeypatch.undo()
+    w.forward_batch_generation(Batch(5))
+    rt.flush()
+    recs = records(logs)
+    assert [r["bs"] for r in recs] == [1, 2, 5]
+    assert recs[-1]["dropped"] == 2 + 7 and rt._stats()["dropped"] == 2
+
+
+def test_records_that_cannot_be_written_anywhere_are_counted_lost(load, tmp_path, monkeypatch, capsys):
+    """The log dir unusable and no fallback dir either: the batch is dropped and counted, the error said."""
+    (tmp_path / "file").write_text("x")
+
+    def no_tmp(*a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", no_tmp)
+    rt = load(log_dir=str(tmp_path / "file"), flush_records=100)
+    w = decode_worker(rt)
+    for bs in (1, 2):
+        w.forward_batch_generation(Batch(bs))
+    with rt._lock:
+        t, tail, lost = rt._buf[1]
+        rt._buf[1] = (t, tail, 4)
+    rt.flush()
+    stats = rt._stats()
+    assert stats["dropped"] == 2 and stats["errors"] == 1 and stats["buffered"] == 0
+    assert rt._lost == 2 + 4
+    assert "[eaglepatch] internal error in flush " in capsys.readouterr().err
+
+
+def test_a_log_dir_owned_by_another_user_is_refused_with_both_uids(load, logs, private_tmp, capsys):
+    logs.mkdir(mode=0o700)
+    rt = load()
+    rt._EUID = os.geteuid() + 1
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt.flush()
+    why = "owned by uid %d, not %d" % (os.geteuid(), os.geteuid() + 1)
+    # (the fallback dir, ours, is then refused too: the injected uid is not ours; that error follows)
+    assert capsys.readouterr().err.startswith(_fallback_line(rt, logs, why))
+
+
+# --- the run: _proc_cmdline, _proc_stat, _launcher, _flags_of, _redacted, _run_of, _header_line ---------------
+SPAWN = ["/opt/venv/bin/python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, "
+         "pipe_handle=7)", "--multiprocessing-fork"]
+LAUNCH = ["/opt/venv/bin/python", "-m", "sglang.launch_server", "--model-path", "m", "--speculative-num-steps", "3"]
+
+
+class Proc(object):
+    """A /proc tree written to a folder (as in test_runtime_run.py): add(pid, ppid, argv, start ticks)."""
+
+    def __init__(self, root):
+        self.root = root
+
+    def use(self, rt):
+        rt._PROC = str(self.root)
+        return rt
+
+    def add(self, pid, ppid, argv, ticks=1000, raw_argv=None):
+        d = self.root / str(pid)
+        d.mkdir()
+        (d / "cmdline").write_bytes(raw_argv if raw_argv is not None else b"".join(a.encode() + b"\0" for a in argv))
+        if ppid is not None:
+            rest = ["S", str(ppid)] + ["0"] * 17 + [str(ticks)] + ["0"] * 30
+            (d / "stat").write_text("%d (python3) %s\n" % (pid, " ".join(rest)))
+
+
+@pytest.fixture
+def proc(tmp_path):
+    root = tmp_path / "proc"
+    root.mkdir()
+    p = Proc(root)
+    p.add(1, 0, ["/sbin/init"])
+    return p
+
+
+def test_a_command_line_that_is_not_utf8_is_read_with_replacement_characters(rt, proc):
+    proc.use(rt)
+    proc.add(100, 1, None, raw_argv=b"python\0--name=\xff\xfe\0")
+    assert rt._proc_cmdline(100) == ["python", "--name=\ufffd\ufffd"]
+
+
+def test_an_orphaned_spawned_process_is_its_own_launcher(rt, proc):
+    """A multiprocessing child whose parent died is reparented to init (pid 1): init is never the launcher."""
+    proc.use(rt)
+    proc.add(101, 1, SPAWN, ticks=55)
+    assert rt._launcher(101) == (101, 55, SPAWN)
+
+
+def test_a_launch_that_is_pid_2_is_the_launcher(rt, proc):
+    """In a container the launch command may well be pid 2 (under an init such as tini)."""
+    proc.use(rt)
+    proc.add(2, 1, LAUNCH, ticks=7)
+    proc.add(3, 2, SPAWN)
+    assert rt._launcher(3) == (2, 7, LAUNCH)
+
+
+@pytest.mark.parametrize("parent", ["empty cmdline", "no stat"])
+def test_a_parent_that_cannot_be_read_ends_the_climb(rt, proc, parent):
+    """A parent whose command line is empty (a zombie, a kernel thread) or whose stat is gone: the child is the
+    launcher."""
+    proc.use(rt)
+    if parent == "empty cmdline":
+        proc.add(100, 1, [], ticks=5)
+    else:
+        proc.add(100, None, LAUNCH)
+    proc.add(101, 100, SPAWN, ticks=66)
+    assert rt._launcher(101) == (101, 66, SPAWN)
+
+
+def test_the_climb_stops_after_64_parents(rt, proc):
+    """A bound on the walk up (a /proc that changes under it must not keep it going): 64 steps at most."""
+    proc.use(rt)
+    proc.add(100, 1, LAUNCH)
+    for pid in range(101, 171):                                       # 70 spawned levels
+        proc.add(pid, pid - 1, SPAWN, ticks=pid)
+    assert rt._launcher(170)[:2] == (170 - 64, 170 - 64)
+
+
+def test_a_secret_hides_only_the_one_value_after_it():
+    from test_runtime import load_module
+    rt = load_module()
+    argv = ["python", "--api-key", "sk", "positional", "--x"]
+    assert rt._redacted(argv) == ["python", "--api-key", "***", "positional", "--x"]
+
+
+def _fnv(text):
+    h = 0
+    for ch in text.encode("utf-8"):
+        h = ((h ^ ch) * 0x01000193) & 0xFFFFFFFF
+    return "%08x" % h
+
+
+@pytest.mark.parametrize("kw, cfg", [
+    ({}, '["cpu", [], 1]'),
+    ({"every": 3}, '["cpu", [], 3]'),
+    ({"mode": "auto", "timers": {"A": "cpu"}}, '["auto", [["A", "cpu"]], 1]'),
+    ({"mode": "auto", "timers": {"A": "sync"}}, '["auto", [["A", "sync"]], 1]'),
+])
+def test_the_run_id_ends_in_the_fnv1a_digest_of_the_configuration(load, logs, proc, kw, cfg):
+    """<host>-<launcher pid>-<start ticks>-<32-bit FNV-1a (basis 0) of [mode, sorted timers, every] as JSON>: the
+    same digest in every process (str hash() is salted), another for each timer choice."""
+    proc.add(100, 1, LAUNCH, ticks=5000)
+    proc.add(os.getpid(), 100, SPAWN)
+    rt = proc.use(load(**kw))
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt.flush()
+    assert headers(logs)[0]["run"] == "%s-100-5000-%s" % (rt._host, _fnv(cfg))
+
+
+def test_the_header_line_has_exactly_its_fields(rt, logs, proc, monkeypatch):
+    proc.add(100, 1, LAUNCH, ticks=5000)
+    proc.add(os.getpid(), 100, SPAWN)
+    proc.use(rt)
+    monkeypatch.setattr(rt, "_wall", lambda: 1234.567890123)
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt.flush()
+    with open(str(logs / _log_name())) as f:
+        first = f.readline()
+    assert json.loads(first) == {
+        "v": 1, "kind": "run", "run": first and json.loads(first)["run"], "t": 1234.56789, "host": rt._host,
+        "pid": os.getpid(), "rank": 0, "timer": "cpu", "flags": {"speculative-num-steps": "3"}, "launcher": 100,
+        "argv": LAUNCH}
+    assert first.endswith("}\n")
+
+
+def test_a_failed_write_that_wrote_nothing_leaves_a_torn_file_as_it_was(load, logs, monkeypatch):
+    """After a cut-back that failed (the file ends in a torn line, the next batch starts with a newline), a write
+    that fails before writing anything must not change the file (no cut-back past its end)."""
+    rt = load()
+    w = decode_worker(rt)
+    real_write, real_trunc = os.write, os.ftruncate
+    state = {"n": 0}
+
+    def flaky(fd, data):
+        state["n"] += 1
+        if state["n"] == 1:
+            real_write(fd, bytes(data[:10]))
+        raise OSError(errno.EIO, "I/O error")
+
+    def no_truncate(fd, size):
+        raise OSError(errno.EPERM, "no")
+
+    monkeypatch.setattr(os, "write", flaky)
+    monkeypatch.setattr(os, "ftruncate", no_truncate)
+    w.forward_batch_generation(Batch(1))
+    rt.flush()                                                   # 10 bytes written, not cut back: torn
+    before = (logs / _log_name()).read_bytes()
+    assert len(before) == 10 and rt._torn
+    monkeypatch.setattr(os, "ftruncate", real_trunc)
+    w.forward_batch_generation(Batch(2))
+    rt.flush()                                                   # nothing written at all
+    monkeypatch.undo()
+    assert (logs / _log_name()).read_bytes() == before and rt._stats()["dropped"] == 2
+
+
+@pytest.mark.parametrize("missing", ["cmdline", "stat"])
+def test_a_process_whose_proc_entry_is_half_there_is_its_own_launcher(rt, proc, missing):
+    """Its command line (empty: a process on its way out) or its stat cannot be read: as without /proc, this
+    process, start 0, this interpreter's argv."""
+    import sys
+    proc.use(rt)
+    if missing == "cmdline":
+        proc.add(100, 1, [], ticks=5)
+    else:
+        proc.add(100, None, LAUNCH)
+    assert rt._launcher(100) == (100, 0, list(sys.argv))
