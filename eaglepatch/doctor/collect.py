@@ -95,7 +95,8 @@ _SECRET_WORDS = ("key", "token", "secret", "password", "passwd")
 
 def masked(argv: Sequence[str]) -> list[str]:
     """``argv`` with the value of every option named like a secret (``--api-key``, ``--hf-token=...``) replaced by
-    ``***``, as the runtime masks it in its log headers: doctor's output is evidence people paste."""
+    ``***``, as the runtime masks it in its log headers (``_redacted``: a copy, since the runtime runs inside the
+    server without eaglepatch; a test holds the two equal): doctor's output is evidence people paste."""
     out: list[str] = []
     hide = False
     for a in argv:

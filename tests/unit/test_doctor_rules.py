@@ -474,3 +474,7 @@ def test_doctor_masks_secret_option_values_in_the_server_argv() -> None:
     assert masked(argv) == ["python", "-m", "sglang.launch_server", "--api-key", "***", "--hf-token=***",
                             "--admin-password", "--port", "30000", "--ssl-keyfile", "***",
                             "--speculative-num-steps", "3"]
+    # the runtime masks its run headers the same way (its own copy: it runs in the server without eaglepatch)
+    from test_runtime import load_module
+
+    assert load_module()._redacted(argv) == masked(argv)

@@ -514,16 +514,17 @@ def test_a_write_returning_zero_does_not_loop_forever(load, logs, monkeypatch):
     assert rt._stats()["dropped"] == 1 and rt._stats()["errors"] == 1
 
 
-def test_a_failed_cut_back_starts_the_next_batch_on_a_new_line(load, logs, monkeypatch):
-    rt = load()
-    w = decode_worker(rt)
+def failing_disk(monkeypatch, cuts):
+    """os.write as a failing disk: write k (for k < len(cuts)) puts cuts[k] bytes in the file and fails (EIO); the
+    later ones work. ftruncate fails (EPERM) until the function returned is called."""
     real_write, real_trunc = os.write, os.ftruncate
     state = {"n": 0}
 
     def flaky(fd, data):
+        k = state["n"]
         state["n"] += 1
-        if state["n"] == 1:
-            real_write(fd, bytes(data[:10]))
+        if k < len(cuts):
+            real_write(fd, bytes(data[:cuts[k]]))
             raise OSError(errno.EIO, "I/O error")
         return real_write(fd, data)
 
@@ -532,9 +533,16 @@ def test_a_failed_cut_back_starts_the_next_batch_on_a_new_line(load, logs, monke
 
     monkeypatch.setattr(os, "write", flaky)
     monkeypatch.setattr(os, "ftruncate", no_truncate)
+    return lambda: monkeypatch.setattr(os, "ftruncate", real_trunc)
+
+
+def test_a_failed_cut_back_starts_the_next_batch_on_a_new_line(load, logs, monkeypatch):
+    rt = load()
+    w = decode_worker(rt)
+    truncate_works = failing_disk(monkeypatch, [10])
     w.forward_batch_generation(Batch(1))
     rt.flush()
-    monkeypatch.setattr(os, "ftruncate", real_trunc)
+    truncate_works()
     w.forward_batch_generation(Batch(2))
     rt.flush()
     lines = (logs / _log_name()).read_text().splitlines()
@@ -549,27 +557,11 @@ def test_a_cut_back_that_ends_on_a_whole_line_clears_the_torn_state(load, logs, 
     with no empty line (found by mutation testing: the torn state used to stay set)."""
     rt = load()
     w = decode_worker(rt)
-    real_write, real_trunc = os.write, os.ftruncate
-    state = {"n": 0}
-
-    def flaky(fd, data):
-        state["n"] += 1
-        if state["n"] == 1:                 # a fragment of the first batch, then the disk fails
-            real_write(fd, bytes(data[:10]))
-            raise OSError(errno.EIO, "I/O error")
-        if state["n"] == 2:                 # the leading newline of the second, then the disk fails
-            real_write(fd, bytes(data[:1]))
-            raise OSError(errno.EIO, "I/O error")
-        return real_write(fd, data)
-
-    def no_truncate(fd, size):
-        raise OSError(errno.EPERM, "no")
-
-    monkeypatch.setattr(os, "write", flaky)
-    monkeypatch.setattr(os, "ftruncate", no_truncate)
+    # a fragment of the first batch, then the leading newline of the second, each time the disk failing after
+    truncate_works = failing_disk(monkeypatch, [10, 1])
     w.forward_batch_generation(Batch(1))
     rt.flush()
-    monkeypatch.setattr(os, "ftruncate", real_trunc)
+    truncate_works()
     w.forward_batch_generation(Batch(2))
     rt.flush()
     w.forward_batch_generation(Batch(3))
