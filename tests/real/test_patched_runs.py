@@ -366,7 +366,9 @@ def test_v2_device_accept_lens_are_copied_to_pinned_memory(tmp_path, sglang_rele
 
     def setup(runtime: Any) -> None:
         # The worker module imported the harness's stub torch; the runtime looks torch up when it needs it.
-        monkeypatch.setitem(sys.modules, "torch", torch)
+        # (Not monkeypatch.setitem: its undo would put the harness's stub back after load_patched has restored
+        # sys.modules; load_patched itself removes this entry.)
+        sys.modules["torch"] = torch
         runtime.configure(mode="events", log_dir=str(tmp_path / "log"), summary_every=0)
 
     monkeypatch.setattr(sys.modules[__name__], "ACCEPT_LENS", [DeviceLens])
@@ -375,3 +377,4 @@ def test_v2_device_accept_lens_are_copied_to_pinned_memory(tmp_path, sglang_rele
     assert decode["timer"] == "events" and prefill["timer"] == "events"
     assert decode["accepted"] == 7 and decode["bs"] == 2
     assert pinned and all(h.values == [3, 4] for h in pinned), "accept_lens not copied into pinned memory"
+    assert sys.modules.get("torch") is not torch, "the fake torch outlived the test"
