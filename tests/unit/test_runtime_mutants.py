@@ -11,6 +11,7 @@ import time
 import pytest
 
 from test_runtime import Batch, clean_env, decode_worker, headers, load, logs, records, rt  # noqa: F401
+from test_runtime_run import SPAWN, proc  # noqa: F401 (proc: a fixture)
 
 
 @pytest.fixture
@@ -276,37 +277,7 @@ def test_a_log_dir_owned_by_another_user_is_refused_with_both_uids(load, logs, p
 
 
 # --- the run: _proc_cmdline, _proc_stat, _launcher, _flags_of, _redacted, _run_of, _header_line ---------------
-SPAWN = ["/opt/venv/bin/python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, "
-         "pipe_handle=7)", "--multiprocessing-fork"]
 LAUNCH = ["/opt/venv/bin/python", "-m", "sglang.launch_server", "--model-path", "m", "--speculative-num-steps", "3"]
-
-
-class Proc(object):
-    """A /proc tree written to a folder (as in test_runtime_run.py): add(pid, ppid, argv, start ticks)."""
-
-    def __init__(self, root):
-        self.root = root
-
-    def use(self, rt):
-        rt._PROC = str(self.root)
-        return rt
-
-    def add(self, pid, ppid, argv, ticks=1000, raw_argv=None):
-        d = self.root / str(pid)
-        d.mkdir()
-        (d / "cmdline").write_bytes(raw_argv if raw_argv is not None else b"".join(a.encode() + b"\0" for a in argv))
-        if ppid is not None:
-            rest = ["S", str(ppid)] + ["0"] * 17 + [str(ticks)] + ["0"] * 30
-            (d / "stat").write_text("%d (python3) %s\n" % (pid, " ".join(rest)))
-
-
-@pytest.fixture
-def proc(tmp_path):
-    root = tmp_path / "proc"
-    root.mkdir()
-    p = Proc(root)
-    p.add(1, 0, ["/sbin/init"])
-    return p
 
 
 def test_a_command_line_that_is_not_utf8_is_read_with_replacement_characters(rt, proc):

@@ -29,12 +29,14 @@ class Proc(object):
         rt._PROC = str(self.root)
         return rt
 
-    def add(self, pid, ppid, argv, ticks=1000, comm="python3"):
+    def add(self, pid, ppid, argv, ticks=1000, comm="python3", raw_argv=None):
+        """`raw_argv`: the cmdline file's bytes as they are; `ppid` None: no stat file (a process half gone)."""
         d = self.root / str(pid)
         d.mkdir()
-        (d / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in argv))
-        rest = ["S", str(ppid)] + ["0"] * 17 + [str(ticks)] + ["0"] * 30
-        (d / "stat").write_text("%d (%s) %s\n" % (pid, comm, " ".join(rest)))
+        (d / "cmdline").write_bytes(raw_argv if raw_argv is not None else b"".join(a.encode() + b"\0" for a in argv))
+        if ppid is not None:
+            rest = ["S", str(ppid)] + ["0"] * 17 + [str(ticks)] + ["0"] * 30
+            (d / "stat").write_text("%d (%s) %s\n" % (pid, comm, " ".join(rest)))
 
 
 @pytest.fixture
