@@ -29,13 +29,9 @@ story = rs.story
 story["load"] = LOAD
 
 
+
 def bench(label: str) -> dict | None:
-    doc = rs.ep_json("bench", *LOAD, rs.TARGET, timeout=240)
-    if doc is not None:
-        doc["label"] = label
-        c = doc["client"]
-        rs.log(f"bench {label}: {c['tokens_per_s']} tok/s, TTFT p50 {c['ttft_ms']['p50']} ms, accept {c['accept_len']}")
-    return doc
+    return rs.bench(label, LOAD)
 
 
 def main() -> int:

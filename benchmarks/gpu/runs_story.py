@@ -137,10 +137,13 @@ def launch() -> subprocess.Popen:
     raise SystemExit("the server was not ready in 300 s")
 
 
-def bench(label: str) -> dict | None:
-    doc = ep_json("bench", *LOAD, TARGET, timeout=240)
+def bench(label: str, load: list[str] = LOAD) -> dict | None:
+    """``eaglepatch bench`` with ``load``: its JSON, labelled, and one line of it in the story's log."""
+    doc = ep_json("bench", *load, TARGET, timeout=240)
     if doc is not None:
         doc["label"] = label
+        c = doc["client"]
+        log(f"bench {label}: {c['tokens_per_s']} tok/s, TTFT p50 {c['ttft_ms']['p50']} ms, accept {c['accept_len']}")
     return doc
 
 

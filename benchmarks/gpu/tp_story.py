@@ -61,13 +61,9 @@ def ranks() -> list[dict]:
     return sorted(out, key=lambda r: r["title"])
 
 
+
 def bench(label: str) -> dict | None:
-    doc = rs.ep_json("bench", *LOAD, rs.TARGET, timeout=240)
-    if doc is not None:
-        doc["label"] = label
-        c = doc["client"]
-        rs.log(f"bench {label}: {c['tokens_per_s']} tok/s, TTFT p50 {c['ttft_ms']['p50']} ms")
-    return doc
+    return rs.bench(label, LOAD)
 
 
 def by_rank(label: str) -> dict | None:
