@@ -10,7 +10,7 @@ export EAGLEPATCH_TEST_CACHE ?= $(CACHE)
 $(BIN)/eaglepatch: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,plot]'  # plot: the PNG chart tests run too
 	@touch $@
 
 install: $(BIN)/eaglepatch

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 
-import click
 import typer.main
 from typer.testing import CliRunner
 
@@ -20,7 +19,7 @@ COMMAND = typer.main.get_command(app)
 def test_every_option_of_every_command_has_help_and_every_command_has_examples():
     """A person reading --help learns what each option does, and sees the command written out."""
     for name, cmd in COMMAND.commands.items():
-        missing = [p.opts for p in cmd.params if isinstance(p, click.Option) and not (p.help or "").strip()]
+        missing = [p.opts for p in cmd.params if p.param_type_name == "option" and not (p.help or "").strip()]
         assert not missing, f"{name}: options without help: {missing}"
         assert "Examples:" in (cmd.help or "") and f"eaglepatch {name} " in cmd.help, name
 
