@@ -892,13 +892,16 @@ def _instrument(source: str, path: str, recipe: Recipe, render: bool) -> Transfo
     new = _render(finder.lines, inserts)
     # Check our own output before anyone writes it (Black's habit): it compiles, it strips back to the input, and
     # what ast reads in it is the input with exactly the statements we meant, where we meant them.
-    try:
-        compile(new, path, "exec", dont_inherit=True)
+    try:  # parsed once: compiled from its tree (the compiler's own checks), then that tree is checked
+        new_tree = ast.parse(new, path)
+        compile(new_tree, path, "exec", dont_inherit=True)
     except SyntaxError as exc:
         return Refused(path, f"internal error: the instrumented file does not compile ({exc.msg})", None, exc.lineno)
+    except (ValueError, RecursionError, MemoryError) as exc:
+        return Refused(path, f"internal error: the instrumented file does not compile ({exc})")
     if strip_lines(new) != original:
         return Refused(path, "internal error: removing the added lines would not give back the original")
-    problem = check_output(finder.tree, new, workers)
+    problem = check_output(finder.tree, new_tree, workers)
     if problem is not None:
         return Refused(path, f"internal error: {problem[0]}; nothing instrumented", problem[1],
                        _input_line(new, problem[2], kept))
@@ -965,10 +968,10 @@ def _statements(tree: ast.Module) -> tuple[list[list[ast.stmt]], list[ast.stmt]]
     return bodies, stmts
 
 
-def check_output(original: ast.Module, new: str,
+def check_output(original: ast.Module, new: str | ast.Module,
                  workers: Sequence[WorkerInfo]) -> tuple[str, str | None, int | None] | None:
     """None when ``new`` is ``original`` (the input's ast) instrumented as ``workers`` say, else (what is wrong,
-    class, 1-based line of ``new``).
+    class, 1-based line of ``new``). ``new`` is the instrumented text, or its ast (which the check then changes).
 
     Read with ``ast`` alone, so a fault in how lines were counted or placed cannot hide: once the added
     statements, decorators and import are taken out, the module is the input's, node for node; each
@@ -977,10 +980,13 @@ def check_output(original: ast.Module, new: str,
     ``begin``; each ``accepted(name, ...)`` follows the statement that binds ``name``; the entry decorator is the
     first decorator of each supported class's entry method and of nothing else; the import comes once, at the top
     level, before the first decorator."""
-    try:
-        tree = ast.parse(new)
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-        return f"the instrumented file does not parse ({exc})", None, None
+    if isinstance(new, ast.Module):
+        tree = new
+    else:
+        try:
+            tree = ast.parse(new)
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+            return f"the instrumented file does not parse ({exc})", None, None
     supported = [w for w in workers if w.status == "supported"]
     want_sites = Counter((p.phase, p.mode, p.call) for w in supported for p in w.phases)
     by_phase: dict[tuple[str, str], set[str]] = {}
@@ -1080,15 +1086,24 @@ def check_output(original: ast.Module, new: str,
 
 
 def _same_tree(a: ast.AST, b: ast.AST) -> bool:
-    """``ast.dump(a) == ast.dump(b)`` (fields only, no positions), without building the strings."""
+    """``ast.dump(a) == ast.dump(b)`` (fields only, no positions), without building the strings. Iterative (no
+    recursion limit on deep expressions); a node's fields are read from its ``__dict__``, where ast keeps them."""
     stack: list[tuple[object, object]] = [(a, b)]
+    pop, push = stack.pop, stack.append
+    fields: dict[type, tuple[str, ...] | None] = {}  # a type's fields; None: not a node
     while stack:
-        x, y = stack.pop()
-        if type(x) is not type(y):
+        x, y = pop()
+        t = type(x)
+        if t is not type(y):
             return False
-        if isinstance(x, ast.AST):
-            stack.extend((getattr(x, f), getattr(y, f)) for f in x._fields)
-        elif isinstance(x, list):
+        fs = fields.get(t, ())
+        if fs == ():
+            fs = fields[t] = t._fields if issubclass(t, ast.AST) else None
+        if fs is not None:
+            dx, dy = x.__dict__, y.__dict__
+            for f in fs:
+                push((dx.get(f), dy.get(f)))
+        elif t is list:
             if len(x) != len(y):  # type: ignore[arg-type]
                 return False
             stack.extend(zip(x, y))  # type: ignore[call-overload]
