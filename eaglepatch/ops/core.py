@@ -11,6 +11,7 @@ import base64
 import dataclasses
 import difflib
 import functools
+import gc
 import getpass
 import hashlib
 import json
@@ -56,7 +57,12 @@ def preload_transform() -> None:
         try:
             _engine()
         except BaseException:  # the first use imports it again and meets the error itself
-            pass
+            return
+        # What is loaded now (libcst, typer, paramiko: modules, classes, functions) lives as long as the command;
+        # the collector stops walking it on each full collection. The transform allocates trees by the ten
+        # thousand, and those walks cost it about a fifth of its time (the worker files of sglang 0.5.16 in a fresh
+        # process, 2026-12-01: 306-339 ms with them, 235-266 ms without).
+        gc.freeze()
 
     threading.Thread(target=load, name="eaglepatch-import-transform").start()
 _CONFIG_LINE = re.compile(r"^_CONFIG = .*# eaglepatch:config$", re.M)
