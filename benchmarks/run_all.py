@@ -217,6 +217,14 @@ def section_ssh(run: dict, summary: list) -> str:
         "there for reference: the same commands with no SSH at all. Target (issue 3): apply at most 3x the bare "
         "ssh.")
     out.append("")
+    bc = run.get("result", {}).get("bytecode")
+    if bc:
+        env = (f" This machine's environment sets PYTHONDONTWRITEBYTECODE={bc['PYTHONDONTWRITEBYTECODE']}: without "
+               "that step, every command compiled eaglepatch's modules from source again (runs before 2026-12-02 "
+               "were measured so).") if bc.get("PYTHONDONTWRITEBYTECODE") else ""
+        out += [f"eaglepatch runs from bytecode, as an installed eaglepatch does: the benchmark first byte-compiles "
+                f"the checkout's `eaglepatch/` (`python -m compileall`, what pip does when it installs a package; "
+                f"{bc['seconds']:.1f} s, not timed).{env}", ""]
     if "error" in run:
         summary.append(["apply --no-restart over SSH", "failed", "", "", "<= 3x", "**FAILED**"])
         return "\n".join(out) + "\n" + failed("ssh", run)
