@@ -10,7 +10,9 @@ import time
 
 import pytest
 
-from test_runtime import Batch, clean_env, decode_worker, headers, load, logs, records, rt  # noqa: F401
+from test_runtime import (  # noqa: F401 - fixtures are used by name
+    Batch, clean_env, decode_worker, fake_torch, headers, load, logs, one_record, records, rt,
+)
 from test_runtime_run import SPAWN, proc  # noqa: F401 (proc: a fixture)
 
 
@@ -411,3 +413,46 @@ def test_a_process_whose_proc_entry_is_half_there_is_its_own_launcher(rt, proc, 
     else:
         proc.add(100, None, LAUNCH)
     assert rt._launcher(100) == (100, 0, list(sys.argv))
+
+
+# --- the hooks and _emit: entry, begin, end, accepted --------------------------------------------------------
+def _scripted(rt, clock, steps, after=0.000123456789):
+    """A worker whose phases take exactly the given seconds on the scripted clock ``clock`` (the hot path's)."""
+    class W(object):
+        @rt.entry
+        def forward_batch_generation(self, batch):
+            for phase, dt in steps:
+                rt.begin(phase, "decode")
+                clock[0] += dt
+                rt.end(phase)
+            clock[0] += after               # in the cycle, in no phase
+
+    return W()
+
+
+STEPS = [("draft", 0.0123456789), ("verify", 0.00200004)]
+
+
+def test_times_are_milliseconds_rounded_to_four_places(load, logs, monkeypatch):
+    """Phases and the cycle: seconds x 1000, rounded to 4 places (12.3456789 ms is 12.3457; 2.00004 is 2.0)."""
+    rt = load(mode="cpu")
+    clock = [100.0]
+    monkeypatch.setattr(rt, "_perf", lambda: clock[0])
+    _scripted(rt, clock, STEPS).forward_batch_generation(Batch(2))
+    rec = one_record(rt, logs)
+    assert rec["phases"] == {"draft": 12.3457, "verify": 2.0}
+    assert rec["cycle_ms"] == round((clock[0] - 100.0) * 1000.0, 4) == 14.4692
+    assert "host_phases" not in rec and "host_cycle_ms" not in rec
+
+
+def test_events_records_carry_the_host_times_in_milliseconds_rounded_to_four_places(load, logs, fake_torch,
+                                                                                     monkeypatch):
+    """The events timer: the host's own view of each phase and of the cycle, beside the GPU's, in the same unit."""
+    rt = load(mode="events")
+    clock = [50.0]
+    monkeypatch.setattr(rt, "_perf", lambda: clock[0])
+    _scripted(rt, clock, STEPS).forward_batch_generation(Batch(2))
+    rec = one_record(rt, logs)
+    assert rec["timer"] == "events" and set(rec["phases"]) == {"draft", "verify"}
+    assert rec["host_phases"] == {"draft": 12.3457, "verify": 2.0}
+    assert rec["host_cycle_ms"] == round((clock[0] - 50.0) * 1000.0, 4) == 14.4692
