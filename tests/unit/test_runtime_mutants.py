@@ -6,6 +6,7 @@ import os
 import socket
 import stat
 import tempfile
+import threading
 import time
 
 import pytest
@@ -456,3 +457,53 @@ def test_events_records_carry_the_host_times_in_milliseconds_rounded_to_four_pla
     assert rec["timer"] == "events" and set(rec["phases"]) == {"draft", "verify"}
     assert rec["host_phases"] == {"draft": 12.3457, "verify": 2.0}
     assert rec["host_cycle_ms"] == round((clock[0] - 50.0) * 1000.0, 4) == 14.4692
+
+
+class _CountingEvent(threading.Event):
+    """The writer's wake-up event, counting each set()."""
+
+    def __init__(self):
+        threading.Event.__init__(self)
+        self.sets = 0
+
+    def set(self):
+        self.sets += 1
+        threading.Event.set(self)
+
+
+def test_a_record_wakes_the_writer_only_when_its_batch_is_due(load, logs):
+    """A busy worker does not wake the writer cycle after cycle: a record buffered wakes it when the buffer reaches
+    flush_records (or when it is the first one and the writer sleeps with nothing to do: not the case here); a
+    record dropped on a full buffer does not wake it either (it is behind, busy writing)."""
+    rt = load(mode="cpu", flush_records=3, buffer_records=4)
+    rt._WRITER_THREAD = False                       # no writer: none is idle, nothing drains the buffer
+    rt._wake = wake = _CountingEvent()
+    w = decode_worker(rt)
+    seen = []
+    for _ in range(6):
+        w.forward_batch_generation(Batch())
+        seen.append(wake.sets)
+    assert seen == [0, 0, 1, 1, 1, 1]               # the 5th and 6th are dropped
+    rt.flush()
+    assert len(records(logs)) == 4 and rt._stats()["dropped"] == 2
+
+
+def test_a_record_dropped_on_a_full_buffer_passes_on_the_losses_it_carried(load, logs, fake_torch):
+    """Cycles dropped while waiting for their events are carried by the next cycle; when that one is dropped too
+    (the buffer is full), the next record written carries them all, and itself."""
+    rt = load(mode="events", buffer_records=1)
+    rt._WRITER_THREAD = False
+    rt._MAX_PENDING = 1
+    cuda = fake_torch.cuda
+    w = decode_worker(rt)
+    cuda.done = False
+    w.forward_batch_generation(Batch())             # A: waits for its events
+    w.forward_batch_generation(Batch())             # B: dropped (one waits already); C carries it
+    cuda.done = True
+    w.forward_batch_generation(Batch())             # C: dropped too; A is resolved and fills the buffer
+    w.forward_batch_generation(Batch())             # D: carries B and C; dropped (the buffer is full)
+    rt.flush()                                      # A written
+    w.forward_batch_generation(Batch())             # E: carries B, C and D
+    rt.flush()
+    assert [r.get("dropped", 0) for r in records(logs)] == [0, 3]
+    assert rt._stats()["dropped"] == 3
