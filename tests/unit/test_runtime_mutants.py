@@ -12,7 +12,7 @@ import time
 import pytest
 
 from test_runtime import (  # noqa: F401 - fixtures are used by name
-    Batch, clean_env, decode_worker, fake_torch, headers, load, logs, one_record, records, rt,
+    Batch, Obj, clean_env, decode_worker, fake_torch, headers, load, logs, one_record, records, rt,
 )
 from test_runtime_run import SPAWN, proc  # noqa: F401 (proc: a fixture)
 
@@ -486,6 +486,7 @@ def test_a_record_wakes_the_writer_only_when_its_batch_is_due(load, logs):
     assert seen == [0, 0, 1, 1, 1, 1]               # the 5th and 6th are dropped
     rt.flush()
     assert len(records(logs)) == 4 and rt._stats()["dropped"] == 2
+    assert rt._stats()["records"] == 6                 # every record made counts, dropped or not
 
 
 def test_a_record_dropped_on_a_full_buffer_passes_on_the_losses_it_carried(load, logs, fake_torch):
@@ -507,3 +508,30 @@ def test_a_record_dropped_on_a_full_buffer_passes_on_the_losses_it_carried(load,
     rt.flush()
     assert [r.get("dropped", 0) for r in records(logs)] == [0, 3]
     assert rt._stats()["dropped"] == 3
+
+
+def test_the_summary_line_is_exact(load, capsys, monkeypatch):
+    """Per phase the mean ms and its share of the cycle, the accept length (accepted / batch size), tok/s
+    (accepted / cycle time): from the window's sums, which start at zero."""
+    rt = load(mode="cpu", summary_every=2)
+    rt._WRITER_THREAD = False
+    clock = [10.0]
+    monkeypatch.setattr(rt, "_perf", lambda: clock[0])
+
+    class EAGLEWorker(object):
+        @rt.entry
+        def forward_batch_generation(self, batch):
+            rt.begin("draft", "decode")
+            clock[0] += 0.010
+            rt.end("draft")
+            rt.begin("verify", "decode")
+            clock[0] += 0.0025
+            rt.end("verify")
+            rt.accepted(Obj(accept_lens=[2, 3]), ("accept_lens",))
+            clock[0] += 0.0005
+
+    for _ in range(2):
+        EAGLEWorker().forward_batch_generation(Batch(2))
+    rt.flush()
+    assert capsys.readouterr().err == ("[eaglepatch] rank0 EAGLEWorker decode n=2 cycle 13.00 ms | draft 10.00 (77%) "
+                                       "verify 2.50 (19%) | accept len 2.50 | 384.6 tok/s\n")
