@@ -12,7 +12,7 @@ import time
 import pytest
 
 from test_runtime import (  # noqa: F401 - fixtures are used by name
-    Batch, Obj, clean_env, decode_worker, fake_torch, headers, load, logs, one_record, records, rt,
+    Batch, Obj, clean_env, decode_worker, fake_torch, headers, load, logs, one_record, records, rt, wait_until,
 )
 from test_runtime_run import SPAWN, proc  # noqa: F401 (proc: a fixture)
 
@@ -535,3 +535,27 @@ def test_the_summary_line_is_exact(load, capsys, monkeypatch):
     rt.flush()
     assert capsys.readouterr().err == ("[eaglepatch] rank0 EAGLEWorker decode n=2 cycle 13.00 ms | draft 10.00 (77%) "
                                        "verify 2.50 (19%) | accept len 2.50 | 384.6 tok/s\n")
+
+
+def test_a_summary_falling_due_wakes_the_writer(load, capsys):
+    """The summary line is printed when its window fills, by the writer woken for it, not at the next batch."""
+    rt = load(mode="cpu", summary_every=2, flush_records=1000, flush_seconds=600.0)
+    w = decode_worker(rt)
+    w.forward_batch_generation(Batch())                 # wakes the idle writer (its first record), which sleeps again
+
+    def asleep():
+        if not (rt._writer_idle and not rt._wake.is_set()):
+            return False
+        time.sleep(0.2)                                 # still so a while later: not on its way round
+        return rt._writer_idle and not rt._wake.is_set()
+
+    wait_until(asleep, what="the writer asleep with nothing due")
+    w.forward_batch_generation(Batch())                 # the window is full
+    err = []
+
+    def printed():
+        err.append(capsys.readouterr().err)
+        return "n=2 cycle" in "".join(err)
+
+    wait_until(printed, timeout=5.0, what="the summary line")
+    assert len(records(rt._stats()["log_dir"])) == 0    # the records themselves wait for their batch
