@@ -559,3 +559,18 @@ def test_a_summary_falling_due_wakes_the_writer(load, capsys):
 
     wait_until(printed, timeout=5.0, what="the summary line")
     assert len(records(rt._stats()["log_dir"])) == 0    # the records themselves wait for their batch
+
+
+# --- the writer thread: _writer_main, _flush, _drain, _at_exit ----------------------------------------------
+def test_a_writer_started_on_a_buffer_not_due_waits_for_its_batch(load, logs):
+    """A writer (re)started (after configure or a fork) has no flush request to answer: the records it finds
+    wait for their batch (flush_records, flush_seconds) or a flush."""
+    rt = load(mode="cpu", flush_records=1000, flush_seconds=600.0)
+    rt._WRITER_THREAD = False
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt._WRITER_THREAD = True
+    rt._start_writer()
+    time.sleep(0.3)
+    assert records(logs) == [] and rt._stats()["buffered"] == 1
+    rt.flush()
+    assert len(records(logs)) == 1
