@@ -574,3 +574,121 @@ def test_a_writer_started_on_a_buffer_not_due_waits_for_its_batch(load, logs):
     assert records(logs) == [] and rt._stats()["buffered"] == 1
     rt.flush()
     assert len(records(logs)) == 1
+
+
+def _writer_rounds(rt, rounds=1, on_wait=None):
+    """Run the writer's loop (``_writer_main``) on a thread of the test until it has waited ``rounds`` times, each
+    wait recorded as (timeout, records buffered, messages queued, whether it said it was idle) and returning at
+    once: the policy the writer follows, state by state. Fails when the loop goes round for 2 s without waiting:
+    a busy poll."""
+    waits = []
+    me = threading.Thread(target=lambda: None)      # stands for the writer thread: its identity only
+
+    class Wake(threading.Event):
+        def wait(self, timeout=None):
+            waits.append((timeout, len(rt._buf), len(rt._msgs), rt._writer_idle))
+            if on_wait is not None:
+                on_wait(len(waits))
+            if len(waits) >= rounds:
+                rt._writer = None                   # the loop ends after this round
+            return False
+
+    rt._wake = Wake()
+    rt._writer = me
+    t = threading.Thread(target=rt._writer_main, args=([me],), daemon=True)
+    t.start()
+    t.join(2.0)
+    spinning = t.is_alive()
+    rt._writer = None
+    t.join(2.0)
+    assert not spinning, "the writer loop went round without waiting (a busy poll): %r" % waits
+    return waits
+
+
+@pytest.fixture
+def quiet(load):
+    """A runtime with no writer thread of its own (the test runs the writer's loop itself)."""
+    def _quiet(**kw):
+        kw.setdefault("flush_records", 1000)
+        rt = load(**kw)
+        rt._WRITER_THREAD = False
+        return rt
+    return _quiet
+
+
+def test_the_writer_with_nothing_to_do_sleeps_until_woken(quiet):
+    rt = quiet(mode="cpu")
+    assert _writer_rounds(rt) == [(None, 0, 0, True)]
+
+
+def test_the_writer_sleeps_until_the_buffer_falls_due_and_no_longer(quiet, logs):
+    """A buffer not due: the writer sleeps (idle) until flush_seconds after its first record, to the millisecond
+    (half a second here: not rounded up to a second, never a busy poll), then writes it."""
+    rt = quiet(mode="cpu", flush_seconds=600.0)
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt._buf_since = rt._mono() - 599.5
+    (timeout, buffered, msgs, idle), = _writer_rounds(rt)
+    assert 0.3 < timeout <= 0.5 and buffered == 1 and idle
+    rt._buf_since = rt._mono() - 600.0               # now due: written in the next round, then nothing to do
+    assert _writer_rounds(rt) == [(None, 0, 0, True)]
+    assert len(records(logs)) == 1
+
+
+@pytest.mark.parametrize("what", ["a due batch", "a message"])
+def test_a_due_batch_or_a_message_is_handled_before_any_wait(quiet, logs, fake_torch, capsys, what):
+    """flush_records buffered, or a message queued: written or printed at once, even while cycles wait for their
+    events (which the writer would otherwise look at on a timer first)."""
+    rt = quiet(mode="events", flush_records=2)
+    w = decode_worker(rt)
+    w.forward_batch_generation(Batch())
+    if what == "a due batch":
+        w.forward_batch_generation(Batch())         # two records buffered: a batch is due
+    else:
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            rt._error("test")                       # a message queued
+    fake_torch.cuda.done = False
+    w.forward_batch_generation(Batch())             # one cycle waits for its events
+    rt._last_end = rt._mono() - 1.0
+    (timeout, buffered, msgs, idle), = _writer_rounds(rt)
+    assert timeout == rt._POLL_SECONDS and not idle
+    if what == "a due batch":
+        assert (buffered, msgs) == (0, 0) and len(records(logs)) == 2
+    else:
+        assert (buffered, msgs) == (1, 0) and "ValueError: boom" in capsys.readouterr().err
+
+
+def test_waiting_cycles_are_looked_at_once_the_worker_is_quiet(quiet, fake_torch):
+    """Cycles waiting for their events: the writer (not idle: a cycle queued need not wake it) looks at them
+    _QUIET_SECONDS after the worker's last cycle ended, then every _POLL_SECONDS."""
+    rt = quiet(mode="events")
+    fake_torch.cuda.done = False
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt._last_end = rt._mono() + 1.0                 # the worker's last cycle "ends" a second from now
+    (timeout, buffered, msgs, idle), = _writer_rounds(rt)
+    assert 1.0 < timeout <= 1.0 + rt._QUIET_SECONDS and not idle
+    rt._last_end = rt._mono() - 1.0
+    (timeout, buffered, msgs, idle), = _writer_rounds(rt)
+    assert timeout == rt._POLL_SECONDS and not idle
+
+
+def test_after_the_last_waiting_cycle_the_writer_keeps_looking_on_a_timer(quiet, fake_torch, logs):
+    """Once the cycles that waited are resolved, more are likely: for _LINGER_SECONDS the writer looks every
+    _QUIET_SECONDS (not idle, so the worker need not wake it for each cycle), then sleeps until woken."""
+    rt = quiet(mode="events")
+    cuda = fake_torch.cuda
+    cuda.done = False
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt._last_end = rt._mono() - 1.0
+
+    def on_wait(n):
+        if n == 1:
+            cuda.done = True                        # the GPU catches up
+        elif n == 2:
+            time.sleep(rt._LINGER_SECONDS)          # and no cycle comes for a while
+
+    waits = _writer_rounds(rt, rounds=3, on_wait=on_wait)
+    assert waits[0][0] == rt._POLL_SECONDS          # round 1: the cycle waits for its events
+    assert waits[1] == (rt._QUIET_SECONDS, 1, 0, False)     # round 2: resolved (buffered), lingering
+    assert waits[2][1:] == (1, 0, True) and waits[2][0] > 500   # round 3: idle until the batch is due
