@@ -5,6 +5,7 @@ import json
 import os
 import socket
 import stat
+import sys
 import tempfile
 import threading
 import time
@@ -692,3 +693,105 @@ def test_after_the_last_waiting_cycle_the_writer_keeps_looking_on_a_timer(quiet,
     assert waits[0][0] == rt._POLL_SECONDS          # round 1: the cycle waits for its events
     assert waits[1] == (rt._QUIET_SECONDS, 1, 0, False)     # round 2: resolved (buffered), lingering
     assert waits[2][1:] == (1, 0, True) and waits[2][0] > 500   # round 3: idle until the batch is due
+
+
+def _at_idle_line(rt, action):
+    """A trace for the writer's thread: ``action()`` runs once, just before the writer says it is idle (after its
+    first look at the work, before its second): work that another thread queues in that window."""
+    target = "_writer_idle = True         # first say so"
+    lineno = next(i for i, line in enumerate(open(rt.__file__).read().splitlines(), 1) if target in line)
+    done = []
+
+    def trace(frame, event, arg):
+        if frame.f_code.co_name != "_writer_main":
+            return None
+        if event == "line" and frame.f_lineno == lineno and not done:
+            done.append(1)
+            action()
+        return trace
+
+    return trace
+
+
+def _traced_rounds(rt, trace, **kw):
+    """``_writer_rounds`` with ``trace`` set on the writer's thread (``sys.settrace`` there)."""
+    main = rt._writer_main
+
+    def traced(box):
+        sys.settrace(trace)
+        try:
+            main(box)
+        finally:
+            sys.settrace(None)
+
+    rt._writer_main = traced
+    try:
+        return _writer_rounds(rt, **kw)
+    finally:
+        rt._writer_main = main
+
+
+@pytest.mark.parametrize("what", ["a message", "a flush request", "a waiting cycle", "the batch"])
+def test_work_queued_as_the_writer_goes_idle_is_seen_before_it_sleeps(quiet, logs, fake_torch, what):
+    """The writer first says it is idle, then looks again: what another thread queues in between (no wake-up
+    needed, the writer was not idle yet) is handled, not slept on."""
+    rt = quiet(mode="events", flush_records=2, flush_seconds=600.0)
+    w = decode_worker(rt)
+    w.forward_batch_generation(Batch())             # one record buffered, not due: the writer would sleep
+    cuda = fake_torch.cuda
+
+    def queue():
+        if what == "a message":
+            rt._msgs.append(("summary", {}, 1))
+        elif what == "a flush request":
+            rt._flush_until = rt._mono() + 5.0
+            rt._flush_req += 1
+        elif what == "a waiting cycle":
+            cuda.done = False
+            w.forward_batch_generation(Batch())
+            rt._last_end = rt._mono() - 1.0
+        else:
+            w.forward_batch_generation(Batch())     # the second record: flush_records reached
+
+    waits = _traced_rounds(rt, _at_idle_line(rt, queue))
+    (timeout, buffered, msgs, idle), = waits        # the first sleep comes after the work was handled
+    if what == "a message":
+        assert msgs == 0, waits
+    elif what == "a flush request":
+        assert buffered == 0 and len(records(logs)) == 1 and rt._flush_ack == rt._flush_req, waits
+    elif what == "a waiting cycle":
+        assert timeout == rt._POLL_SECONDS and not idle, waits
+    else:
+        assert buffered == 0 and len(records(logs)) == 2, waits
+
+
+def test_the_writer_is_not_idle_once_it_has_work(quiet, fake_torch):
+    """Woken from its idle sleep, the writer clears its idle flag: while cycles wait, the worker need not wake it."""
+    rt = quiet(mode="events")
+    cuda = fake_torch.cuda
+    w = decode_worker(rt)
+
+    def on_wait(n):
+        cuda.done = False
+        w.forward_batch_generation(Batch())         # a cycle now waits
+        rt._last_end = rt._mono() - 1.0
+
+    waits = _writer_rounds(rt, rounds=2, on_wait=on_wait)
+    assert waits[0] == (None, 0, 0, True) and not waits[1][3]
+
+
+def test_a_flush_request_is_answered_once_with_time_left_for_the_write(quiet, monkeypatch):
+    """The writer drains for the requester until its deadline less a quarter of the time left, at most 0.5 s
+    (the write itself needs some), answers the request once, then sleeps."""
+    rt = quiet(mode="cpu")
+    deadlines = []
+    monkeypatch.setattr(rt, "_drain", lambda deadline, final: deadlines.append((deadline, final)))
+    for left, kept in ((8.0, 0.5), (1.6, 0.4)):
+        deadlines[:] = []
+        until = rt._mono() + left
+        rt._flush_until, rt._flush_final = until, True
+        rt._flush_req += 1
+        assert _writer_rounds(rt) == [(None, 0, 0, True)]
+        assert len(deadlines) == 1 and deadlines[0][1] is True
+        assert abs((until - deadlines[0][0]) - kept) < 0.02, (left, until - deadlines[0][0])
+        assert rt._flush_ack == rt._flush_req
