@@ -795,3 +795,58 @@ def test_a_flush_request_is_answered_once_with_time_left_for_the_write(quiet, mo
         assert len(deadlines) == 1 and deadlines[0][1] is True
         assert abs((until - deadlines[0][0]) - kept) < 0.02, (left, until - deadlines[0][0])
         assert rt._flush_ack == rt._flush_req
+
+
+def test_a_failing_writer_round_is_said_at_once_and_retried_soon(quiet, monkeypatch, capsys):
+    """An exception in the writer's work is counted and printed at once (the writer prints its own error: queued,
+    it would wait behind the failing work), and the loop pauses 10 ms before the next round, not longer."""
+    rt = quiet(mode="cpu")
+
+    def broken():
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(rt, "_service", broken)
+    t0 = time.time()
+    waits = _writer_rounds(rt, rounds=2)
+    assert time.time() - t0 < 0.5 and len(waits) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("[eaglepatch] internal error in writer (the server goes on;") and "disk on fire" in err
+    assert rt._stats()["errors"] == 1 and not rt._msgs
+
+
+def test_flush_writes_on_the_writer_thread_it_starts(load, logs, monkeypatch):
+    """flush() with records buffered and no writer running starts the writer, which writes them: the caller (maybe
+    the worker's own thread) does no file I/O. Without a thread to start, flush writes them itself and says so
+    (True: drained)."""
+    rt = load(mode="cpu")
+    rt._WRITER_THREAD = False
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt._WRITER_THREAD = True                        # a writer may be started now; none runs
+    writers = []
+    real = rt._write_buffered
+
+    def write():
+        writers.append(threading.current_thread())
+        return real()
+
+    monkeypatch.setattr(rt, "_write_buffered", write)
+    assert rt._writer is None
+    assert rt._flush(False) is True
+    assert len(records(logs)) == 1 and writers and threading.current_thread() not in writers
+    assert rt._writer is not None
+
+
+def test_flush_drains_itself_when_no_writer_can_be_started(load, logs, monkeypatch):
+    rt = load(mode="cpu")
+    rt._WRITER_THREAD = False
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt._WRITER_THREAD = True
+
+    def cannot():
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(rt, "_start_writer", cannot)
+    assert rt._flush(False) is True and len(records(logs)) == 1
+    rt._WRITER_THREAD = False
+    decode_worker(rt).forward_batch_generation(Batch())
+    assert rt._flush(False) is True and len(records(logs)) == 2
