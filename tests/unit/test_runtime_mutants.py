@@ -890,3 +890,54 @@ def test_flush_gives_up_on_a_stuck_writer_and_does_not_write_itself(load, logs):
     assert 0.25 < time.time() - t0 < 1.5
     assert records(logs) == [] and rt._stats()["buffered"] == 1
     rt._writer = None
+
+
+def _dropped_line(n, stuck=False):
+    return ("[eaglepatch] %d timing record(s) dropped in pid %d (the log writer fell behind, a write failed, or "
+            "events were not done at exit%s)\n" % (n, os.getpid(), "; the writer was still stuck at exit" if stuck
+                                                     else ""))
+
+
+def test_exit_says_how_many_records_were_dropped(load, logs, capsys):
+    rt = load(mode="cpu", buffer_records=1)
+    rt._WRITER_THREAD = False
+    w = decode_worker(rt)
+    w.forward_batch_generation(Batch())
+    w.forward_batch_generation(Batch())             # dropped: the buffer holds one
+    rt._at_exit()
+    assert capsys.readouterr().err == _dropped_line(1) and len(records(logs)) == 1
+
+
+def test_exit_with_a_stuck_writer_counts_what_it_holds_as_dropped(load, logs, fake_torch, capsys):
+    """The writer is stuck (a hung disk): exit gives up after exit_seconds; the records buffered and the cycles
+    still waiting are lost, counted and said, with the reason."""
+    rt = load(mode="events", exit_seconds=0.3)
+    rt._WRITER_THREAD = False
+    w = decode_worker(rt)
+    w.forward_batch_generation(Batch())
+    w.forward_batch_generation(Batch())             # two records buffered
+    fake_torch.cuda.done = False
+    w.forward_batch_generation(Batch())             # one cycle waits for its events
+    rt._writer = _stand_in_writer(3.0)
+    rt._at_exit()
+    rt._writer = None
+    assert capsys.readouterr().err == _dropped_line(3, stuck=True)
+    assert records(logs) == [] and rt._stats()["dropped"] == 3
+
+
+def test_exit_survives_a_failing_flush_and_says_so(load, logs, monkeypatch, capsys):
+    """A flush that raises at exit: printed at once (there is no later), counted, and what is buffered is not
+    counted as dropped (the flush may have written it)."""
+    rt = load(mode="cpu")
+    rt._WRITER_THREAD = False
+    decode_worker(rt).forward_batch_generation(Batch())
+
+    def broken(final):
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(rt, "_flush", broken)
+    rt._at_exit()
+    err = capsys.readouterr().err
+    assert err.startswith("[eaglepatch] internal error in flush (the server goes on;") and "disk on fire" in err
+    assert err.endswith("\n[eaglepatch] 1 internal error(s) in pid %d; timing records may be missing\n" % os.getpid())
+    assert "dropped" not in err and rt._stats()["dropped"] == 0
