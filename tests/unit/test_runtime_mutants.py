@@ -852,6 +852,16 @@ def test_flush_drains_itself_when_no_writer_can_be_started(load, logs, monkeypat
     assert rt._flush(False) is True and len(records(logs)) == 2
 
 
+def _buffered_behind(load, writer_alive_s, **kw):
+    """A runtime with one record buffered and, as its writer, a thread that never answers a flush request,
+    alive for ``writer_alive_s`` seconds."""
+    rt = load(mode="cpu", **kw)
+    rt._WRITER_THREAD = False
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt._writer = _stand_in_writer(writer_alive_s)
+    return rt
+
+
 def _stand_in_writer(seconds):
     """A thread standing in for the writer: alive for ``seconds``, never answering a flush request."""
     t = threading.Thread(target=time.sleep, args=(seconds,), daemon=True)
@@ -869,10 +879,7 @@ def test_flush_returns_true_once_the_writer_has_answered(load, logs):
 def test_flush_takes_over_at_once_when_the_writer_dies(load, logs):
     """The requester looks at the writer every 50 ms: one that died without answering is noticed within that,
     and the requester drains the rest itself (True: drained)."""
-    rt = load(mode="cpu", exit_seconds=5.0)
-    rt._WRITER_THREAD = False
-    decode_worker(rt).forward_batch_generation(Batch())
-    rt._writer = _stand_in_writer(0.1)
+    rt = _buffered_behind(load, 0.1, exit_seconds=5.0)
     t0 = time.time()
     assert rt._flush(False) is True
     assert time.time() - t0 < 0.6 and len(records(logs)) == 1
@@ -881,10 +888,7 @@ def test_flush_takes_over_at_once_when_the_writer_dies(load, logs):
 def test_flush_gives_up_on_a_stuck_writer_and_does_not_write_itself(load, logs):
     """A writer alive but stuck (a hung disk): the requester waits exit_seconds, then returns False (the caller
     counts what is lost); it does not write on its own thread, which the same disk would hang too."""
-    rt = load(mode="cpu", exit_seconds=0.3)
-    rt._WRITER_THREAD = False
-    decode_worker(rt).forward_batch_generation(Batch())
-    rt._writer = _stand_in_writer(3.0)
+    rt = _buffered_behind(load, 3.0, exit_seconds=0.3)
     t0 = time.time()
     assert rt._flush(False) is False
     assert 0.25 < time.time() - t0 < 1.5
