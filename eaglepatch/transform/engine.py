@@ -1096,8 +1096,9 @@ def _same_tree(a: ast.AST, b: ast.AST) -> bool:
         t = type(x)
         if t is not type(y):
             return False
-        fs = fields.get(t, ())
-        if fs == ():
+        if t in fields:
+            fs = fields[t]
+        else:
             fs = fields[t] = t._fields if issubclass(t, ast.AST) else None
         if fs is not None:
             dx, dy = x.__dict__, y.__dict__
