@@ -945,3 +945,25 @@ def test_exit_survives_a_failing_flush_and_says_so(load, logs, monkeypatch, caps
     assert err.startswith("[eaglepatch] internal error in flush (the server goes on;") and "disk on fire" in err
     assert err.endswith("\n[eaglepatch] 1 internal error(s) in pid %d; timing records may be missing\n" % os.getpid())
     assert "dropped" not in err and rt._stats()["dropped"] == 0
+
+
+# --- the CUDA timers and event resolution: _start, _record, _finish, _resolve* -------------------------------
+def test_the_stream_cache_is_bounded_at_64(load, logs, fake_torch):
+    """Events are recorded on the current stream, looked up once per stream and cached; at most 64 streams are
+    kept (one looked up past that is not cached, and is looked up again each time)."""
+    rt = load(mode="events")
+    cuda = fake_torch.cuda
+    w = decode_worker(rt)
+    for sid in range(70):
+        cuda.stream_id = sid
+        w.forward_batch_generation(Batch())
+    assert len(rt._streams) == 64
+    before = cuda.stream_lookups
+    w.forward_batch_generation(Batch())             # stream 69: not cached, looked up at each event
+    assert cuda.stream_lookups - before == 8        # cycle start, 3 x (begin, end), cycle end
+    cuda.stream_id = 3
+    before = cuda.stream_lookups
+    w.forward_batch_generation(Batch())             # a cached one: no lookup
+    assert cuda.stream_lookups == before
+    rt.flush()
+    assert len(records(logs)) == 72 and rt._stats()["errors"] == 0
