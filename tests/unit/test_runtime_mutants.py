@@ -967,3 +967,33 @@ def test_the_stream_cache_is_bounded_at_64(load, logs, fake_torch):
     assert cuda.stream_lookups == before
     rt.flush()
     assert len(records(logs)) == 72 and rt._stats()["errors"] == 0
+
+
+def test_events_and_pinned_buffers_kept_for_reuse_are_bounded(load, monkeypatch):
+    """Events given back go to a pool of at most _MAX_POOL (a cycle's are added while it is below); pinned
+    buffers are kept for at most 64 shapes, 64 per shape; beyond, they are let go."""
+    rt = load(mode="cpu")
+    monkeypatch.setattr(rt, "_MAX_POOL", 10)
+    rt._pool[:] = ["ev"] * 9
+    rt._give_back(["a", "b"])                       # below the bound: the cycle's events all go in
+    assert len(rt._pool) == 11
+    rt._give_back(["c"])                            # over it: none
+    assert len(rt._pool) == 11
+    rt._pool[:] = ["ev"] * 10
+    rt._give_back(["d"])                            # at it: none
+    assert len(rt._pool) == 10
+    rt._pool[:] = ["ev"] * 10
+    rt._give_back_acc(("host", "ev2", 0, None, "k"))
+    assert len(rt._pool) == 10 and rt._pinned["k"] == ["host"]
+    rt._pool[:] = []
+    rt._give_back_acc(("host2", "ev3", 0, None, "k"))
+    assert rt._pool == ["ev3"] and rt._pinned["k"] == ["host", "host2"]
+    rt._pinned.clear()
+    for i in range(64):
+        rt._give_back_acc(("h", "e", 0, None, i))
+    rt._give_back_acc(("h", "e", 0, None, "shape 65"))
+    assert len(rt._pinned) == 64 and "shape 65" not in rt._pinned
+    rt._pinned[0] = ["h"] * 63
+    rt._give_back_acc(("h64", "e", 0, None, 0))
+    rt._give_back_acc(("h65", "e", 0, None, 0))
+    assert len(rt._pinned[0]) == 64 and rt._pinned[0][-1] == "h64"
