@@ -997,3 +997,24 @@ def test_events_and_pinned_buffers_kept_for_reuse_are_bounded(load, monkeypatch)
     rt._give_back_acc(("h64", "e", 0, None, 0))
     rt._give_back_acc(("h65", "e", 0, None, 0))
     assert len(rt._pinned[0]) == 64 and rt._pinned[0][-1] == "h64"
+
+
+def test_a_failure_resolving_on_the_worker_thread_is_said_as_an_events_error(load, logs, fake_torch, monkeypatch,
+                                                                             capsys):
+    """At a cycle's end the worker resolves the waiting cycles that are done; an exception there is counted and
+    said (by the writer) as an internal error "in events", and the cycle's end goes on."""
+    rt = load(mode="events")
+    rt._WRITER_THREAD = False
+
+    def broken(deadline):
+        raise RuntimeError("no such event")
+
+    real = rt._resolve_loop
+    monkeypatch.setattr(rt, "_resolve_loop", broken)
+    decode_worker(rt).forward_batch_generation(Batch())
+    assert rt._stats()["errors"] == 1 and rt._stats()["pending"] == 1
+    monkeypatch.setattr(rt, "_resolve_loop", real)
+    rt.flush()
+    err = capsys.readouterr().err
+    assert err.startswith("[eaglepatch] internal error in events (the server goes on;") and "no such event" in err
+    assert len(records(logs)) == 1
