@@ -1018,3 +1018,25 @@ def test_a_failure_resolving_on_the_worker_thread_is_said_as_an_events_error(loa
     err = capsys.readouterr().err
     assert err.startswith("[eaglepatch] internal error in events (the server goes on;") and "no such event" in err
     assert len(records(logs)) == 1
+
+
+def test_a_cycle_that_cannot_be_read_is_dropped_once_and_counted(load, logs, fake_torch, monkeypatch, capsys):
+    """A waiting cycle whose events cannot be read is dropped (one record lost, carried by the next record) and
+    said as an events error, never retried."""
+    rt = load(mode="events")
+    rt._WRITER_THREAD = False
+    real = rt._resolve
+
+    def broken(c):
+        raise RuntimeError("event destroyed")
+
+    monkeypatch.setattr(rt, "_resolve", broken)
+    w = decode_worker(rt)
+    w.forward_batch_generation(Batch())
+    assert rt._stats()["pending"] == 0 and rt._stats()["dropped"] == 1
+    monkeypatch.setattr(rt, "_resolve", real)
+    w.forward_batch_generation(Batch())
+    rt.flush()
+    assert [r.get("dropped", 0) for r in records(logs)] == [1]
+    err = capsys.readouterr().err
+    assert err.startswith("[eaglepatch] internal error in events (the server goes on;") and "event destroyed" in err
