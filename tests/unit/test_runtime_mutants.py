@@ -13,7 +13,8 @@ import time
 import pytest
 
 from test_runtime import (  # noqa: F401 - fixtures are used by name
-    Batch, Obj, clean_env, decode_worker, fake_torch, headers, load, logs, one_record, records, rt, wait_until,
+    Batch, FakeTensor, Obj, clean_env, decode_worker, fake_torch, headers, load, logs, one_record, records, rt,
+    wait_until,
 )
 from test_runtime_run import SPAWN, proc  # noqa: F401 (proc: a fixture)
 
@@ -418,8 +419,9 @@ def test_a_process_whose_proc_entry_is_half_there_is_its_own_launcher(rt, proc, 
 
 
 # --- the hooks and _emit: entry, begin, end, accepted --------------------------------------------------------
-def _scripted(rt, clock, steps, after=0.000123456789):
-    """A worker whose phases take exactly the given seconds on the scripted clock ``clock`` (the hot path's)."""
+def _scripted(rt, clock, steps, after=0.000123456789, out=None):
+    """A worker whose phases take exactly the given seconds on the scripted clock ``clock`` (the hot path's); its
+    accepted tokens from ``out.accept_lens`` when given."""
     class W(object):
         @rt.entry
         def forward_batch_generation(self, batch):
@@ -427,6 +429,8 @@ def _scripted(rt, clock, steps, after=0.000123456789):
                 rt.begin(phase, "decode")
                 clock[0] += dt
                 rt.end(phase)
+            if out is not None:
+                rt.accepted(out, ("accept_lens",))
             clock[0] += after               # in the cycle, in no phase
 
     return W()
@@ -1040,3 +1044,56 @@ def test_a_cycle_that_cannot_be_read_is_dropped_once_and_counted(load, logs, fak
     assert [r.get("dropped", 0) for r in records(logs)] == [1]
     err = capsys.readouterr().err
     assert err.startswith("[eaglepatch] internal error in events (the server goes on;") and "event destroyed" in err
+
+
+def test_a_cpu_cycle_waiting_for_its_accepted_copy_keeps_its_own_time(load, logs, fake_torch, monkeypatch):
+    """The cpu timer meeting a CUDA tensor of accepted counts: the cycle waits for the copy, and its record has
+    the cycle's own time, to the 4th place, once resolved."""
+    rt = load(mode="cpu")
+    rt._WRITER_THREAD = False
+    clock = [7.0]
+    monkeypatch.setattr(rt, "_perf", lambda: clock[0])
+    fake_torch.cuda.done = False
+    _scripted(rt, clock, STEPS, after=0.0, out=Obj(accept_lens=FakeTensor([2, 3]))).forward_batch_generation(Batch(2))
+    assert rt._stats()["pending"] == 1
+    fake_torch.cuda.done = True
+    rec = one_record(rt, logs)
+    assert rec["cycle_ms"] == 14.3457 and rec["phases"] == {"draft": 12.3457, "verify": 2.0}
+    assert rec["accepted"] == 5
+
+
+def test_events_a_phase_opened_twice_in_a_cycle_adds_both_intervals(load, logs, fake_torch):
+    rt = load(mode="events")
+
+    class EAGLEWorker(object):
+        @rt.entry
+        def forward_batch_generation(self, batch):
+            for _ in range(2):
+                rt.begin("draft", "decode")
+                time.sleep(0.02)
+                rt.end("draft")
+
+    EAGLEWorker().forward_batch_generation(Batch())
+    rec = one_record(rt, logs)
+    factor = fake_torch.cuda.gpu_factor             # the fake GPU's time is the host's times this
+    assert rec["phases"]["draft"] >= 2 * 20.0 * factor * 0.95
+    assert rec["host_phases"]["draft"] >= 2 * 20.0 * 0.95
+
+
+def test_an_accepted_copy_that_cannot_be_read_leaves_the_record_without_its_count(load, logs, fake_torch,
+                                                                                  monkeypatch, capsys):
+    rt = load(mode="events")
+    rt._WRITER_THREAD = False
+    fake_torch.cuda.done = False
+    decode_worker(rt, out=Obj(accept_lens=FakeTensor([2, 3]))).forward_batch_generation(Batch(2))
+    host = fake_torch.pinned[0]
+
+    def unreadable():
+        raise RuntimeError("copy failed")
+
+    monkeypatch.setattr(host, "tolist", unreadable)
+    fake_torch.cuda.done = True
+    rec = one_record(rt, logs)
+    assert rec["accepted"] is None
+    err = capsys.readouterr().err
+    assert err.startswith("[eaglepatch] internal error in accepted (the server goes on;") and "copy failed" in err
