@@ -1099,3 +1099,27 @@ def test_an_accepted_copy_that_cannot_be_read_leaves_the_record_without_its_coun
     assert rec["accepted"] is None
     err = capsys.readouterr().err
     assert err.startswith("[eaglepatch] internal error in accepted (the server goes on;") and "copy failed" in err
+
+
+class _CudaTensor2d(FakeTensor):
+    """A 2-d CUDA tensor of counts (rows of per-request counts)."""
+
+    def __init__(self, rows):
+        FakeTensor.__init__(self, [v for r in rows for v in r])
+        self.shape = (len(rows), len(rows[0]))
+
+    def dim(self):
+        return 2
+
+
+def test_a_2d_cuda_tensor_of_counts_is_copied_and_summed_once_done(load, logs, fake_torch):
+    """Copied whole into pinned memory, summed once the copy is done (a sum kernel's .item(), not a nested
+    list), plus the bonus per row."""
+    rt = load(mode="events")
+    rt._WRITER_THREAD = False
+    fake_torch.cuda.done = False
+    out = Obj(accept_lens=_CudaTensor2d([[1, 2], [3, 4]]))
+    decode_worker(rt, out=out, bonus=1).forward_batch_generation(Batch(2))
+    fake_torch.cuda.done = True
+    rec = one_record(rt, logs)
+    assert rec["accepted"] == 12 and rt._stats()["errors"] == 0
