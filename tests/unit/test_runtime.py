@@ -1270,8 +1270,9 @@ def test_sync_timer_synchronizes_at_every_boundary(load, logs, fake_torch):
     assert sum(rec["phases"].values()) <= rec["cycle_ms"] < 1000
 
 
-def test_sync_timer_accumulates_a_repeated_phase(load, logs, fake_torch):
-    rt = load(mode="sync")
+@pytest.mark.parametrize("mode", ["sync", "events"])
+def test_a_repeated_phase_accumulates(load, logs, fake_torch, mode):
+    rt = load(mode=mode)
 
     class W(object):
         @rt.entry
@@ -1285,6 +1286,9 @@ def test_sync_timer_accumulates_a_repeated_phase(load, logs, fake_torch):
     W().forward_batch_generation(Batch())
     rec = one_record(rt, logs)
     assert 6.0 <= rec["phases"]["draft"] < rec["cycle_ms"] and rec["cycle_ms"] >= 12.0
+    if mode == "events":    # both intervals, on the GPU (the fake's time is the host's x gpu_factor) and the host
+        assert rec["phases"]["draft"] >= 2 * 3.0 * fake_torch.cuda.gpu_factor
+        assert rec["host_phases"]["draft"] >= 6.0
 
 
 def test_events_timer_resolves_later_without_host_sync(load, logs, fake_torch):

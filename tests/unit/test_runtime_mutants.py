@@ -1064,24 +1064,6 @@ def test_a_cpu_cycle_waiting_for_its_accepted_copy_keeps_its_own_time(load, logs
     assert rec["accepted"] == 5
 
 
-def test_events_a_phase_opened_twice_in_a_cycle_adds_both_intervals(load, logs, fake_torch):
-    rt = load(mode="events")
-
-    class EAGLEWorker(object):
-        @rt.entry
-        def forward_batch_generation(self, batch):
-            for _ in range(2):
-                rt.begin("draft", "decode")
-                time.sleep(0.02)
-                rt.end("draft")
-
-    EAGLEWorker().forward_batch_generation(Batch())
-    rec = one_record(rt, logs)
-    factor = fake_torch.cuda.gpu_factor             # the fake GPU's time is the host's times this
-    assert rec["phases"]["draft"] >= 2 * 20.0 * factor * 0.95
-    assert rec["host_phases"]["draft"] >= 2 * 20.0 * 0.95
-
-
 def test_an_accepted_copy_that_cannot_be_read_leaves_the_record_without_its_count(load, logs, fake_torch,
                                                                                   monkeypatch, capsys):
     rt = load(mode="events")
