@@ -17,15 +17,7 @@ from test_runtime import (  # noqa: F401 - fixtures are used by name
     wait_until,
 )
 from test_runtime_run import SPAWN, proc  # noqa: F401 (proc: a fixture)
-
-
-@pytest.fixture
-def private_tmp(tmp_path, monkeypatch):
-    """tempfile's directory (where a fallback log dir is made) under tmp_path."""
-    d = tmp_path / "tmp"
-    d.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(d))
-    return d
+from test_runtime_writer import private_tmp  # noqa: F401 (a fixture)
 
 
 def _log_name():
