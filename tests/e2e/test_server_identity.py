@@ -224,17 +224,24 @@ def test_a_server_started_under_nohup_keeps_ignoring_sighup(cli, standins, tmp_p
     assert identity(pid) == first
 
 
+def _tree_nobody_can_read(prefix: str) -> tuple[Path, Path]:
+    """A fresh /tmp folder holding a worker tree, every folder 755 and file 644 (nobody may read it, only root
+    write it): (the folder, the tree). The caller removes the folder."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    root.chmod(0o755)
+    tree = H.make_tree(root / "site", WORKER)
+    for p in [root, *root.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return root, tree
+
+
 def test_another_users_server_is_listed_but_not_restarted(cli, standins, tmp_path):
     """A server of the install run by another user (nobody) while eaglepatch runs as root: its interpreter is
     asked where sglang comes from as that user (never as root), it is listed, and restarting it is refused: run
     as root it would not be the same server. Exit 2, nothing changed."""
     assert os.geteuid() == 0, "this test runs a server as nobody: run it as root (CI does)"
-    root = Path(tempfile.mkdtemp(prefix="eaglepatch-other-user-", dir="/tmp"))
+    root, tree = _tree_nobody_can_read("eaglepatch-other-user-")
     try:
-        root.chmod(0o755)
-        tree = H.make_tree(root / "site", WORKER)
-        for p in [root, *root.rglob("*")]:
-            p.chmod(0o755 if p.is_dir() else 0o644)
         port = standins.port()
         drop = [shutil.which("setpriv"), "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
         # the system's interpreter: nobody may not reach the one of this venv (under /root)
@@ -281,12 +288,8 @@ def test_permission_problems_are_one_line_and_change_nothing(sshd, tmp_path):
     setpriv = shutil.which("setpriv")
     assert setpriv, "setpriv (util-linux) is missing"
     assert os.geteuid() == 0, "this test drops from root to nobody: run it as root (CI does)"
-    root = Path(tempfile.mkdtemp(prefix="eaglepatch-perm-", dir="/tmp"))
+    root, tree = _tree_nobody_can_read("eaglepatch-perm-")
     try:
-        root.chmod(0o755)
-        tree = H.make_tree(root / "site", WORKER)
-        for p in [root, *root.rglob("*")]:
-            p.chmod(0o755 if p.is_dir() else 0o644)
         pkg, before = tree / "sglang", digest(tree)
         home = root / "nobody home"
         home.mkdir()
