@@ -1018,9 +1018,9 @@ def test_a_failure_resolving_on_the_worker_thread_is_said_as_an_events_error(loa
     assert len(records(logs)) == 1
 
 
-def test_a_cycle_that_cannot_be_read_is_dropped_once_and_counted(load, logs, fake_torch, monkeypatch, capsys):
+def test_cycles_that_cannot_be_read_are_dropped_once_and_counted(load, logs, fake_torch, monkeypatch, capsys):
     """A waiting cycle whose events cannot be read is dropped (one record lost, carried by the next record) and
-    said as an events error, never retried."""
+    said as an events error, never retried; two in a row are both carried."""
     rt = load(mode="events")
     rt._WRITER_THREAD = False
     real = rt._resolve
@@ -1032,10 +1032,12 @@ def test_a_cycle_that_cannot_be_read_is_dropped_once_and_counted(load, logs, fak
     w = decode_worker(rt)
     w.forward_batch_generation(Batch())
     assert rt._stats()["pending"] == 0 and rt._stats()["dropped"] == 1
+    w.forward_batch_generation(Batch())
+    assert rt._stats()["pending"] == 0 and rt._stats()["dropped"] == 2
     monkeypatch.setattr(rt, "_resolve", real)
     w.forward_batch_generation(Batch())
     rt.flush()
-    assert [r.get("dropped", 0) for r in records(logs)] == [1]
+    assert [r.get("dropped", 0) for r in records(logs)] == [2]
     err = capsys.readouterr().err
     assert err.startswith("[eaglepatch] internal error in events (the server goes on;") and "event destroyed" in err
 
@@ -1097,3 +1099,88 @@ def test_a_2d_cuda_tensor_of_counts_is_copied_and_summed_once_done(load, logs, f
     fake_torch.cuda.done = True
     rec = one_record(rt, logs)
     assert rec["accepted"] == 12 and rt._stats()["errors"] == 0
+
+
+# --- the rest of the runtime (fourth round): bounds, losses, errors ---------------------------------------------
+def test_at_most_1024_cycles_wait_for_their_events_by_default(load, logs, fake_torch):
+    """docs/design.md's bound, as shipped: a GPU that never catches up holds 1024 cycles; the 1025th is dropped
+    and counted, nothing waited for."""
+    rt = load(mode="events")
+    rt._WRITER_THREAD = False
+    fake_torch.cuda.done = False
+    w = decode_worker(rt)
+    for _ in range(1024):
+        w.forward_batch_generation(Batch())
+    assert rt._stats()["pending"] == 1024 and rt._stats()["dropped"] == 0
+    w.forward_batch_generation(Batch())
+    assert rt._stats()["pending"] == 1024 and rt._stats()["dropped"] == 1 and fake_torch.cuda.syncs == 0
+
+
+def test_at_most_4096_events_are_kept_for_reuse_by_default(load):
+    """docs/design.md's bound on the event pool, as shipped."""
+    rt = load(mode="cpu")
+    rt._give_back(["ev"] * 4095)
+    rt._give_back(["a", "b"])                       # below the bound: the cycle's events all go in
+    assert len(rt._pool) == 4097
+    rt._pool[:] = ["ev"] * 4096
+    rt._give_back(["c"])
+    assert len(rt._pool) == 4096
+
+
+def test_the_writer_lingers_a_quarter_of_a_second_after_the_last_waiting_cycle(quiet, fake_torch, monkeypatch):
+    """On the writer's clock: still looking on a timer 0.24 s after it last saw a waiting cycle, asleep until
+    woken (idle) at 0.26 s."""
+    rt = quiet(mode="events", flush_seconds=600.0)
+    clock = [rt._mono()]
+    monkeypatch.setattr(rt, "_mono", lambda: clock[0])
+    cuda = fake_torch.cuda
+    cuda.done = False
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt._last_end = clock[0] - 1.0
+
+    def on_wait(n):
+        if n == 1:
+            cuda.done = True                        # resolved in the next round
+        elif n == 2:
+            clock[0] += 0.24
+        elif n == 3:
+            clock[0] += 0.02
+
+    waits = _writer_rounds(rt, rounds=4, on_wait=on_wait)
+    assert waits[0][0] == rt._POLL_SECONDS
+    assert waits[1] == waits[2] == (rt._QUIET_SECONDS, 1, 0, False)
+    assert waits[3][1:] == (1, 0, True)
+
+
+def test_an_internal_error_starts_the_writer_that_prints_it(load, capsys):
+    """No writer running yet (nothing timed so far): the error's message is printed without a flush, by the
+    writer thread the error starts."""
+    rt = load(mode="cpu")
+    assert rt._writer is None
+    try:
+        raise ValueError("early trouble")
+    except ValueError:
+        rt._error("test")
+    assert rt._writer is not None
+    printed = []
+    wait_until(lambda: printed.append(capsys.readouterr().err) or "ValueError: early trouble" in "".join(printed),
+               what="the writer to print the error")
+    assert "".join(printed).startswith("[eaglepatch] internal error in test (the server goes on;")
+
+
+def test_the_capture_check_calls_torchs_binding_when_torch_has_it(load, logs, fake_torch):
+    """torch.cuda.is_current_stream_capturing() is torch._C._cuda_isCurrentStreamCapturing plus a Python call:
+    where torch has the binding, the runtime calls it, and the wrapper not at all."""
+    rt = load(mode="events")
+    checks = []
+    fake_torch._C._cuda_isCurrentStreamCapturing = lambda: checks.append(1) or False
+
+    def wrapper():
+        raise AssertionError("the Python wrapper was called")
+
+    fake_torch.cuda.is_current_stream_capturing = wrapper
+    w = decode_worker(rt)
+    for _ in range(3):
+        w.forward_batch_generation(Batch())
+    rt.flush()
+    assert len(checks) == 3 and len(records(logs)) == 3 and rt._stats()["errors"] == 0
