@@ -865,11 +865,11 @@ def _relax_capture_mode():
     ok = False
     try:
         import ctypes
-        lib = ctypes.CDLL("libcuda.so.1", mode=getattr(os, "RTLD_NOLOAD", 4) | getattr(os, "RTLD_LAZY", 1))
+        lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
         mode = ctypes.c_int(1)                  # CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         ok = lib.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)) == 0
     except Exception:
-        pass                                    # not Linux, no driver loaded: nothing to relax
+        pass                                    # not Unix (no RTLD_NOLOAD), no driver loaded: nothing to relax
     _capture_relaxed = ok
 
 

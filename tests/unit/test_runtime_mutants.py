@@ -1184,3 +1184,104 @@ def test_the_capture_check_calls_torchs_binding_when_torch_has_it(load, logs, fa
         w.forward_batch_generation(Batch())
     rt.flush()
     assert len(checks) == 3 and len(records(logs)) == 3 and rt._stats()["errors"] == 0
+
+
+def test_the_capture_mode_is_not_tried_before_a_cycle_waits(load, logs, fake_torch):
+    """_stats' capture_relaxed: None until the writer first resolves waiting cycles (no thread asked the driver);
+    cycles that never wait (the sync timer) never ask."""
+    rt = load(mode="sync")
+    assert rt._stats()["capture_relaxed"] is None
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt.flush()
+    assert len(records(logs)) == 1 and rt._stats()["capture_relaxed"] is None
+
+
+# --- the summary line (fourth round) ------------------------------------------------------------------------------
+def _summary_of(rt, clock, steps, after, cycles=2, out=None, bs=2):
+    w = _scripted(rt, clock, steps, after=after, out=out)
+    for _ in range(cycles):
+        w.forward_batch_generation(Batch(bs))
+
+
+def test_a_summary_of_sub_millisecond_cycles_keeps_its_shares_and_rate(load, monkeypatch, capsys):
+    """Cycles of 0.4 ms (the window's cycle time under 1 ms): each phase's share of it and tok/s are printed."""
+    rt = load(mode="cpu", summary_every=2)
+    rt._WRITER_THREAD = False
+    clock = [10.0]
+    monkeypatch.setattr(rt, "_perf", lambda: clock[0])
+    _summary_of(rt, clock, [("draft", 0.0001), ("verify", 0.0002)], 0.0001, out=Obj(accept_lens=[2, 2]))
+    rt.flush()
+    assert capsys.readouterr().err == ("[eaglepatch] rank0 W decode n=2 cycle 0.40 ms | draft 0.10 (25%) verify "
+                                       "0.20 (50%) | accept len 2.00 | 10000.0 tok/s\n")
+
+
+def test_a_summary_of_cycles_that_took_no_time_has_no_shares_and_no_rate(load, monkeypatch, capsys):
+    """A clock that did not move (cycle time 0): shares are 0 %, no tok/s; nothing raises."""
+    rt = load(mode="cpu", summary_every=2)
+    rt._WRITER_THREAD = False
+    clock = [10.0]
+    monkeypatch.setattr(rt, "_perf", lambda: clock[0])
+    _summary_of(rt, clock, [("draft", 0.0), ("verify", 0.0)], 0.0, out=Obj(accept_lens=[2, 2]))
+    rt.flush()
+    assert capsys.readouterr().err == ("[eaglepatch] rank0 W decode n=2 cycle 0.00 ms | draft 0.00 (0%) verify "
+                                       "0.00 (0%) | accept len 2.00\n")
+    assert rt._stats()["errors"] == 0
+
+
+def test_each_summary_counts_the_drops_of_its_own_window(load, capsys):
+    """The buffer full (1 record, nothing written until the flush): the second record of each window is dropped;
+    each summary says its own one drop."""
+    rt = load(mode="cpu", summary_every=2, buffer_records=1)
+    rt._WRITER_THREAD = False
+    w = decode_worker(rt)
+    for _ in range(2):
+        w.forward_batch_generation(Batch())
+        w.forward_batch_generation(Batch())
+        rt.flush()
+    dropped = [line for line in capsys.readouterr().err.splitlines() if "dropped" in line]
+    assert dropped == ["[eaglepatch] rank0 dropped 1 record(s) since the last summary (the log writer fell "
+                       "behind)"] * 2
+    assert rt._stats()["errors"] == 0 and rt._stats()["dropped"] == 2
+
+
+def test_a_summary_that_cannot_be_printed_is_said_as_a_summary_error(load, monkeypatch, capsys):
+    rt = load(mode="cpu", summary_every=1)
+    rt._WRITER_THREAD = False
+
+    def broken(win, dropped):
+        raise RuntimeError("no summary today")
+
+    monkeypatch.setattr(rt, "_summary_lines", broken)
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt.flush()
+    err = capsys.readouterr().err
+    assert err.startswith("[eaglepatch] internal error in summary (the server goes on;") and "no summary today" in err
+
+
+def test_names_are_quoted_once_per_process(load, logs, monkeypatch):
+    """A worker's and its phases' names are JSON-quoted at their first record; later records reuse the quotes."""
+    rt = load(mode="cpu")
+    w = decode_worker(rt)
+    w.forward_batch_generation(Batch())
+    quoted = []
+    real = json.dumps
+    monkeypatch.setattr(json, "dumps", lambda *a, **kw: quoted.append(a[0]) or real(*a, **kw))
+    w.forward_batch_generation(Batch())
+    monkeypatch.setattr(json, "dumps", real)
+    assert quoted == []
+    rt.flush()
+    assert len(records(logs)) == 2
+
+
+def test_the_run_is_read_from_the_real_proc(load, logs):
+    """With the system's /proc (no test tree): this test process launched itself, and its start time (field 22
+    of /proc/self/stat) is in the run id."""
+    rt = load(mode="cpu")
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt.flush()
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    pid = os.getpid()
+    head, = headers(logs)
+    assert head["launcher"] == pid, "the test's parent has the same command line (a fork): %r" % head
+    assert head["run"] == "%s-%d-%d-%s" % (socket.gethostname(), pid, ticks, head["run"].rsplit("-", 1)[1])
