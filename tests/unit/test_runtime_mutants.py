@@ -1285,3 +1285,43 @@ def test_the_run_is_read_from_the_real_proc(load, logs):
     head, = headers(logs)
     assert head["launcher"] == pid, "the test's parent has the same command line (a fork): %r" % head
     assert head["run"] == "%s-%d-%d-%s" % (socket.gethostname(), pid, ticks, head["run"].rsplit("-", 1)[1])
+
+
+@pytest.mark.parametrize("word", ["key", "token", "secret", "password", "passwd"])
+def test_every_secret_word_hides_its_options_value(rt, word):
+    """In any case and anywhere in the option's name, with the value apart or after `=`."""
+    name = "--my-%s-file" % word.upper()
+    assert rt._redacted(["python", name, "v1", name + "=v2", "--other", "v3"]) == [
+        "python", name, "***", name + "=***", "--other", "v3"]
+
+
+def test_a_batch_is_due_at_flush_seconds_to_the_tick(load, monkeypatch):
+    rt = load(mode="cpu", flush_seconds=600.0, flush_records=1000)
+    rt._WRITER_THREAD = False
+    decode_worker(rt).forward_batch_generation(Batch())
+    monkeypatch.setattr(rt, "_mono", lambda: 1000.0)
+    rt._buf_since = 400.5
+    assert not rt._due()
+    rt._buf_since = 400.0
+    assert rt._due()
+
+
+def test_the_writer_leaves_waiting_cycles_to_a_busy_worker(quiet, fake_torch, monkeypatch):
+    """A writer round resolves the waiting cycles only once the worker's last cycle ended _QUIET_SECONDS ago (to
+    the tick): before, the worker is busy and resolves its own at its next cycle's end."""
+    rt = quiet(mode="events")
+    cuda = fake_torch.cuda
+    cuda.done = False
+    decode_worker(rt).forward_batch_generation(Batch())
+    cuda.done = True                                # done, but not looked at yet
+    clock = [10.04]
+    monkeypatch.setattr(rt, "_mono", lambda: clock[0])
+    rt._last_end = 10.0
+    rt._service()
+    assert rt._stats()["pending"] == 1
+    rt._last_end, clock[0] = 0.0, 0.0499
+    rt._service()
+    assert rt._stats()["pending"] == 1
+    clock[0] = rt._QUIET_SECONDS
+    rt._service()
+    assert rt._stats()["pending"] == 0 and rt._stats()["buffered"] == 1
