@@ -9,6 +9,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 
 import pytest
 
@@ -1325,3 +1326,56 @@ def test_the_writer_leaves_waiting_cycles_to_a_busy_worker(quiet, fake_torch, mo
     clock[0] = rt._QUIET_SECONDS
     rt._service()
     assert rt._stats()["pending"] == 0 and rt._stats()["buffered"] == 1
+
+
+# --- starting and stopping the writer (fourth round) --------------------------------------------------------------
+def test_flushes_drain_inline_while_no_thread_can_be_started(load, logs, monkeypatch):
+    """At interpreter shutdown a thread cannot be started: each flush writes on its own thread, and the failed
+    start leaves no writer behind for the next one to wait on."""
+    rt = load(mode="cpu")
+
+    class NoStart(threading.Thread):
+        def start(self):
+            raise RuntimeError("can't start new thread")
+
+    fake = types.SimpleNamespace(**vars(threading))
+    fake.Thread = NoStart
+    monkeypatch.setattr(rt, "threading", fake)
+    for n in (1, 2):
+        rt._WRITER_THREAD = False
+        decode_worker(rt).forward_batch_generation(Batch())
+        rt._WRITER_THREAD = True
+        rt.flush()
+        assert rt._writer is None and len(records(logs)) == n
+    assert rt._stats()["errors"] == 0
+
+
+def test_stopping_a_stuck_writer_waits_one_second_for_it(rt):
+    joins = []
+
+    class Stuck(object):
+        def is_alive(self):
+            return True
+
+        def join(self, timeout=None):
+            joins.append(timeout)
+
+    rt._writer = Stuck()
+    assert rt._stop_writer() is True and joins == [1.0] and rt._writer is None
+
+
+def test_configure_closes_the_log_when_no_writer_runs(load, logs):
+    """Nothing to stop (no writer thread, or none left): configure closes the log file; only a stuck writer's is
+    left open."""
+    rt = load(mode="cpu")
+    rt._WRITER_THREAD = False
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt.flush()
+    fd = rt._fd
+    ino = os.fstat(fd).st_ino
+    assert rt._stop_writer() is False
+    rt.configure(mode="cpu", log_dir=str(logs), summary_every=0)
+    try:
+        assert os.fstat(fd).st_ino != ino           # the number went to another file
+    except OSError as e:
+        assert e.errno == errno.EBADF
