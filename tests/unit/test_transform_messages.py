@@ -5,8 +5,9 @@ These are what a person reads in ``show``, ``apply`` and ``diff``: each must say
 given, counted as Python counts lines) and why, and must not change by accident. The cases are the small sources
 of test_transform_cases.py with one thing changed.
 """
-
 from __future__ import annotations
+
+import ast
 
 import libcst as cst
 import pytest
@@ -229,6 +230,19 @@ def test_internal_error_output_does_not_compile(recipe, monkeypatch):
     monkeypatch.setattr(engine, "_render", lambda lines, inserts: "def f(:\n    pass\n")
     res = instrument(V1_BEFORE, PATH, recipe)
     assert res.message() == "w.py:1: internal error: the instrumented file does not compile (invalid syntax)"
+
+
+def test_internal_error_output_too_deep_to_compile(recipe, monkeypatch):
+    """An output Python cannot compile for a reason other than its syntax (here an expression nested too deep:
+    RecursionError) is refused with Python's own words."""
+    deep = "x = " + "1+" * 200000 + "1\n"
+    try:
+        compile(ast.parse(deep, PATH), PATH, "exec", dont_inherit=True)
+    except (ValueError, RecursionError, MemoryError) as exc:
+        why = str(exc)
+    monkeypatch.setattr(engine, "_render", lambda lines, inserts: deep)
+    res = instrument(V1_BEFORE, PATH, recipe)
+    assert res.message() == "w.py: internal error: the instrumented file does not compile (%s)" % why
 
 
 def test_internal_error_output_does_not_strip_back(recipe, monkeypatch):
