@@ -1198,34 +1198,24 @@ def test_the_capture_mode_is_not_tried_before_a_cycle_waits(load, logs, fake_tor
 
 
 # --- the summary line (fourth round) ------------------------------------------------------------------------------
-def _summary_of(rt, clock, steps, after, cycles=2, out=None, bs=2):
-    w = _scripted(rt, clock, steps, after=after, out=out)
-    for _ in range(cycles):
-        w.forward_batch_generation(Batch(bs))
-
-
-def test_a_summary_of_sub_millisecond_cycles_keeps_its_shares_and_rate(load, monkeypatch, capsys):
-    """Cycles of 0.4 ms (the window's cycle time under 1 ms): each phase's share of it and tok/s are printed."""
+@pytest.mark.parametrize("steps, after, line", [
+    ([("draft", 0.0001), ("verify", 0.0002)], 0.0001,
+     "cycle 0.40 ms | draft 0.10 (25%) verify 0.20 (50%) | accept len 2.00 | 10000.0 tok/s"),
+    ([("draft", 0.0), ("verify", 0.0)], 0.0,
+     "cycle 0.00 ms | draft 0.00 (0%) verify 0.00 (0%) | accept len 2.00"),
+], ids=["sub-millisecond cycles", "cycles that took no time"])
+def test_a_summary_of_short_cycles_keeps_its_shares_and_rate(load, monkeypatch, capsys, steps, after, line):
+    """Two cycles on a scripted clock, 4 tokens accepted in each: cycles of 0.4 ms (under 1 ms in all) still get
+    each phase's share and tok/s; cycles that took no time get 0 % and no tok/s, and nothing raises."""
     rt = load(mode="cpu", summary_every=2)
     rt._WRITER_THREAD = False
     clock = [10.0]
     monkeypatch.setattr(rt, "_perf", lambda: clock[0])
-    _summary_of(rt, clock, [("draft", 0.0001), ("verify", 0.0002)], 0.0001, out=Obj(accept_lens=[2, 2]))
+    w = _scripted(rt, clock, steps, after=after, out=Obj(accept_lens=[2, 2]))
+    for _ in range(2):
+        w.forward_batch_generation(Batch(2))
     rt.flush()
-    assert capsys.readouterr().err == ("[eaglepatch] rank0 W decode n=2 cycle 0.40 ms | draft 0.10 (25%) verify "
-                                       "0.20 (50%) | accept len 2.00 | 10000.0 tok/s\n")
-
-
-def test_a_summary_of_cycles_that_took_no_time_has_no_shares_and_no_rate(load, monkeypatch, capsys):
-    """A clock that did not move (cycle time 0): shares are 0 %, no tok/s; nothing raises."""
-    rt = load(mode="cpu", summary_every=2)
-    rt._WRITER_THREAD = False
-    clock = [10.0]
-    monkeypatch.setattr(rt, "_perf", lambda: clock[0])
-    _summary_of(rt, clock, [("draft", 0.0), ("verify", 0.0)], 0.0, out=Obj(accept_lens=[2, 2]))
-    rt.flush()
-    assert capsys.readouterr().err == ("[eaglepatch] rank0 W decode n=2 cycle 0.00 ms | draft 0.00 (0%) verify "
-                                       "0.00 (0%) | accept len 2.00\n")
+    assert capsys.readouterr().err == "[eaglepatch] rank0 W decode n=2 " + line + "\n"
     assert rt._stats()["errors"] == 0
 
 
