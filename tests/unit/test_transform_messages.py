@@ -5,6 +5,7 @@ These are what a person reads in ``show``, ``apply`` and ``diff``: each must say
 given, counted as Python counts lines) and why, and must not change by accident. The cases are the small sources
 of test_transform_cases.py with one thing changed.
 """
+
 from __future__ import annotations
 
 import ast
