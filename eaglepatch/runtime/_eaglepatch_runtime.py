@@ -106,7 +106,7 @@ class _Local(threading.local):
 
 
 class _Cycle(object):
-    __slots__ = ("t", "t0", "worker", "bs", "prefill", "acc", "open", "accepted", "acc_dev", "kind",
+    __slots__ = ("t", "t0", "worker", "bs", "prefill", "acc", "open", "accepted", "accepts", "acc_dev", "kind",
                  "ev0", "ev_end", "evs", "iv", "h_end", "obj", "spec", "lost")
 
 
@@ -500,6 +500,7 @@ def _start(args, kwargs):
     c.acc = {}
     c.open = {}
     c.accepted = None
+    c.accepts = None
     c.acc_dev = None
     c.kind = kind
     c.t = _wall()
@@ -641,8 +642,11 @@ def accepted(obj, attrs, bonus_per_req=0):
         if v is None:
             return
         c.acc_dev = None
+        c.accepts = None
         if isinstance(v, (list, tuple)):
             c.accepted = int(sum(v)) + bonus_per_req * len(v)
+            # per request, bonus included: the acceptance profile (a copy: the worker's list is its own)
+            c.accepts = [x + bonus_per_req for x in v] if bonus_per_req else list(v)
             return
         if isinstance(v, int):
             v = int(v)              # a bool is an int too; the record wants a number
@@ -683,7 +687,11 @@ def accepted(obj, attrs, bonus_per_req=0):
                 c.acc_dev = (host, ev, bonus, v, key)
             elif dim <= 1:
                 x = v.tolist()      # one device-to-host copy; cheaper than a sum kernel plus .item()
-                c.accepted = int(sum(x) if dim else x) + bonus
+                if dim:
+                    c.accepted = int(sum(x)) + bonus
+                    c.accepts = [i + bonus_per_req for i in x] if bonus_per_req else x
+                else:
+                    c.accepted = int(x) + bonus
             else:
                 c.accepted = int(v.sum().item()) + bonus
             return
@@ -691,6 +699,7 @@ def accepted(obj, attrs, bonus_per_req=0):
         c.accepted = int(v.sum()) + bonus_per_req * len(v)
     except Exception:
         c.accepted = None
+        c.accepts = None
         c.acc_dev = None
         _error("accepted")
 
@@ -878,15 +887,20 @@ def _resolve(c):
     if dev is not None:
         try:
             host = dev[0]
-            if host.dim() <= 1:
+            if host.dim() == 1:
                 x = host.tolist()
-                total = sum(x) if host.dim() else x
+                total = sum(x)
+                each = dev[2] // len(x) if x else 0     # the bonus per request (the total is per request x len)
+                c.accepts = [i + each for i in x] if each else x
+            elif host.dim() == 0:
+                total = host.tolist()
             else:
                 total = host.sum().item()
             c.accepted = int(total) + dev[2]
             _give_back_acc(dev)
         except Exception:
             c.accepted = None       # the record still goes out, without its count
+            c.accepts = None
             _error("accepted")
     if c.kind != _EVENTS:
         _emit(c, c.h_end - c.t0, c.acc, None, None)
@@ -927,6 +941,8 @@ def _emit(c, cycle_s, phases, host_cycle_s, host_phases):
     tail = '"worker": %s, "mode": "%s", "bs": %s, "cycle_ms": %r, "timer": "%s", "phases": {%s}, "accepted": %s' % (
         _q(c.worker), mode, "null" if bs is None else bs, cycle_ms, _TIMER_NAMES[c.kind], ", ".join(parts),
         "null" if acc is None else acc)
+    if c.accepts is not None:
+        tail += _accepts_json(c.accepts)
     if host_phases is not None:
         hparts = []
         for name, s in host_phases.items():
@@ -974,6 +990,22 @@ def _emit(c, cycle_s, phases, host_cycle_s, host_phases):
                 wake = True
     if wake:
         _wake.set()
+
+
+def _accepts_json(accs):
+    """', "accepts": [3, 1, 4]' (tokens per request, bonus included, in batch order), or above 256 requests the
+    histogram ', "accept_hist": {"1": 200, "2": 41}' (tokens: requests); '' when they are not whole numbers (the
+    record goes out without them: its sum is in "accepted")."""
+    try:
+        if len(accs) <= 256:
+            return ', "accepts": [%s]' % ", ".join(["%d" % x for x in accs])
+        hist = {}
+        for x in accs:
+            x = int(x)
+            hist[x] = hist.get(x, 0) + 1
+        return ', "accept_hist": {%s}' % ", ".join(['"%d": %d' % kv for kv in sorted(hist.items())])
+    except Exception:
+        return ""
 
 
 def _take_summary():

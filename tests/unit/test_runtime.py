@@ -168,7 +168,7 @@ def test_record_matches_the_contract_schema(rt, logs):
     batch = Batch(4)
     assert w.forward_batch_generation(batch) == ("result", batch)
     rec = one_record(rt, logs)
-    assert set(rec) == RECORD_KEYS
+    assert set(rec) == RECORD_KEYS | {"accepts"}  # per-request counts: the acceptance profile
     assert log_files(logs) == ["%s-%d-rank0.jsonl" % (socket.gethostname(), os.getpid())]
     assert rec["v"] == 1 and type(rec["v"]) is int
     assert type(rec["t"]) is float and before - 1 <= rec["t"] <= time.time() + 1
@@ -182,6 +182,7 @@ def test_record_matches_the_contract_schema(rt, logs):
     assert list(rec["phases"]) == ["draft", "verify", "draft_extend"]
     assert all(type(v) is float and v >= 0 for v in rec["phases"].values())
     assert rec["accepted"] == 14 and type(rec["accepted"]) is int
+    assert rec["accepts"] == [2, 3, 4, 5]  # each request's drafts plus its bonus token, in batch order
     (head,) = headers(logs)
     assert head["run"] == rec["run"] and head["pid"] == os.getpid() and head["rank"] == 0
     assert head["timer"] == "cpu" and type(head["flags"]) is dict and type(head["argv"]) is list
@@ -703,7 +704,7 @@ def test_runs_under_python_3_8(tmp_path):
     assert "internal error" not in proc.stderr
     assert len([l for l in proc.stderr.splitlines() if l.startswith("[eaglepatch] rank0")]) == 2
     recs = records(log_dir)
-    assert len(recs) == 6 and all(set(r) == RECORD_KEYS for r in recs)
+    assert len(recs) == 6 and all(set(r) - {"accepts"} == RECORD_KEYS for r in recs)
 
 
 def test_source_parses_as_python_3_8():
@@ -1264,7 +1265,8 @@ def test_sync_timer_synchronizes_at_every_boundary(load, logs, fake_torch):
     decode_worker(rt, sleeps=(0.001, 0.001, 0.001), out=Obj(accept_lens=[2, 2])).forward_batch_generation(Batch(2))
     assert fake_torch.cuda.syncs == 8                          # cycle start/end + 3 x (begin, end)
     rec = one_record(rt, logs)
-    assert rec["timer"] == "sync" and set(rec) == RECORD_KEYS
+    assert rec["timer"] == "sync" and set(rec) == RECORD_KEYS | {"accepts"}
+    assert rec["accepts"] == [2, 2]
     assert rec["rank"] == 1                                     # torch.distributed says so
     assert rec["phases"]["draft"] >= 1.0
     assert sum(rec["phases"].values()) <= rec["cycle_ms"] < 1000
@@ -1307,8 +1309,8 @@ def test_events_timer_resolves_later_without_host_sync(load, logs, fake_torch):
     recs = records(logs)
     assert len(recs) == 2 and cuda.syncs == 0
     for rec in recs:
-        assert set(rec) == RECORD_KEYS | {"host_phases", "host_cycle_ms"}
-        assert rec["timer"] == "events" and rec["accepted"] == 9
+        assert set(rec) == RECORD_KEYS | {"host_phases", "host_cycle_ms", "accepts"}
+        assert rec["timer"] == "events" and rec["accepted"] == 9 and rec["accepts"] == [3, 3, 3]
         assert list(rec["phases"]) == list(rec["host_phases"]) == ["draft", "verify", "draft_extend"]
         # the fake GPU clock runs twice as slow as the host's: GPU columns are about 2x the host ones
         for name, host_ms in rec["host_phases"].items():
