@@ -219,3 +219,70 @@ def test_an_error_giving_events_back_is_counted_and_the_exception_still_propagat
         W().forward_batch_generation(Batch())
     rt.flush()
     assert "internal error in entry" in capsys.readouterr().err and rt._stats()["errors"] == 1
+
+
+# --- accepts: the tokens each request produced (the acceptance profile) ------------------------------------------
+
+@pytest.mark.parametrize("value, bonus, expected", [
+    ([1, 0, 3], 1, [2, 1, 4]),                  # V1's drafts per request: + the bonus token each
+    ((2, 2), None, [2, 2]),                     # a tuple, no bonus
+    (FakeTensorCpu([3, 1]), 0, [3, 1]),         # 1-d on the host (V2's accept_lens, bonus included)
+    (FakeTensorCpu([0, 2]), 1, [1, 3]),
+])
+def test_accepts_are_the_per_request_counts_bonus_included(load, logs, fake_torch, value, bonus, expected):
+    rt = load(mode="cpu")
+    _accept(rt, value, bonus, len(expected))
+    rec = one_record(rt, logs)
+    assert rec["accepts"] == expected and rec["accepted"] == sum(expected)
+
+
+@pytest.mark.parametrize("value", [Tensor0d(5), Tensor2d([[1, 2], [3, 4]]), ArrayLike([3, 4]), 7])
+def test_a_total_has_no_accepts(load, logs, fake_torch, value):
+    """A 0-d tensor, an int, a 2-d tensor or an array-like give the cycle's total only: no per-request list."""
+    rt = load(mode="cpu")
+    _accept(rt, value, 0, 4)
+    rec = one_record(rt, logs)
+    assert "accepts" not in rec and "accept_hist" not in rec and rec["accepted"] is not None
+
+
+@pytest.mark.parametrize("mode", ["events", "cpu"])
+def test_accepts_of_a_cuda_tensor_come_from_its_asynchronous_copy(load, logs, fake_torch, mode):
+    """A CUDA tensor (V2's accept_lens) is never read on the worker's thread: the per-request counts are read
+    from the same pinned copy as the total, once its event is done (FakeTensor.tolist() would fail otherwise)."""
+    rt = load(mode=mode)
+    fake_torch.cuda.done = False
+    decode_worker(rt, out=Obj(accept_lens=FakeTensor([1, 3, 2])), bonus=1).forward_batch_generation(Batch(3))
+    assert records(logs) == []
+    fake_torch.cuda.done = True
+    rec = one_record(rt, logs)
+    assert rec["accepts"] == [2, 4, 3] and rec["accepted"] == 9 and fake_torch.cuda.syncs == 0
+
+
+def test_accepts_of_a_cuda_tensor_under_the_sync_timer(load, logs, fake_torch):
+    """The sync timer has synchronised anyway: one tolist() of the (host) tensor gives both."""
+    rt = load(mode="sync")
+    decode_worker(rt, out=Obj(accept_lens=FakeTensorCpu([4, 1])), bonus=0).forward_batch_generation(Batch(2))
+    rec = one_record(rt, logs)
+    assert rec["accepts"] == [4, 1] and rec["accepted"] == 5
+
+
+def test_above_256_requests_a_histogram_stands_for_the_list(rt, logs):
+    counts = [1] * 200 + [2] * 41 + [4] * 16
+    _accept(rt, counts, 0, len(counts))
+    rec = one_record(rt, logs)
+    assert "accepts" not in rec and rec["accept_hist"] == {"1": 200, "2": 41, "4": 16}
+    assert rec["accepted"] == 200 + 82 + 64
+
+
+def test_256_requests_are_still_a_list(rt, logs):
+    _accept(rt, [2] * 256, 0, 256)
+    assert one_record(rt, logs)["accepts"] == [2] * 256
+
+
+def test_counts_that_cannot_be_written_as_whole_numbers_give_no_accepts(rt):
+    """The list is written with "%d" (whole numbers; floats of whole values as such); what cannot be (NaN, text)
+    gives no "accepts" at all, never a record that does not parse: its total is in "accepted"."""
+    assert rt._accepts_json([1.0, 2.0]) == ', "accepts": [1, 2]'
+    assert rt._accepts_json([float("nan")]) == ""
+    assert rt._accepts_json(["x"]) == ""
+    assert rt._accepts_json([1] * 300 + ["x"]) == ""
