@@ -404,8 +404,13 @@ def report(
     skip: int = typer.Option(0, "--skip", help="Drop the first N cycles of each process (warm-up)."),
     trace: Optional[str] = typer.Option(None, "--trace", help="Write a Chrome trace (Perfetto) to FILE."),
     compare: bool = typer.Option(False, "--compare", help="Two or more sources side by side, with deltas."),
-    chart: Optional[str] = typer.Option(None, "--chart", help="With --compare: a chart of the phases side by side, "
-                                        "to FILE: .svg, or .png with the plot extra."),
+    chart: Optional[str] = typer.Option(None, "--chart", help="With --compare: a chart of the phases side by side; "
+                                        "with --predict: predicted tok/s by step count beside the acceptance "
+                                        "profile; to FILE: .svg, or .png with the plot extra."),
+    predict: bool = typer.Option(False, "--predict", help="Predict accept length, cycle time and tok/s for other "
+                                 "draft step counts (and none) from these records."),
+    steps: Optional[str] = typer.Option(None, "--steps", help="With --predict: the step counts, e.g. 0,1,2,3,5 or "
+                                        "0-8 (default: 0 and 1..max(8, steps+2))."),
     log_dir: Optional[str] = typer.Option(None, "--log-dir", help="Log directory on a TARGET (default: from its manifest)."),
     merge_runs: bool = typer.Option(False, "--merge-runs", help="All runs together (their figures blend)."),
     run: List[str] = typer.Option([], "--run", help="Only this run (its id, or a prefix of it; repeatable)."),
@@ -424,6 +429,7 @@ def report(
       eaglepatch report root@gpu-host
       eaglepatch report ./logs --all-runs --by rank
       eaglepatch report --compare before/ after/ --chart phases.svg
+      eaglepatch report root@gpu-host --predict --chart predict.svg
     """
     def go() -> None:
         if json_out and csv_out:
@@ -432,9 +438,19 @@ def report(
             raise UsageError("--skip must be 0 or more")
         if compare and len(sources) < 2:
             raise UsageError("--compare needs two or more sources")
+        if predict and (compare or csv_out):
+            raise UsageError("--predict prints a table or --json, of one report: leave out --compare and --csv")
+        if steps is not None and not predict:
+            raise UsageError("--steps goes with --predict")
+        step_list = None
+        if steps is not None:
+            from eaglepatch.report.predict import parse_steps
+
+            step_list = parse_steps(steps)
         if chart is not None:
-            if not compare:
-                raise UsageError("--chart goes with --compare (a sweep draws its own: eaglepatch sweep --chart)")
+            if not compare and not predict:
+                raise UsageError("--chart goes with --compare or --predict (a sweep draws its own: eaglepatch sweep "
+                                 "--chart)")
             from eaglepatch.tuning.chart import check_chart_path
 
             check_chart_path(chart)
@@ -443,7 +459,7 @@ def report(
                                     since=None if since is None else actions.parse_since(since))
         text = actions.report(sources, c, by=None if by is None else by.value, skip=skip, trace=trace, compare=compare, log_dir=log_dir,
                               fmt="json" if json_out else "csv" if csv_out else "table", say=say, runs=runs,
-                              chart=chart)
+                              chart=chart, predict=predict, steps=step_list)
         sys.stdout.write(text)
     _guard(go)
 

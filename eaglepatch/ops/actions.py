@@ -518,6 +518,7 @@ class FetchedLogs:
     folder: str
     current: frozenset[int] = frozenset()
     launches: frozenset[tuple[int, int]] = frozenset()  # (pid, start ticks) of those servers: their runs' ids
+    name: str = ""  # the target's name (as sweeps and the cache know it)
 
 
 def fetch_logs(text: str, c: Connect, log_dir: str | None, say: Say) -> FetchedLogs:
@@ -535,7 +536,7 @@ def fetch_logs(text: str, c: Connect, log_dir: str | None, say: Say) -> FetchedL
         except (Unsupported, AmbiguousInstall):
             pass  # the logs can still be read (--log-dir, or the default folder); which run is current is unknown
         folder = fetch_logs_from(t.host, t.spec.name, python, log_dir or "/tmp/eaglepatch", say)
-        return FetchedLogs(folder, current, launches)
+        return FetchedLogs(folder, current, launches, t.spec.name)
 
 
 def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say) -> str:
@@ -622,13 +623,23 @@ def _is_log_source(path: str) -> bool:
         return False
 
 
+def _target_sweep(name: str) -> dict[str, Any] | None:
+    """The newest sweep of the target ``name`` kept on this machine that has a baseline which ran (its
+    ``sweep --json`` summary), else None: the measured no-speculation point of ``report --predict``."""
+    from eaglepatch.doctor.collect import find_sweep
+
+    found = find_sweep(name, None)
+    return found if found and found.get("baseline") is not None else None
+
+
 def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, trace: str | None, compare: bool,
            log_dir: str | None, fmt: str, say: Say, runs: RunSelection = RunSelection(),
-           chart: str | None = None) -> str:
+           chart: str | None = None, predict: bool = False, steps: Sequence[int] | None = None) -> str:
     from eaglepatch import report as rep
 
     per_source: list[list[str]] = []  # the log files of each source
     own: list[dict[str, Any]] = []  # each source's own selection: a TARGET's current run by default
+    sweep: dict[str, Any] | None = None  # a TARGET's sweep with a baseline, for --predict
     for s in sources:
         if (os.path.exists(s) or is_local_target(s)) and _is_log_source(s):
             per_source.append(rep.iter_log_files([s]))
@@ -650,6 +661,8 @@ def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, tra
                     "for every run)")
         per_source.append(files)
         own.append(sel)
+        if predict and sweep is None:
+            sweep = _target_sweep(fetched.name)
     select: dict[str, Any] = {"merge_runs": runs.merge, "run_ids": list(runs.ids) or None, "since": runs.since}
     if compare:
         results, traces = rep.aggregate_each(per_source, list(sources), trace_path=trace, by=by, skip=skip,
@@ -686,13 +699,27 @@ def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, tra
         rep.aggregate([], by=by, skip=skip)
     if trace:
         say(f"trace written to {trace}: open it in https://ui.perfetto.dev")
-    if fmt == "json":
+    preds = None
+    if predict:
+        from eaglepatch.report.predict import predict as predict_groups
+
+        preds = predict_groups(result, steps=steps, sweep=sweep)
+    if fmt == "json" or (predict and chart is not None):
         doc = result.to_json()
         doc["sources"] = list(sources)
-        return json.dumps(doc, indent=1) + "\n"
+        for gd, pred in zip(doc["groups"], preds or ()):
+            if pred is not None:
+                gd.update(pred.to_json())
+        if predict and chart is not None:
+            from eaglepatch.tuning.predict_chart import write_predict_chart
+
+            write_predict_chart(doc, chart, sweep)
+            say(f"chart written to {chart}")
+        if fmt == "json":
+            return json.dumps(doc, indent=1) + "\n"
     if fmt == "csv":
         return rep.render_csv(result)
-    return rep.render_table(result) + "\n"
+    return rep.render_table(result, predictions=preds) + "\n"
 
 
 # a timing log's name: <host>-<pid>-rank<r>.jsonl

@@ -146,6 +146,61 @@ class BetweenStats:
         }
 
 
+@dataclass(frozen=True)
+class Acceptance:
+    """A decode group's acceptance profile, from the records' per-request counts (``accepts``/``accept_hist``):
+    ``hist`` holds ``(tokens, request-cycles)`` pairs, tokens ascending (a request-cycle is one request in one
+    cycle; its tokens include the bonus token), ``samples`` their total."""
+
+    samples: int
+    hist: tuple[tuple[int, int], ...]
+
+    @property
+    def at_least(self) -> tuple[float, ...]:
+        """``at_least[i]``: the share of request-cycles that produced at least ``i + 1`` tokens (so their sum is the
+        mean tokens per request-cycle); up to the largest count seen."""
+        if not self.samples or not self.hist:
+            return ()
+        top = self.hist[-1][0]
+        more = [0] * (top + 2)  # more[t]: request-cycles with exactly t tokens, then summed from the top
+        for t, n in self.hist:
+            more[t] += n
+        for t in range(top - 1, -1, -1):
+            more[t] += more[t + 1]
+        return tuple(more[i + 1] / self.samples for i in range(top))
+
+    @property
+    def rates(self) -> tuple[float | None, ...]:
+        """The per-position rates ``at_least[i] / at_least[i - 1]`` for ``i >= 1`` (the share of request-cycles
+        that got past position ``i`` among those that reached it; ``None`` where none reached it)."""
+        al = self.at_least
+        return tuple(al[i] / al[i - 1] if al[i - 1] else None for i in range(1, len(al)))
+
+    def mean_tokens(self, cap: int | None = None) -> float:
+        """The mean tokens per request-cycle, each count capped at ``cap`` tokens (``None``: not capped): what a
+        run with ``cap - 1`` draft steps would have produced from the same draft guesses."""
+        if not self.samples:
+            return 0.0
+        return sum(min(t, cap) * n if cap is not None else t * n for t, n in self.hist) / self.samples
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"samples", "at_least"}`` (docs/contract.md) plus the extra key ``"rates"``."""
+        return {"samples": self.samples, "at_least": [round_json(x) for x in self.at_least],
+                "rates": [round_json(x) for x in self.rates]}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> "Acceptance":
+        """The inverse of ``to_json`` (counts rebuilt from the rounded shares)."""
+        n = int(d.get("samples") or 0)
+        al = list(d.get("at_least") or ()) + [0.0]
+        hist = []
+        for i in range(len(al) - 1):
+            c = round(n * (al[i] - al[i + 1]))
+            if c > 0:
+                hist.append((i + 1, c))
+        return Acceptance(samples=n, hist=tuple(hist))
+
+
 def key_label(key: Sequence[tuple[str, Any]]) -> str:
     """A group key for people, without its ``run``: ``""``, ``"bs=1"``, ``"bs=? spec=steps=3,topk=1,..."``."""
     return " ".join(f"{k}={'?' if v is None else v}" for k, v in key if k != "run")
@@ -277,6 +332,13 @@ class GroupStats:
     tokens: float
     host_cycle: Stats | None = None
     run: str | None = None
+    acceptance: Acceptance | None = None
+    # the wall time per cycle over the records with accepted (host clock: the cycle plus the gap before it), how
+    # many such records, and the wall tok/s of up to 10 successive windows of them (the spread over the run)
+    cadence_ms: float | None = None
+    accepted_cycles: int = 0
+    window_tokens_per_s: tuple[float, ...] = ()
+    spec: str | None = None  # the records' speculative settings under adaptive speculation, also when not in key
 
     def key_dict(self) -> dict[str, Any]:
         """Return the key as a dict: ``{}`` or e.g. ``{"bs": 1}`` (``{"bs": 1, "run": "..."}`` with runs)."""
@@ -313,6 +375,7 @@ class GroupStats:
             "between_ms": self.between.to_json() if self.between is not None else None,
             "wall_tokens_per_s": round_json(self.wall_tokens_per_s),
             "host_cycle_ms": self.host_cycle.to_json() if self.host_cycle is not None else None,
+            **({"acceptance": self.acceptance.to_json()} if self.acceptance is not None else {}),
         }
 
 
@@ -417,11 +480,13 @@ class ReportResult:
                                     total=(b["mean"] or 0.0) * b.get("n", 0)) if b else None)
             key = tuple(g["key"].items())
             run = None if merged else g["key"].get("run", only)
+            acceptance = Acceptance.from_json(g["acceptance"]) if g.get("acceptance") else None
             groups.append(GroupStats(mode=g["mode"], key=key, n=g["n"], cycle=cyc,  # type: ignore[arg-type]
                                      phases=tuple(phases), accept_len=g["accept_len"],
                                      tokens_per_s=g["tokens_per_s"], between=between,
                                      wall_tokens_per_s=g["wall_tokens_per_s"], tokens=0.0,
-                                     host_cycle=stats(g.get("host_cycle_ms"), g["n"]), run=run))
+                                     host_cycle=stats(g.get("host_cycle_ms"), g["n"]), run=run,
+                                     acceptance=acceptance))
         return ReportResult(sources=tuple(doc.get("sources") or ()), records=doc["records"],
                             skipped_lines=doc["skipped_lines"], groups=tuple(groups), runs=runs, merged=merged)
 
@@ -497,6 +562,10 @@ class _Acc:
         "btw_acc",
         "acc_ab",
         "bs_ab",
+        "wcyc_acc",
+        "ahist",
+        "accs",
+        "walls",
         "run",
         "spec",
     )
@@ -519,6 +588,33 @@ class _Acc:
         self.btw_acc = 0.0
         self.acc_ab = 0
         self.bs_ab = 0
+        self.wcyc_acc = 0.0  # the host clock's cycle time of the records with accepted (cycle_ms without it)
+        self.ahist: dict[int, int] = {}  # tokens a request produced in a cycle -> request-cycles ("accepts")
+        # per record with accepted, in order: its tokens and its wall time (host cycle + the gap before it), for
+        # the spread of tok/s over windows of the run
+        self.accs = array("f")
+        self.walls = array("f")
+
+
+def _accept_counts(acs: Any, hist: Any) -> list[tuple[int, int]]:
+    """The (tokens, request-cycles) pairs of a record's ``accepts`` list or ``accept_hist`` object, validated
+    (whole numbers, at least 0; a histogram's keys are their decimal strings). Raises ``_BadLine``."""
+    out: list[tuple[int, int]] = []
+    if acs is not None:
+        if type(acs) is not list:
+            raise _BadLine("bad accepts")
+        for x in acs:
+            if type(x) is not int or x < 0:
+                raise _BadLine("bad accepts")
+            out.append((x, 1))
+        return out
+    if type(hist) is not dict:
+        raise _BadLine("bad accept_hist")
+    for k, v in hist.items():
+        if not k.isdigit() or type(v) is not int or v < 0:
+            raise _BadLine("bad accept_hist")
+        out.append((int(k), v))
+    return out
 
 
 class _BadLine(ValueError):
@@ -799,6 +895,8 @@ def _scan(
                     except KeyError:
                         bs = None
                     hcyc = d["host_cycle_ms"] if "host_cycle_ms" in d else None
+                    acs = d.get("accepts")
+                    ahs = d.get("accept_hist") if acs is None else None
                     rraw = d.get("run")
                     sraw = d.get("spec")
 
@@ -907,6 +1005,9 @@ def _scan(
                         if bs is not None:
                             x_accab = s_acc_ab + acc
                             x_bsab = s_bs_ab + bs  # validates bs
+                        wc = cyc if hcyc is None else hcyc
+                    if acs is not None or ahs is not None:
+                        pairs = _accept_counts(acs, ahs)
 
                     try:
                         for name, ms in phases.items():
@@ -935,14 +1036,24 @@ def _scan(
                     if nidle <= gap <= idle:
                         gap = gap * 1000.0 if gap > 0.0 else 0.0
                         btw_app(gap)
-                        if acc is not None:
-                            s_btw_acc += gap
+                    else:
+                        gap = -1.0
                     if acc is not None:
                         s_acc = x_acc
                         s_cyc_acc += cyc
+                        g.wcyc_acc += wc
+                        if gap >= 0.0:
+                            s_btw_acc += gap
+                            wc += gap
+                        g.accs.append(acc)
+                        g.walls.append(wc)
                         if bs is not None:
                             s_acc_ab = x_accab
                             s_bs_ab = x_bsab
+                    if acs is not None or ahs is not None:
+                        ah = g.ahist
+                        for k, v in pairs:
+                            ah[k] = ah.get(k, 0) + v
                     cnt += 1
                     last_end = e
                     records += 1
@@ -1065,8 +1176,18 @@ def _finish_group(g: _Acc, key: tuple[tuple[str, Any], ...], run: str | None) ->
     # No record with accepted (and bs) leaves these sums at 0: the values are then null.
     accept_len = g.acc_ab / g.bs_ab if g.bs_ab > 0 else None
     tokens_per_s = g.acc / g.cyc_acc * 1000.0 if g.cyc_acc > 0 else None
-    wall_den = g.cyc_acc + g.btw_acc
+    # What a client sees follows the cadence of cycle starts on the host: each cycle's host-clock time plus the gap
+    # before it. Under the overlap scheduler the GPU's cycle (cycle_ms of the events timer) overlaps the
+    # scheduler's work between cycles, so cycle_ms + between would count that time twice.
+    wall_den = g.wcyc_acc + g.btw_acc
     wall = g.acc / wall_den * 1000.0 if g.cyc_acc > 0 and wall_den > 0 else None
+    n_acc = len(g.walls)
+    cadence = wall_den / n_acc if n_acc and wall_den > 0 else None
+    windows = _window_rates(g.accs, g.walls)
+    g.accs = array("f")
+    g.walls = array("f")
+    hist = tuple(sorted(g.ahist.items()))
+    acceptance = Acceptance(samples=sum(n for _t, n in hist), hist=hist) if hist else None
     return GroupStats(
         mode=g.mode,
         key=key,
@@ -1080,7 +1201,32 @@ def _finish_group(g: _Acc, key: tuple[tuple[str, Any], ...], run: str | None) ->
         tokens=g.acc,
         host_cycle=host_cycle,
         run=run,
+        acceptance=acceptance,
+        cadence_ms=cadence,
+        accepted_cycles=n_acc,
+        window_tokens_per_s=windows,
+        spec=g.spec,
     )
+
+
+_WINDOWS = 10  # windows of a group's records for the spread of its tok/s
+_WINDOW_MIN = 50  # records a window holds at least
+
+
+def _window_rates(accs: array, walls: array) -> tuple[float, ...]:
+    """Wall tok/s of up to ``_WINDOWS`` successive, equal windows of the records (tokens over their wall time), at
+    least ``_WINDOW_MIN`` records each; ``()`` when there are too few records for two windows."""
+    n = len(accs)
+    w = min(_WINDOWS, n // _WINDOW_MIN)
+    if w < 2:
+        return ()
+    out = []
+    for i in range(w):
+        lo, hi = i * n // w, (i + 1) * n // w
+        den = math.fsum(walls[lo:hi])
+        if den > 0:
+            out.append(math.fsum(accs[lo:hi]) / den * 1000.0)
+    return tuple(out)
 
 
 def _merge_into(a: _Acc, b: _Acc) -> None:
@@ -1104,6 +1250,14 @@ def _merge_into(a: _Acc, b: _Acc) -> None:
     a.btw_acc += b.btw_acc
     a.acc_ab += b.acc_ab
     a.bs_ab += b.bs_ab
+    a.wcyc_acc += b.wcyc_acc
+    for t, n in b.ahist.items():
+        a.ahist[t] = a.ahist.get(t, 0) + n
+    b.ahist.clear()
+    a.accs.extend(b.accs)
+    a.walls.extend(b.walls)
+    b.accs = array("f")
+    b.walls = array("f")
 
 
 def launch_of(run_id: str) -> tuple[int, int] | None:

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from tabulate import tabulate
 
-from eaglepatch.report.aggregation import GroupStats, ReportResult, Stats
+from eaglepatch.report.aggregation import Acceptance, GroupStats, ReportResult, Stats
+
+if TYPE_CHECKING:
+    from eaglepatch.report.predict import Prediction
 
 #: The CSV columns of ``render_csv``, in order.
 CSV_COLUMNS: tuple[str, ...] = (
@@ -96,20 +99,65 @@ def render_group_table(g: GroupStats, *, tablefmt: str = "simple") -> str:
     return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True, colalign=colalign)
 
 
-def _groups_text(groups: tuple[GroupStats, ...] | list[GroupStats], tablefmt: str) -> list[str]:
+def acceptance_line(a: Acceptance) -> str:
+    """The acceptance profile in one line: the share of request-cycles that produced at least 1, 2, ... tokens,
+    then the per-position rates (each share over the one before)."""
+    shares = "  ".join(f"{i + 1}: {x:.2f}" for i, x in enumerate(a.at_least))
+    rates = " ".join("-" if r is None else f"{r:.2f}" for r in a.rates)
+    return (f"acceptance ({a.samples} request-cycles): at least {shares}"
+            + (f"; per position {rates}" if rates else ""))
+
+
+def render_prediction(p: "Prediction", *, tablefmt: str = "simple") -> str:
+    """The prediction of one group: a table of step counts (tok/s with its uncertainty and basis), the best point,
+    and what each basis rests on; or the one line that says why there is none."""
+    if p.why is not None:
+        return f"prediction: none: {p.why}"
+    rows = []
+    for i, pt in enumerate(p.points):
+        rows.append([f"{pt.steps}{' *' if i == p.best else ''}", str(pt.draft_tokens), f"{pt.accept_len:.3f}",
+                     f"{pt.cycle_ms:.3f}", f"{pt.between_ms:.3f}", f"{pt.tokens_per_s:.1f}",
+                     f"\u00b1{pt.spread * 100:.0f}%", pt.basis])
+    headers = ["steps", "draft tokens", "accept len", "cycle ms", "between ms", "tok/s", "spread", "basis"]
+    colalign = ("left",) + ("right",) * 6 + ("left",)
+    out = ["predicted, per draft step count (* the best; steps 0: no speculation):",
+           tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True, colalign=colalign)]
+    best, here = p.best_point, p.point(p.measured_steps) if p.measured_steps is not None else None
+    if best is not None and here is not None and best.steps != here.steps:
+        gain = best.tokens_per_s / here.tokens_per_s - 1 if here.tokens_per_s else 0.0
+        what = "no speculation" if best.steps == 0 else f"{best.steps} steps"
+        out.append(f"best: {what}, {best.tokens_per_s:.1f} tok/s, {gain * 100:+.0f}% over the {here.steps} steps "
+                   f"measured ({best.basis}; confirm with eaglepatch sweep TARGET --live --grid "
+                   f"speculative-num-steps={','.join(str(s) for s in sorted({0, best.steps, here.steps}))})")
+    elif best is not None:
+        out.append(f"best: the {best.steps} steps measured ({best.tokens_per_s:.1f} tok/s)")
+    out.extend(f"basis: {n}" for n in p.notes)
+    return "\n".join(out)
+
+
+def _groups_text(groups: tuple[GroupStats, ...] | list[GroupStats], tablefmt: str,
+                 predictions: dict[int, "Prediction | None"] | None = None) -> list[str]:
     out: list[str] = []
     for g in groups:
         out.append(group_title(g))
         out.append(render_group_table(g, tablefmt=tablefmt))
+        if g.acceptance is not None:
+            out.append(acceptance_line(g.acceptance))
+        pred = predictions.get(id(g)) if predictions is not None else None
+        if pred is not None:
+            out.append(render_prediction(pred, tablefmt=tablefmt))
         out.append("")
     return out
 
 
-def render_table(result: ReportResult, *, tablefmt: str = "simple") -> str:
-    """Return the human report: per run its header line, then per group of the run a title line and its table,
+def render_table(result: ReportResult, *, tablefmt: str = "simple",
+                 predictions: Sequence["Prediction | None"] | None = None) -> str:
+    """Return the human report: per run its header line, then per group of the run a title line and its table
+    (and its acceptance profile, and with ``predictions``, one per group of ``result.groups``, its prediction),
     separated by blank lines (a merge warning first instead when runs were merged), then notes (lines that did
     not parse, cycles dropped by ``--skip``, runs left out); no trailing newline. Never raises for an empty
     result: it says so."""
+    preds = None if predictions is None else {id(g): p for g, p in zip(result.groups, predictions)}
     out: list[str] = []
     warning = result.merge_warning()
     if warning is not None:
@@ -127,10 +175,10 @@ def render_table(result: ReportResult, *, tablefmt: str = "simple") -> str:
                 out.append("no timing records of this run" + (" (every cycle left out by --skip)" if run.records
                                                                 else " yet"))
                 out.append("")
-            out.extend(_groups_text(mine, tablefmt))
-        out.extend(_groups_text([g for g in result.groups if g.run not in shown], tablefmt))
+            out.extend(_groups_text(mine, tablefmt, preds))
+        out.extend(_groups_text([g for g in result.groups if g.run not in shown], tablefmt, preds))
     else:
-        out.extend(_groups_text(result.groups, tablefmt))
+        out.extend(_groups_text(result.groups, tablefmt, preds))
     while out and out[-1] == "":
         out.pop()
     notes = []

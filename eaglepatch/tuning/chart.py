@@ -113,6 +113,12 @@ class Scene:
             self.items.append(("rect", dict(x=x, y=y, w=w, h=h, fill=fill, stroke=stroke, sw=stroke_width,
                                             opacity=opacity, tip=tip)))
 
+    def poly(self, points: Sequence[tuple[float, float]], fill: str, *, opacity: float = 1.0) -> None:
+        """A filled polygon (an uncertainty band), no outline."""
+        if len(points) >= 3:
+            self.items.append(("poly", dict(points=[(float(x), float(y)) for x, y in points], fill=fill,
+                                            opacity=opacity)))
+
     def line(self, x1: float, y1: float, x2: float, y2: float, color: str, width: float = 1.0,
              dash: tuple[float, float] | None = None) -> None:
         self.items.append(("line", dict(x1=x1, y1=y1, x2=x2, y2=y2, color=color, width=width, dash=dash)))
@@ -172,6 +178,10 @@ def to_svg(scene: Scene) -> bytes:
                 out.append(f"<rect {attrs}><title>{_x(d['tip'])}</title></rect>")
             else:
                 out.append(f"<rect {attrs}/>")
+        elif kind == "poly":
+            pts = " ".join(f"{_n(x)},{_n(y)}" for x, y in d["points"])
+            op = f' fill-opacity="{_n(d["opacity"])}"' if d["opacity"] != 1.0 else ""
+            out.append(f'<polygon points="{pts}" fill="{d["fill"]}"{op}/>')
         elif kind == "line":
             dash = f' stroke-dasharray="{_n(d["dash"][0])} {_n(d["dash"][1])}"' if d["dash"] else ""
             out.append(f'<line x1="{_n(d["x1"])}" y1="{_n(d["y1"])}" x2="{_n(d["x2"])}" y2="{_n(d["y2"])}" '
@@ -216,7 +226,7 @@ def to_png(scene: Scene, path: str = "chart.png", scale: float = 2.0) -> bytes:
     _matplotlib(path)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.patches import Rectangle
+    from matplotlib.patches import Polygon, Rectangle
     from matplotlib.patheffects import withStroke
 
     w, h = math.ceil(scene.w), math.ceil(scene.h)
@@ -231,6 +241,9 @@ def to_png(scene: Scene, path: str = "chart.png", scale: float = 2.0) -> bytes:
             ax.add_patch(Rectangle((d["x"], d["y"]), d["w"], d["h"], facecolor=d["fill"] or "none",
                                    edgecolor=d["stroke"] or "none", linewidth=d["sw"] if d["stroke"] else 0,
                                    alpha=None if d["opacity"] == 1.0 else d["opacity"], zorder=z))
+        elif kind == "poly":
+            ax.add_patch(Polygon(d["points"], closed=True, facecolor=d["fill"], edgecolor="none",
+                                 alpha=None if d["opacity"] == 1.0 else d["opacity"], zorder=z))
         elif kind == "line":
             ax.plot([d["x1"], d["x2"]], [d["y1"], d["y2"]], color=d["color"], linewidth=d["width"],
                     linestyle=(0, d["dash"]) if d["dash"] else "-", solid_capstyle="butt",

@@ -145,6 +145,44 @@ def test_usage_errors(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_predict_through_the_cli(tmp_path):
+    """report --predict: the table gains the acceptance profile and the prediction per decode group, --json the
+    contract's "acceptance", "predict" and "predict_best", --steps picks the step counts, and --chart draws them
+    (the chart written, its path said on stderr)."""
+    logs = tmp_path / "logs"
+    lines = [header("gpu1-9-500-cfg1", 99.0, 10, 0, "sync", "3")]
+    for i in range(40):
+        acs = [1 + i % 4, 1 + (i + 1) % 4]
+        lines.append(record(100 + i * 0.01, bs=2, accepted=sum(acs)).replace('"accepted"', f'"accepts": {acs}, '
+                                                                                          '"accepted"'))
+    write_log(logs, "gpu1-10-rank0.jsonl", lines)
+    r = run("report", str(logs), "--predict", "--steps", "0-4", "--chart", str(tmp_path / "p.svg"))
+    assert r.returncode == 0, r.stderr
+    assert "acceptance (80 request-cycles): at least 1: 1.00  2: 0.75  3: 0.50  4: 0.25" in r.stdout
+    assert "predicted, per draft step count" in r.stdout and "extrapolated" in r.stdout
+    assert f"chart written to {tmp_path / 'p.svg'}" in r.stderr and (tmp_path / "p.svg").read_text().startswith("<?xml")
+    doc = json.loads(run("report", str(logs), "--predict", "--json").stdout)
+    (g,) = doc["groups"]
+    assert g["acceptance"]["samples"] == 80 and g["acceptance"]["at_least"] == [1.0, 0.75, 0.5, 0.25]
+    assert [p["steps"] for p in g["predict"]] == list(range(9))
+    assert {p["basis"] for p in g["predict"]} == {"estimate", "profile", "measured", "extrapolated"}
+    assert g["predict"][3]["basis"] == "measured" and g["predict"][3]["accept_len"] == 2.5
+    assert isinstance(g["predict_best"], int)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "1,2"], "--steps goes with --predict"),
+    (["--predict", "--csv"], "--predict prints a table or --json"),
+    (["--predict", "--steps", "x"], "--steps 'x': give step counts"),
+    (["--chart", "c.svg"], "--chart goes with --compare or --predict"),
+])
+def test_predict_usage_errors(tmp_path, args, message):
+    logs = tmp_path / "logs"
+    write_log(logs, "gpu1-10-rank0.jsonl", [record(100.0)])
+    r = run("report", str(logs), *args)
+    assert r.returncode == 2 and message in r.stderr and r.stdout == ""
+
+
 def test_target_logs_are_fetched_incrementally_over_ssh(sshd, ssh_env, tmp_path):
     """report TARGET fetches the logs over SSH into a local cache; a second report fetches only what is new, and
     a line still being written (no newline yet) waits for the next report."""

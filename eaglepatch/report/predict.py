@@ -1,0 +1,490 @@
+"""Predict accept length, cycle time and tok/s for other draft step counts from one run's records (pure).
+
+``predict(result)`` turns the decode groups of a ``ReportResult`` into a ``Prediction`` each: for every step count
+(0 = no speculation, then 1..max(8, k + 2) by default), the accept length, the wall time a cycle takes and the
+tokens per second a client would see, each with its basis and a relative uncertainty. docs/tuning.md explains
+the model for users; the parts, stated once:
+
+* **Acceptance.** With top-k 1 the draft guesses a chain, and the first ``j`` guesses are the same whatever the
+  step count (the draft model sees the same tokens). So a run at ``k`` steps tells what ``j < k`` steps would have
+  accepted: each request-cycle's tokens capped at ``j + 1`` (basis ``profile``). Beyond ``k`` the profile ends;
+  the share that got through all ``k`` positions continues at the last position's rate, geometrically (basis
+  ``extrapolated``; the rate estimated as ``(passed + 1/2) / (reached + 1)``, so that a position every
+  request-cycle passed does not promise that all later ones will). Records without per-request counts (``accepts``) give only the mean: a geometric profile
+  fitted to it stands in, and the basis says so.
+* **Cost.** Each phase's time per cycle (its total over the group's cycles) as a function of the step count: the
+  draft proportional to the steps, verify and draft extend as measured, everything else in the cycle as measured;
+  when the result holds decode groups at two or more step counts of the same kind (a sweep's runs, an adaptive
+  server's spec groups), each phase is fitted by least squares on the step count instead. The GPU clock and the
+  host clock (``events`` timer) are modelled apart.
+* **Cadence.** What a client sees follows the start-to-start time of cycles on the host (``GroupStats.cadence_ms``):
+  host-bound, it moves with the host's time for the phases; GPU-bound, with the GPU's. With ``C`` the measured
+  cadence, ``G``/``H`` the GPU/host cycle at ``k`` and ``G(j)``/``H(j)`` the modelled ones, the cadence at ``j``
+  is ``max(C + H(j) - H, G(j) * min(1, C / G))``: exactly ``C`` at ``k``, and never below the GPU's own time.
+* **No speculation** (``steps: 0``): one token per request per cycle; the cycle costs one target forward (verify
+  at one token per request) and what else the cycle and the scheduler cost as measured, no draft and no draft
+  extend (basis ``estimate``, said as such). A no-speculation throughput measured on the same server (a sweep's
+  baseline) replaces it (basis ``measured``).
+* **Uncertainty** (``spread``, relative, of ``tokens_per_s``): the spread of the measured tok/s over windows of the
+  run, combined (root of the sum of squares) with the standard error of the accept length at that step count,
+  the uncertainty of the tail rate for extrapolated points, and a quarter of the modelled change in cadence
+  (the cost model's own error, unknown, taken as that) where one step count was measured; the fit's residuals
+  where several were.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from eaglepatch.errors import UsageError
+from eaglepatch.report.aggregation import Acceptance, GroupStats, ReportResult
+from eaglepatch.report.stats import round_json
+
+BASES = ("measured", "profile", "extrapolated", "estimate")
+DRAFT_PHASES = ("draft",)  # cost grows with the steps
+_MODEL_ERROR = 0.25  # the share of a modelled change in cadence taken as its uncertainty (one step count measured)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A group's speculative settings: draft ``steps``, ``topk`` and ``draft_tokens`` (``None``: not known)."""
+
+    steps: int | None
+    topk: int | None
+    draft_tokens: int | None
+    adaptive: bool = False
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A no-speculation throughput measured on the same server (a sweep's baseline point): client tok/s and its
+    relative spread, where it came from, and ``ratio``, the baseline over the sweep's own point at the step count
+    the records ran at (when the sweep has one: the prediction then scales the records' tok/s by it, so that the
+    sweep's load and the records' need not be the same)."""
+
+    tokens_per_s: float
+    spread: float
+    source: str
+    ratio: float | None = None
+
+
+def baseline_from_sweep(sweep: dict[str, Any] | None, steps: int | None) -> Baseline | None:
+    """The baseline of a ``sweep --json`` summary (a point that ran, with its median and min-max), with its ratio
+    to the summary's point at ``steps`` draft steps; ``None`` without one."""
+    if not sweep or sweep.get("baseline") is None:
+        return None
+    pts = sweep.get("points") or []
+    b = sweep["baseline"]
+    if not 0 <= b < len(pts) or pts[b].get("status") != "ok" or not (pts[b].get("tokens_per_s") or {}).get("median"):
+        return None
+    tps = pts[b]["tokens_per_s"]
+    med = float(tps["median"])
+    spread = (float(tps.get("max") or med) - float(tps.get("min") or med)) / 2 / med
+    ratio = None
+    for p in pts:
+        t = p.get("tokens_per_s") or {}
+        if p.get("status") == "ok" and t.get("median") and str((p.get("flags") or {}).get(
+                "speculative-num-steps")) == str(steps):
+            ratio = med / float(t["median"])
+            break
+    return Baseline(med, spread, f"the sweep {sweep.get('path') or ''}".rstrip(), ratio)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One predicted step count. ``cycle_ms`` is the wall time of a cycle less ``between_ms`` (the scheduler's
+    time before the next), so ``tokens_per_s`` = tokens per cycle / (``cycle_ms`` + ``between_ms``)."""
+
+    steps: int
+    draft_tokens: int
+    accept_len: float
+    cycle_ms: float
+    between_ms: float
+    tokens_per_s: float
+    spread: float
+    basis: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The docs/contract.md ``predict`` element."""
+        return {"steps": self.steps, "draft_tokens": self.draft_tokens, "accept_len": round_json(self.accept_len),
+                "cycle_ms": round_json(self.cycle_ms), "between_ms": round_json(self.between_ms),
+                "tokens_per_s": round_json(self.tokens_per_s, 1), "spread": round_json(self.spread, 3),
+                "basis": self.basis}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A group's predictions (``points``, ``best`` an index into them), or ``why`` none is made; ``notes`` say
+    what each basis rests on here; ``measured_steps`` is the step count the records ran at."""
+
+    points: tuple[Point, ...] = ()
+    best: int | None = None
+    why: str | None = None
+    notes: tuple[str, ...] = ()
+    measured_steps: int | None = None
+
+    @property
+    def best_point(self) -> Point | None:
+        return self.points[self.best] if self.best is not None else None
+
+    def point(self, steps: int) -> Point | None:
+        """The point for ``steps``, or ``None``."""
+        for p in self.points:
+            if p.steps == steps:
+                return p
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"predict": [...], "predict_best": i, "predict_notes": [...]}``, or ``{"predict": null,
+        "predict_note": why}``."""
+        if self.why is not None:
+            return {"predict": None, "predict_note": self.why}
+        return {"predict": [p.to_json() for p in self.points], "predict_best": self.best,
+                "predict_notes": list(self.notes)}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The settings of a group
+
+
+def _int(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str) and v.strip().isdigit():
+        return int(v)
+    return None
+
+
+def shape_of(g: GroupStats, flags: dict[str, Any]) -> Shape:
+    """The settings the group's cycles ran with: its records' ``spec`` (adaptive speculation) first, else the run
+    header's launch flags."""
+    adaptive = bool(flags.get("speculative-adaptive"))
+    if g.spec:
+        parts = dict(p.partition("=")[::2] for p in g.spec.split(","))
+        return Shape(_int(parts.get("steps")), _int(parts.get("topk")), _int(parts.get("draft_tokens")), adaptive)
+    steps = _int(flags.get("speculative-num-steps"))
+    topk = _int(flags.get("speculative-eagle-topk"))
+    tokens = _int(flags.get("speculative-num-draft-tokens"))
+    if topk is None and steps is not None and tokens == steps + 1:
+        topk = 1  # a chain: the only shape where draft tokens = steps + 1
+    return Shape(steps, topk, tokens, adaptive)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Acceptance
+
+
+def _geometric(accept_len: float, k: int) -> tuple[float, ...]:
+    """``at_least`` of a profile whose every position passes at one rate ``p``, fitted so that the mean tokens per
+    request-cycle at ``k`` steps (1 + p + ... + p^k) is ``accept_len`` (bisection)."""
+    target = min(max(accept_len, 1.0), k + 1.0)
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        p = (lo + hi) / 2
+        if sum(p ** i for i in range(k + 1)) < target:
+            lo = p
+        else:
+            hi = p
+    p = (lo + hi) / 2
+    return tuple(p ** i for i in range(k + 1))
+
+
+@dataclass(frozen=True)
+class _Profile:
+    at_least: tuple[float, ...]  # k + 1 entries: the share of request-cycles reaching each position
+    samples: int
+    hist: tuple[tuple[int, int], ...]  # empty for a fitted geometric profile
+    k: int
+
+    def _tail_counts(self) -> tuple[float, float]:
+        """(request-cycles that reached position ``k``, those of them that passed it)."""
+        a = self.at_least
+        if self.k < 1 or not a[self.k - 1]:
+            return 0.0, 0.0
+        if not self.samples:  # a fitted profile: its rate, as if from 100 request-cycles
+            return 100.0, 100.0 * a[self.k] / a[self.k - 1]
+        return self.samples * a[self.k - 1], self.samples * a[self.k]
+
+    @property
+    def tail_rate(self) -> float:
+        """The rate at which the last measured position passes, estimated as ``(passed + 1/2) / (reached + 1)``
+        (the mean of a Jeffreys prior's posterior): never exactly 0 or 1 from a finite count."""
+        reached, passed = self._tail_counts()
+        return (passed + 0.5) / (reached + 1.0) if reached else 0.0
+
+    @property
+    def tail_error(self) -> float:
+        """The standard deviation of that posterior."""
+        reached, _ = self._tail_counts()
+        r = self.tail_rate
+        return math.sqrt(r * (1 - r) / (reached + 2.0)) if reached else 0.0
+
+    def accept_len(self, j: int) -> float:
+        """Mean tokens per request-cycle at ``j`` steps (``j`` may exceed ``k``: geometric continuation)."""
+        a = self.at_least
+        if j <= self.k:
+            return sum(a[: j + 1])
+        r = self.tail_rate
+        return sum(a) + a[self.k] * sum(r ** m for m in range(1, j - self.k + 1))
+
+    def stderr(self, j: int) -> float:
+        """The standard error of ``accept_len(j)`` (request-cycles taken as independent), and for ``j > k`` the
+        tail rate's error carried through."""
+        if not self.samples:
+            if j <= self.k:
+                return 0.0
+            a, r = self.at_least, self.tail_rate
+            return a[self.k] * sum(m_ * r ** (m_ - 1) for m_ in range(1, j - self.k + 1)) * self.tail_error
+        cap = min(j, self.k) + 1
+        if self.hist:
+            m = sum(min(t, cap) * n for t, n in self.hist) / self.samples
+            var = sum((min(t, cap) - m) ** 2 * n for t, n in self.hist) / self.samples
+        else:
+            a = self.at_least
+            m = sum(a[:cap])
+            var = sum((2 * i + 1) * a[i] for i in range(cap)) - m * m  # E[X^2] - E[X]^2 from the tail sums
+        err = math.sqrt(max(var, 0.0) / self.samples)
+        if j > self.k:
+            a, r = self.at_least, self.tail_rate
+            d = a[self.k] * sum(m_ * r ** (m_ - 1) for m_ in range(1, j - self.k + 1))
+            err = math.hypot(err, d * self.tail_error)
+        return err
+
+
+def _profile(acc: Acceptance | None, accept_len: float | None, k: int) -> _Profile | None:
+    if acc is not None and acc.samples:
+        al = list(acc.at_least[: k + 1])
+        al += [0.0] * (k + 1 - len(al))
+        hist = tuple((min(t, k + 1), n) for t, n in acc.hist)
+        return _Profile(tuple(al), acc.samples, hist, k)
+    if accept_len is None:
+        return None
+    return _Profile(_geometric(accept_len, k), 0, (), k)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Cost
+
+
+def _per_cycle(g: GroupStats, host: bool) -> dict[str, float] | None:
+    """Each phase's time per cycle of the group (its total over the group's cycles; a phase that ran in some
+    cycles only counts 0 in the others), and ``""`` for the rest of the cycle; on the host clock with ``host``."""
+    cyc = g.host_cycle if host else g.cycle
+    if cyc is None or not g.n:
+        return None
+    out: dict[str, float] = {}
+    for p in g.phases:
+        st = p.host if host else p.stats
+        if st is not None:
+            out[p.name] = st.total / g.n
+    out[""] = max(cyc.total / g.n - sum(out.values()), 0.0)
+    return out
+
+
+def _fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
+    """Least squares ``y = a + b x``: ``(a, b, rms residual)``; ``b = 0`` when the xs do not vary."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    a = my - b * mx
+    rms = math.sqrt(sum((y - a - b * x) ** 2 for x, y in zip(xs, ys)) / n)
+    return a, b, rms
+
+
+@dataclass(frozen=True)
+class _Cost:
+    """Per phase (``""``: the rest of the cycle) the time per cycle at ``j`` steps, on one clock."""
+
+    at_k: dict[str, float]
+    k: int
+    lines: dict[str, tuple[float, float]] | None = None  # fitted a + b j, from several step counts
+    rms: float = 0.0  # the fit's residual, summed over phases (ms)
+
+    def phase(self, name: str, j: int) -> float:
+        """The time per cycle of ``name`` at ``j`` steps: none for the draft and its extend without speculation,
+        the fitted line where there is one, else the draft proportional to the steps and the rest as at ``k``."""
+        if j == 0 and name in (*DRAFT_PHASES, "draft_extend"):
+            return 0.0
+        if self.lines is not None and name in self.lines:
+            a, b = self.lines[name]
+            return max(a + b * j, 0.0)
+        v = self.at_k[name]
+        return v * j / self.k if name in DRAFT_PHASES else v
+
+    def cycle(self, j: int) -> float:
+        """The cycle's time at ``j`` steps: the sum of its phases and the rest."""
+        return sum(self.phase(name, j) for name in self.at_k)
+
+
+def _costs(g: GroupStats, k: int, host: bool, family: Sequence[tuple[int, GroupStats]]) -> _Cost | None:
+    at_k = _per_cycle(g, host)
+    if at_k is None:
+        return None
+    points = [(j, pc) for j, o in family if (pc := _per_cycle(o, host)) is not None]
+    if len({j for j, _ in points}) < 2:
+        return _Cost(at_k, k)
+    lines: dict[str, tuple[float, float]] = {}
+    rms = 0.0
+    for name in at_k:
+        xs = [float(j) for j, pc in points if name in pc]
+        ys = [pc[name] for j, pc in points if name in pc]
+        if len(set(xs)) >= 2:
+            a, b, r = _fit(xs, ys)
+            lines[name] = (a, b)
+            rms += r
+    return _Cost(at_k, k, lines, rms)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The model
+
+
+def default_steps(k: int) -> list[int]:
+    """0 (no speculation) and 1..max(8, k + 2)."""
+    return [0, *range(1, max(8, k + 2) + 1)]
+
+
+def parse_steps(text: str) -> list[int]:
+    """``--steps``: ``"0,1,2,3,5"`` or ranges ``"0-8"``; whole numbers 0..64. Raises UsageError."""
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        lo, dash, hi = part.partition("-")
+        try:
+            rng = range(int(lo), int(hi) + 1) if dash else range(int(part), int(part) + 1)
+        except ValueError:
+            raise UsageError(f"--steps {text!r}: give step counts like 0,1,2,3,5 or 0-8") from None
+        if not rng or rng.start < 0 or rng.stop > 65:
+            raise UsageError(f"--steps {text!r}: step counts run from 0 to 64")
+        out.update(rng)
+    return sorted(out)
+
+
+def _window_spread(g: GroupStats) -> float:
+    w = g.window_tokens_per_s
+    if len(w) < 2:
+        return 0.0
+    m = sum(w) / len(w)
+    sd = math.sqrt(sum((x - m) ** 2 for x in w) / (len(w) - 1))
+    return sd / m if m > 0 else 0.0
+
+
+def predict_group(g: GroupStats, shape: Shape, *, steps: Sequence[int] | None = None,
+                  family: Sequence[tuple[int, GroupStats]] = (), baseline: Baseline | None = None) -> Prediction:
+    """The prediction for one decode group that ran with ``shape``. ``family``: the decode groups of the same kind
+    at other step counts, ``(steps, group)``, for the cost fit; ``baseline``: a measured no-speculation point."""
+    if g.mode != "decode":
+        return Prediction(why="only decode cycles are predicted")
+    k = shape.steps
+    if k is None or k < 1:
+        return Prediction(why="the step count this run used is not known (no --speculative-num-steps in the run "
+                              "header, no spec in the records): no prediction")
+    if shape.topk is not None and shape.topk != 1:
+        return Prediction(why=f"top-k {shape.topk}: the draft guesses a tree, and a chain's acceptance profile does "
+                              "not predict a tree's; only top-k 1 is modelled", measured_steps=k)
+    if not g.tokens_per_s or g.cadence_ms is None or not g.accepted_cycles:
+        return Prediction(why="no accepted tokens in these records: nothing to predict from", measured_steps=k)
+    prof = _profile(g.acceptance, g.accept_len, k)
+    if prof is None:
+        return Prediction(why="no accept length in these records: nothing to predict from", measured_steps=k)
+    events = g.host_cycle is not None
+    gcost = _costs(g, k, False, family)
+    hcost = _costs(g, k, True, family) if events else gcost
+    if gcost is None or hcost is None:
+        return Prediction(why="no phase times in these records", measured_steps=k)
+
+    C = g.cadence_ms
+    G = gcost.cycle(k)
+    H = hcost.cycle(k)
+    r = min(1.0, C / G) if G > 0 else 1.0
+    between = g.between.mean if g.between is not None else 0.0
+    a_k = prof.accept_len(k)
+    tokens_k = (g.wall_tokens_per_s or 0.0) * C / 1000.0  # tokens per cycle, measured
+    per_req = tokens_k / a_k if a_k > 0 else 0.0  # requests per cycle
+    s_w = _window_spread(g)
+    fitted = gcost.lines is not None
+
+    def cadence(j: int) -> float:
+        return max(C + hcost.cycle(j) - H, gcost.cycle(j) * r)
+
+    notes = [f"measured: {g.accepted_cycles} decode cycles at {k} steps"]
+    if g.acceptance is not None:
+        notes.append(f"profile: accept length at fewer steps read from {prof.samples} request-cycles' tokens")
+    else:
+        notes.append("profile: no per-request counts in these records: a geometric profile fitted to the accept "
+                     f"length {a_k:.2f} stands in")
+    notes.append(f"extrapolated: beyond {k} steps each position passes at the last measured rate "
+                 f"{prof.tail_rate:.2f}")
+    if fitted:
+        notes.append(f"cost: each phase fitted on the step counts of {len(family)} groups")
+    else:
+        notes.append("cost: the draft proportional to its steps, verify, draft extend and the rest as measured")
+    if events:
+        notes.append("cadence: the host clock between cycle starts; host-bound phases move it by their host time, "
+                     "GPU-bound by their GPU time")
+
+    points: list[Point] = []
+    for j in (list(steps) if steps is not None else default_steps(k)):
+        cad = cadence(j)
+        err_cost = (gcost.rms / cad if fitted else _MODEL_ERROR * abs(cad - C) / cad) if cad > 0 else 0.0
+        if j == 0:
+            if baseline is not None:
+                tps = baseline.tokens_per_s if baseline.ratio is None else baseline.ratio * (g.wall_tokens_per_s
+                                                                                            or 0.0)
+                cad = per_req / tps * 1000.0 if tps > 0 else cad
+                points.append(Point(0, 1, 1.0, max(cad - between, 0.0), between, tps, baseline.spread, "measured"))
+                continue
+            tps = per_req / cad * 1000.0 if cad > 0 else 0.0
+            spread = math.hypot(s_w, err_cost)
+            points.append(Point(0, 1, 1.0, max(cad - between, 0.0), between, tps, spread, "estimate"))
+            continue
+        a_j = prof.accept_len(j)
+        tps = per_req * a_j / cad * 1000.0 if cad > 0 else 0.0
+        err_acc = prof.stderr(j) / a_j if a_j > 0 else 0.0
+        basis = "measured" if j == k else "profile" if j < k else "extrapolated"
+        spread = s_w if j == k else math.sqrt(s_w ** 2 + err_acc ** 2 + err_cost ** 2)
+        points.append(Point(j, j + 1, a_j, max(cad - between, 0.0), between, tps, spread, basis))
+    if baseline is None and any(p.steps == 0 for p in points):
+        notes.append("estimate: no speculation costs one target forward (verify at one token per request), the "
+                     "rest of the cycle and the scheduler's time as measured; not measured: a sweep with "
+                     "--baseline measures it")
+    elif baseline is not None:
+        notes.append(f"no speculation: measured by {baseline.source}")
+    best = max(range(len(points)), key=lambda i: points[i].tokens_per_s) if points else None
+    return Prediction(points=tuple(points), best=best, notes=tuple(notes), measured_steps=k)
+
+
+def _family_key(g: GroupStats) -> tuple[Any, ...]:
+    return (g.mode, tuple((k, v) for k, v in g.key if k not in ("run", "spec")))
+
+
+def predict(result: ReportResult, *, steps: Sequence[int] | None = None, sweep: dict[str, Any] | None = None,
+            flags: dict[str, Any] | None = None) -> list[Prediction | None]:
+    """A prediction for each group of ``result`` (``None`` for groups that are not decode), in order; ``sweep``: a
+    ``sweep --json`` summary of the same server, whose baseline (when it ran) is the no-speculation point;
+    ``flags``: the server's launch flags, for runs whose header lines carry none."""
+    runs = {r.id: r.flags_dict() for r in result.runs}
+    only = result.runs[0].flags_dict() if len(result.runs) == 1 else {}
+
+    def flags_of(g: GroupStats) -> dict[str, Any]:
+        own = runs.get(g.run, only) if g.run else only
+        return own if own or not flags else flags
+
+    shapes = [shape_of(g, flags_of(g)) for g in result.groups]
+    families: dict[tuple[Any, ...], list[tuple[int, GroupStats]]] = {}
+    for g, sh in zip(result.groups, shapes):
+        if g.mode == "decode" and sh.steps and (sh.topk in (None, 1)) and g.n:
+            families.setdefault(_family_key(g), []).append((sh.steps, g))
+    out: list[Prediction | None] = []
+    for g, sh in zip(result.groups, shapes):
+        if g.mode != "decode":
+            out.append(None)
+            continue
+        fam = families.get(_family_key(g), [])
+        out.append(predict_group(g, sh, steps=steps, family=fam, baseline=baseline_from_sweep(sweep, sh.steps)))
+    return out
