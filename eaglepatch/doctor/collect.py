@@ -78,7 +78,7 @@ def doctor(text: str, c: Any, say: Say, log_dir: str | None = None) -> Any:
                 state = "stale" if code_state(srv.started_at, facts) == "stale" else "patched"
             sf, sources = server_facts(name, facts.version, srv, got, gpus, state, ldir, folder, log_note, overlap)
             findings = diagnose(sf)
-            docs.append(document(name, facts.version, srv, findings, sources))
+            docs.append(document(name, facts.version, srv, findings, sources, sf.model))
         return docs[0] if len(docs) == 1 else docs
 
 
@@ -116,11 +116,15 @@ def masked(argv: Sequence[str]) -> list[str]:
 
 
 def document(name: str, version: str | None, srv: Any, findings: Sequence[Finding],
-             sources: dict[str, Any]) -> dict[str, Any]:
-    """``doctor --json`` for one server (docs/contract.md); secret option values masked."""
-    return {"target": name, "sglang_version": version,
-            "server": {"pid": srv.pid, "argv": masked(srv.argv), "port": srv.port},
-            "findings": [f.to_json() for f in findings], "sources": sources}
+             sources: dict[str, Any], model: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``doctor --json`` for one server (docs/contract.md); secret option values masked; ``model``: the
+    prediction from its timing records (``model_of``), when there are some."""
+    doc = {"target": name, "sglang_version": version,
+           "server": {"pid": srv.pid, "argv": masked(srv.argv), "port": srv.port},
+           "findings": [f.to_json() for f in findings], "sources": sources}
+    if model is not None:
+        doc["model"] = model
+    return doc
 
 
 def server_facts(name: str, version: str | None, srv: Any, got: dict[str, Any], gpus: dict[str, Any], patch: str,
@@ -163,6 +167,9 @@ def server_facts(name: str, version: str | None, srv: Any, got: dict[str, Any], 
             cfg = model_config(m, configs.get(m))
             kw[key] = cfg
             sources[key] = cfg.path if cfg.data is not None else f"unavailable: {cfg.error} ({m})"
+    # sweeps of this server kept on this machine (a baseline there is the model's no-speculation point)
+    kw["sweep"] = find_sweep(name, srv)
+    sources["sweep"] = kw["sweep"]["path"] if kw["sweep"] else "none of this server on this machine"
     # timing records of this server's processes
     if patch == "not-patched":
         sources["timing_log"] = "unavailable: the install is not patched"
@@ -170,12 +177,9 @@ def server_facts(name: str, version: str | None, srv: Any, got: dict[str, Any], 
         sources["timing_log"] = f"unavailable: {log_note or 'no log folder'}"
     else:
         rec = load_records(folder, {srv.pid, *srv.children},
-                           None if srv.start is None else {(srv.pid, srv.start)})
+                           None if srv.start is None else {(srv.pid, srv.start)}, kw["sweep"], flags)
         kw.update(rec)
         sources["timing_log"] = {"dir": log_dir, "records": rec.get("records", 0), "timer": rec.get("timer")}
-    # sweeps of this server kept on this machine
-    kw["sweep"] = find_sweep(name, srv)
-    sources["sweep"] = kw["sweep"]["path"] if kw["sweep"] else "none of this server on this machine"
     # the GPUs
     if gpus.get("error"):
         sources["nvidia_smi"] = f"unavailable: {gpus['error']}"
@@ -186,11 +190,13 @@ def server_facts(name: str, version: str | None, srv: Any, got: dict[str, Any], 
     return ServerFacts(**kw), sources
 
 
-def load_records(folder: str, pids: set[int], launches: set[tuple[int, int]] | None = None) -> dict[str, Any]:
+def load_records(folder: str, pids: set[int], launches: set[tuple[int, int]] | None = None,
+                 sweep: dict[str, Any] | None = None, flags: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``ServerFacts`` fields from the timing records that the server's processes wrote (their files in
     ``folder``) in this launch (``launches``: its ``(pid, start ticks)``; an earlier launch with the same pid
-    appended to the same files): ``decode`` (the decode group of them all), ``by_rank``, ``by_bs``, ``timer``,
-    ``records``; an empty dict when there are none."""
+    appended to the same files): ``decode`` (the decode group of them all; under adaptive speculation, of the
+    spec that ran the most cycles), ``by_rank``, ``by_bs``, ``timer``, ``records``, and ``model``
+    (``model_of``); an empty dict when there are none."""
     from eaglepatch import report as rep
 
     from eaglepatch.ops.actions import logs_of
@@ -207,8 +213,26 @@ def load_records(folder: str, pids: set[int], launches: set[tuple[int, int]] | N
     if not groups:
         return {}
     timers = sorted({part for r in res.runs for part in (r.timer or "").split("+") if part})
-    return {"decode": groups[0], "records": sum(g["n"] for g in groups), "timer": "+".join(timers) or None,
-            "by_rank": decode_groups("rank")[0], "by_bs": decode_groups("bs")[0]}
+    main = max(range(len(groups)), key=lambda i: groups[i]["n"])
+    return {"decode": groups[main], "records": sum(g["n"] for g in groups), "timer": "+".join(timers) or None,
+            "by_rank": decode_groups("rank")[0], "by_bs": decode_groups("bs")[0],
+            "model": model_of(res, sweep, flags)}
+
+
+def model_of(res: Any, sweep: dict[str, Any] | None, flags: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """``doctor --json``'s ``"model"``: the prediction (``report --predict``) for the decode group of ``res`` that
+    ran the most cycles (under adaptive speculation the spec groups also give the cost fit; ``flags``: the server's
+    launch flags, for records whose run header carries none), as
+    ``{"steps": k, "group": {key}, "predict": [...], "predict_best": i, "predict_notes": [...]}`` or, when no
+    prediction can be made, ``{"steps": k, "predict": null, "predict_note": why}``; None without decode groups."""
+    from eaglepatch.report.predict import predict
+
+    preds = predict(res, sweep=sweep, flags=flags)
+    decode = [(g, p) for g, p in zip(res.groups, preds) if g.mode == "decode" and p is not None]
+    if not decode:
+        return None
+    g, p = max(decode, key=lambda gp: gp[0].n)
+    return {"steps": p.measured_steps, "group": g.key_dict(), **p.to_json()}
 
 
 def _point_of(key: str) -> Any:
@@ -221,9 +245,9 @@ def _point_of(key: str) -> Any:
 
 def find_sweep(name: str, srv: Any, cache: str | None = None) -> dict[str, Any] | None:
     """The newest sweep of this server kept on this machine (a state file of ``eaglepatch sweep`` whose target is
-    ``name`` and whose server listened on the same port), preferring one with a baseline that ran: its
-    ``sweep --json`` summary, plus ``path``, ``load`` and ``current`` (the point whose runs had this very command
-    line, or None)."""
+    ``name`` and whose server listened on the same port; ``srv`` None: any server of the target), preferring one
+    with a baseline that ran: its ``sweep --json`` summary, plus ``path``, ``load`` and ``current`` (the point
+    whose runs had this very command line, or None)."""
     from eaglepatch.tuning import sweep as sw
 
     found = []
@@ -233,7 +257,7 @@ def find_sweep(name: str, srv: Any, cache: str | None = None) -> dict[str, Any] 
         except OSError:
             continue
         head = state.header or {}
-        if head.get("target") != name or (head.get("original") or {}).get("port") != srv.port:
+        if head.get("target") != name or (srv is not None and (head.get("original") or {}).get("port") != srv.port):
             continue
         try:
             points = [_point_of(k) for k in head.get("points") or ()]
@@ -246,8 +270,8 @@ def find_sweep(name: str, srv: Any, cache: str | None = None) -> dict[str, Any] 
         summary["load"] = head.get("load") or {}
         summary["current"] = None
         for i, p in enumerate(points):
-            if any(r.get("point") == p.key and r.get("status") == "ok" and list(r.get("argv") or ()) == list(srv.argv)
-                   for r in state.runs):
+            if srv is not None and any(r.get("point") == p.key and r.get("status") == "ok"
+                                       and list(r.get("argv") or ()) == list(srv.argv) for r in state.runs):
                 summary["current"] = i
                 break
         b = summary.get("baseline")

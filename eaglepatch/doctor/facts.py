@@ -369,6 +369,8 @@ class ServerFacts:
       ``records``: how many;
     - ``sweep``: the newest sweep of this server kept on this machine (``sweep --json``'s summary, plus ``path``,
       ``load`` and ``current``: the index of the point that ran this very command line, or None);
+    - ``model``: the prediction from its timing records (``collect.model_of``: ``report --predict``'s points for
+      the decode group, with ``steps``, the step count measured);
     - ``gpus`` (``nvidia-smi -L``), ``topo`` (``parse_topo``); ``overlap_workers``: the install has the overlap
       scheduler's workers (EAGLEWorkerV2 & co).
     """
@@ -392,6 +394,7 @@ class ServerFacts:
     timer: str | None = None
     records: int = 0
     sweep: dict[str, Any] | None = None
+    model: dict[str, Any] | None = None
     gpus: tuple[str, ...] = ()
     topo: Mapping[tuple[int, int], str] = dataclasses.field(default_factory=dict)
     overlap_workers: bool = False

@@ -10,7 +10,7 @@ medium, low, info), then by the order of ``RULES``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from eaglepatch.doctor.facts import ServerFacts, evidence, quote_flag
 
@@ -37,13 +37,17 @@ class Finding:
     title: str
     evidence: tuple[dict[str, Any], ...]
     next: str
+    predicted: bool = False  # drawn from the model of the timing records, not measured: "predicted": true
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "evidence", tuple(e for e in self.evidence if e))
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "severity": self.severity, "title": self.title, "evidence": list(self.evidence),
-                "next": self.next}
+        out = {"id": self.id, "severity": self.severity, "title": self.title, "evidence": list(self.evidence),
+               "next": self.next}
+        if self.predicted:
+            out["predicted"] = True
+        return out
 
 
 Rule = Callable[[ServerFacts], "Finding | None"]
@@ -199,16 +203,43 @@ def accept_length_low(f: ServerFacts) -> Finding | None:
 # What speculation costs
 
 
+def speculation_slower_predicted(f: ServerFacts) -> Finding | None:
+    """``speculation-slower`` (predicted): no sweep of this server measured a baseline, but the model of its
+    timing records predicts more tok/s without speculation than at every step count 1..max(8, k + 2), by at
+    least ``STEPS_GAIN``: high when the two stay apart by more than their uncertainties, else medium."""
+    m = _model(f)
+    if m is None:
+        return None
+    k, pts, here = m
+    zero = next((p for p in pts if p["steps"] == 0), None)
+    spec = [p for p in pts if p["steps"] >= 1]
+    if zero is None or not spec:
+        return None
+    best = max(spec, key=lambda p: p["tokens_per_s"])
+    if zero["tokens_per_s"] < STEPS_GAIN * best["tokens_per_s"]:
+        return None
+    apart = zero["tokens_per_s"] * (1 - zero.get("spread", 0)) > best["tokens_per_s"] * (1 + best.get("spread", 0))
+    ev = [_model_ev(f, pts, [0, k, best["steps"]])]
+    ev += [evidence("model", n) for n in (f.model or {}).get("predict_notes") or () if n.startswith("estimate")]
+    nxt = (f"measure it before relaunching: eaglepatch sweep {f.target} --live --grid speculative-num-steps=0,"
+           f"{','.join(str(s) for s in sorted({best['steps'], k}))} (steps 0: speculation off, in the same server), "
+           f"or eaglepatch sweep {f.target} --baseline --repeat 3 --grid speculative-num-steps={k}")
+    return Finding("speculation-slower", "high" if apart else "medium",
+                   f"predicted: no speculation would be about {(zero['tokens_per_s'] / here['tokens_per_s'] - 1) * 100:.0f}% "
+                   f"faster than {k} steps, and faster than any step count", ev, nxt, predicted=True)
+
+
 def speculation_slower(f: ServerFacts) -> Finding | None:
     """``speculation-slower`` (high): a sweep of this server with ``--baseline`` (kept on this machine) measured
     less client tok/s with speculation than without: the point that ran this very command line has a median
     below the baseline's median, or, when no point ran it, every speculative point that ran has. Needs a sweep
-    with ``--baseline`` whose baseline ran."""
+    with ``--baseline`` whose baseline ran; without one, the prediction from the timing records decides
+    (``speculation_slower_predicted``)."""
     sw = f.sweep or {}
     pts = sw.get("points") or []
     b = sw.get("baseline")
     if b is None or b >= len(pts) or pts[b].get("status") != "ok":
-        return None
+        return speculation_slower_predicted(f)
     base = pts[b]["tokens_per_s"]["median"]
     spec = [i for i, p in enumerate(pts) if i != b and p.get("status") == "ok"]
     if not spec:
@@ -300,95 +331,84 @@ def cuda_graph_off(f: ServerFacts) -> Finding | None:
     return Finding("cuda-graph-off", sev, "decode batches run without CUDA graphs", ev, nxt)
 
 
-def _solve_p(accept: float, k: int) -> float:
-    """The per-step acceptance ``p`` of a chain of ``k`` draft tokens (top-k 1) whose expected accept length
-    ``1 + p + p^2 + ... + p^k`` is ``accept`` (bisection; 1 when ``accept`` is k + 1 or more)."""
-    if accept >= k + 1:
-        return 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if sum(mid ** i for i in range(k + 1)) < accept:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+def _adaptive(f: ServerFacts) -> bool:
+    """Whether the server runs sglang's adaptive speculation (``--speculative-adaptive``): it picks the step
+    count itself, among candidates, so a flag for the steps is not what to change."""
+    on, _ = f.flag_on("speculative_adaptive")
+    return bool(on)
 
 
-def no_spec_step_ms(f: ServerFacts) -> tuple[float | None, dict[str, Any] | None]:
-    """The time per token of one request without speculation: from the sweep's baseline (concurrency x 1000 /
-    its tok/s), else estimated as one verify plus the scheduler's time between cycles (a verify is about one
-    plain decode step of the target)."""
-    sw = f.sweep or {}
-    b = sw.get("baseline")
-    pts = sw.get("points") or []
-    conc = (sw.get("load") or {}).get("concurrency")
-    if b is not None and b < len(pts) and pts[b].get("status") == "ok" and conc:
-        tps = pts[b]["tokens_per_s"]["median"]
-        if tps:
-            ms = conc * 1000.0 / tps
-            return ms, evidence("sweep", f"no speculation: {tps:.1f} tok/s at {conc} request(s) at a time: "
-                                         f"{_ms(ms)} per token per request", path=sw.get("path"))
-    d = f.decode or {}
-    verify = _phase_p50(d, "verify")
-    if verify is None:
-        return None, None
-    between = _p50(d.get("between_ms")) or 0.0
-    return verify + between, _records_ev(
-        f, f"no speculation estimated as one verify ({_ms(verify)}) plus the scheduler's time between cycles "
-           f"({_ms(between)}): {_ms(verify + between)} per token (no sweep --baseline of this server)")
+def _model(f: ServerFacts) -> tuple[int, list[dict[str, Any]], dict[str, Any]] | None:
+    """``(k, points, the point at k)`` of the prediction from the timing records (``f.model``), when there is
+    one with a point at the measured step count."""
+    m = f.model or {}
+    pts = m.get("predict") or []
+    k = m.get("steps")
+    here = next((p for p in pts if p.get("steps") == k), None)
+    if not pts or here is None or not here.get("tokens_per_s"):
+        return None
+    return k, pts, here
+
+
+def _model_ev(f: ServerFacts, pts: Sequence[dict[str, Any]], shown: Sequence[int]) -> dict[str, Any]:
+    """The model's figures for the step counts ``shown``, as evidence."""
+    by = {p["steps"]: p for p in pts}
+    parts = [f"{'no speculation' if s == 0 else f'{s} steps'} {by[s]['tokens_per_s']:.0f} tok/s "
+             f"(\u00b1{by[s].get('spread', 0) * 100:.0f}%, {by[s]['basis']}, accept length {by[s]['accept_len']:.2f})"
+             for s in sorted(set(shown)) if s in by]
+    return evidence("model", "predicted from the timing records (report --predict): " + "; ".join(parts))
+
+
+def _steps_next(f: ServerFacts, grid: Sequence[int]) -> str:
+    """The measurement that confirms a step count: a live sweep of these candidates (one launch at most); on an
+    adaptive server, with the adaptive config to deploy."""
+    g = ",".join(str(n) for n in sorted(set(grid)))
+    if _adaptive(f):
+        return (f"eaglepatch sweep {f.target} --live --grid speculative-num-steps={g} --emit-adaptive-config "
+                "adaptive.json (the adaptive mode picks the steps itself: tune its candidates, then launch with "
+                "--speculative-adaptive-config adaptive.json)")
+    return (f"confirm it: eaglepatch sweep {f.target} --live --grid speculative-num-steps={g} (one launch), or "
+            f"eaglepatch sweep {f.target} --grid speculative-num-steps={g} --baseline --repeat 3")
+
+
+def _steps_finding(f: ServerFacts, fewer: bool) -> Finding | None:
+    m = _model(f)
+    topk, _ = f.int_setting("speculative_eagle_topk")
+    if m is None or (topk is not None and topk > 1):
+        return None
+    k, pts, here = m
+    if here["accept_len"] <= ACCEPT_LOW:
+        return None  # accept-length-low's: nothing a step count fixes
+    spec = [p for p in pts if p["steps"] >= 1]
+    best = max(spec, key=lambda p: (p["tokens_per_s"], -p["steps"]))
+    wanted = best["steps"] < k if fewer else best["steps"] > k
+    if not wanted or best["tokens_per_s"] < STEPS_GAIN * here["tokens_per_s"]:
+        return None
+    gain = best["tokens_per_s"] / here["tokens_per_s"] - 1
+    k_ev = f.int_setting("speculative_num_steps")[1]
+    ev = [k_ev, _model_ev(f, pts, [0, best["steps"], k, (best["steps"] + k) // 2])]
+    ev += [evidence("model", n) for n in (f.model or {}).get("predict_notes") or () if n.startswith(("profile", "extrapolated", "cost"))]
+    if fewer:
+        title = f"{k} draft steps cost more than they buy: {best['steps']} would be about {gain * 100:.0f}% faster"
+    else:
+        title = f"{k} draft steps leave accepted tokens unbought: {best['steps']} would be about {gain * 100:.0f}% faster"
+    return Finding("too-few-steps" if not fewer else "too-many-steps", "medium", title, ev,
+                   _steps_next(f, [best["steps"], (best["steps"] + k) // 2, k]), predicted=True)
 
 
 def too_many_steps(f: ServerFacts) -> Finding | None:
-    """``too-many-steps`` (medium): more draft steps than the measured acceptance pays for. From the timing
-    records (decode p50s: draft, verify, draft extend, between cycles; the accept length ``a``) and the step count
-    ``k`` (``--speculative-num-steps``; top-k 1 only), each draft step costs ``draft / k`` and each further
-    step is accepted with the probability ``p`` that gives ``1 + p + ... + p^k = a``; the time per token at
-    ``k'`` steps is ``(k' * draft / k + verify + extend + between) / (1 + p + ... + p^k')`` (verify taken as
-    independent of ``k'``). Fires when the best ``k'`` in 1..max(``STEPS_MAX``, k + 2) is below ``k`` and at
-    least ``STEPS_GAIN`` (5%) faster per token. Left to ``accept-length-low`` when ``a`` is at most
-    ``ACCEPT_LOW``. The evidence gives the break-even accept length against no speculation (``no_spec_step_ms``)."""
-    k, k_ev = f.int_setting("speculative_num_steps")
-    topk, _ = f.int_setting("speculative_eagle_topk")
-    d = f.decode or {}
-    a = d.get("accept_len")
-    draft, verify = _phase_p50(d, "draft"), _phase_p50(d, "verify")
-    if k is None or k < 1 or (topk is not None and topk > 1) or not isinstance(a, (int, float)) or a <= ACCEPT_LOW:
-        return None
-    if draft is None or verify is None:
-        return None
-    extend = _phase_p50(d, "draft_extend") or 0.0
-    between = _p50(d.get("between_ms")) or 0.0
-    step = draft / k
-    p = _solve_p(float(a), k)
+    """``too-many-steps`` (medium, predicted): the model of the timing records (``report --predict``: acceptance
+    profile, phase costs, the cadence of cycles) favours fewer draft steps than ``--speculative-num-steps k``, by
+    at least ``STEPS_GAIN`` (5%) in tok/s, among 1..max(``STEPS_MAX``, k + 2). Top-k 1 only; left to
+    ``accept-length-low`` when the accept length is at most ``ACCEPT_LOW``."""
+    return _steps_finding(f, fewer=True)
 
-    def per_token(n: int) -> float:
-        acc = float(a) if n == k else sum(p ** i for i in range(n + 1))
-        return (n * step + verify + extend + between) / acc
 
-    options = {n: per_token(n) for n in range(1, max(STEPS_MAX, k + 2) + 1)}
-    best = min(options, key=lambda n: (options[n], n))
-    if best >= k or options[k] / options[best] < STEPS_GAIN:
-        return None
-    ev = [k_ev, _records_ev(f, f"accept length {a:.2f} at {k} steps over {d.get('n')} decode cycles; p50 draft "
-                               f"{_ms(draft)} ({_ms(step)} per step), verify {_ms(verify)}, draft extend "
-                               f"{_ms(extend)}, between cycles {_ms(between)}"),
-          evidence("model", f"each further draft token accepted with p = {p:.2f}: per token "
-                            + ", ".join(f"{n} steps {options[n]:.2f} ms" for n in sorted(options) if n <= max(k, best) + 1))]
-    t0, t0_ev = no_spec_step_ms(f)
-    if t0:
-        cycle = (_p50(d.get("cycle_ms")) or (draft + verify + extend)) + between
-        ev.append(evidence("model", f"break-even against no speculation ({_ms(t0)} per token): accept length "
-                                    f"{cycle / t0:.2f} at {k} steps (cycle {_ms(cycle)} with the time between); "
-                                    f"measured {a:.2f}"))
-        ev.append(t0_ev)
-    grid = sorted({best, (best + k) // 2, k})
-    return Finding("too-many-steps", "medium",
-                   f"{k} draft steps cost more than they buy: {best} would be about "
-                   f"{(options[k] / options[best] - 1) * 100:.0f}% faster per token",
-                   ev,
-                   f"eaglepatch sweep {f.target} --grid speculative-num-steps={','.join(map(str, grid))} "
-                   "--baseline --repeat 3")
+def too_few_steps(f: ServerFacts) -> Finding | None:
+    """``too-few-steps`` (medium, predicted): the same model favours more draft steps than ``k`` by at least
+    ``STEPS_GAIN``: the draft's guesses are accepted often enough that longer chains would pay (the points beyond
+    ``k`` are extrapolated from the last position's rate, and said so)."""
+    return _steps_finding(f, fewer=False)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -429,6 +449,9 @@ def host_bound(f: ServerFacts) -> Finding | None:
     elif graphs_off:
         ev.append(g_ev)
         nxt = "relaunch without --disable-cuda-graph (see cuda-graph-off)"
+    elif steps and _adaptive(f):
+        grid = [n for n in sorted({0, 1, 2, steps // 2, steps}) if 0 <= n <= steps]
+        nxt = "fewer launches per token: " + _steps_next(f, grid)
     elif steps:
         grid = ",".join(str(n) for n in sorted({1, 2, steps // 2, steps}) if 1 <= n <= steps)
         nxt = (f"fewer launches per token: eaglepatch sweep {f.target} --grid speculative-num-steps={grid} --baseline "
@@ -453,19 +476,32 @@ def rank_skew(f: ServerFacts) -> Finding | None:
     p50 is at least ``RANK_SKEW`` (1.15) times the fastest rank's (the cycle p50 when there is no verify phase).
     Every rank waits for the slowest in the collectives, so it sets the cycle. Needs timing records of two or
     more ranks."""
-    rows = []
+    tp, _ = f.int_setting("tp_size")
+    if tp is not None and tp < 2:
+        return None
+    # Ranks compared with ranks, never spec groups with spec groups: under adaptive speculation each rank's
+    # records split by step count, and those differ by design.
+    by_spec: dict[Any, list[tuple[int, float, str, Any]]] = {}
     for g in f.by_rank:
-        rank = (g.get("key") or {}).get("rank")
+        key = g.get("key") or {}
+        rank = key.get("rank")
         v = _phase_p50(g, "verify")
         what = "verify"
         if v is None:
             v, what = _p50(g.get("cycle_ms")), "cycle"
         if isinstance(rank, int) and v:
-            rows.append((rank, v, what, g.get("n")))
-    if len(rows) < 2:
+            by_spec.setdefault(key.get("spec"), []).append((rank, v, what, g.get("n")))
+    worst = None
+    for rows in by_spec.values():
+        if len({r[0] for r in rows}) < 2:
+            continue
+        slow = max(rows, key=lambda r: r[1])
+        fast = min(rows, key=lambda r: r[1])
+        if worst is None or slow[1] / fast[1] > worst[1][1] / worst[2][1]:
+            worst = (rows, slow, fast)
+    if worst is None:
         return None
-    slow = max(rows, key=lambda r: r[1])
-    fast = min(rows, key=lambda r: r[1])
+    rows, slow, fast = worst
     if slow[1] < RANK_SKEW * fast[1]:
         return None
     ev = [_records_ev(f, f"rank {r} (GPU {_gpu_of_rank(f, r)}): {what} p50 {_ms(v)} over {n} decode cycles")
@@ -563,7 +599,7 @@ def sync_on_overlap(f: ServerFacts) -> Finding | None:
 # ----------------------------------------------------------------------------------------------------------------
 # What doctor could not see
 
-NEEDS_RECORDS = ("host-bound", "rank-skew", "too-many-steps", "sync-on-overlap")
+NEEDS_RECORDS = ("host-bound", "rank-skew", "too-many-steps", "too-few-steps", "sync-on-overlap")
 
 
 def not_patched(f: ServerFacts) -> Finding | None:
@@ -603,6 +639,7 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ("cuda-graph-off", cuda_graph_off),
     ("draft-context-short", draft_context_short),
     ("too-many-steps", too_many_steps),
+    ("too-few-steps", too_few_steps),
     ("host-bound", host_bound),
     ("rank-skew", rank_skew),
     ("sync-on-overlap", sync_on_overlap),
