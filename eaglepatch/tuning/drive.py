@@ -119,7 +119,7 @@ def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | Non
         notes.append("the target is not patched: no per-phase timings (eaglepatch apply TARGET first)")
     else:
         timings = collect_timings(host, name, python, log_dir, {server.pid, *server.children}, window,
-                                  opts.log_wait, say, notes)
+                                  opts.log_wait, say, notes, argv=server.argv)
     if lr.seconds < SHORT_LOAD_S:
         notes.append(short_load_note(lr.seconds))
     if not lr.streamed:
@@ -139,10 +139,14 @@ def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | Non
 
 
 def collect_timings(host: Host, name: str, python: str, log_dir: str, pids: set[int],
-                    window: tuple[float, float], wait: float, say: Say, notes: list[str]) -> dict[str, Any] | None:
-    """The ``report --json`` object of the records of ``pids`` whose ``t`` lies in ``window``; None (and a note)
-    when there are none."""
+                    window: tuple[float, float], wait: float, say: Say, notes: list[str],
+                    argv: Sequence[str] = ()) -> dict[str, Any] | None:
+    """The ``report --predict --json`` object of the records of ``pids`` whose ``t`` lies in ``window`` (the server's
+    command line ``argv`` gives the step count where the records' run header does not); None (and a note) when
+    there are none."""
     from eaglepatch import report as rep
+    from eaglepatch.doctor.facts import parse_flags, server_args_of
+    from eaglepatch.report.predict import predict
 
     if wait > 0:
         say(f"waiting {wait:g} s for the server to write its timing records")
@@ -161,7 +165,12 @@ def collect_timings(host: Host, name: str, python: str, log_dir: str, pids: set[
     if res.records == 0:
         notes.append("no timing records inside the load's window (the server timed no cycle then)")
         return None
-    return res.to_json()
+    doc = res.to_json()
+    flags = parse_flags(server_args_of(argv)) if argv else None
+    for gd, pred in zip(doc["groups"], predict(res, flags=flags)):
+        if pred is not None:
+            gd.update(pred.to_json())
+    return doc
 
 
 def bench(text: str, c: Connect, opts: BenchOptions, say: Say) -> dict[str, Any]:
@@ -191,10 +200,23 @@ def render_bench(doc: dict[str, Any]) -> str:
         f"max {_ms(cl['latency_ms'], 'max')}",
         f"  accept length (server): {cl['accept_len'] if cl['accept_len'] is not None else '-'}",
     ]
+    sa = cl.get("server_acceptance")
+    if sa:
+        shares = "  ".join(f"{i + 1}: {x:.2f}" for i, x in enumerate(sa["at_least"]))
+        out.append(f"  acceptance (server's histogram, {sa['samples']} request-cycles): at least {shares}")
     t = doc.get("timings")
     if t:
         out.append(f"\ntiming log of the same window ({t['records']} cycles):")
         out.append(rep.render_table(rep.ReportResult.from_json(t)))
+        for g in t.get("groups") or []:
+            pts, best = g.get("predict") or [], g.get("predict_best")
+            here = next((p for p in pts if p["basis"] == "measured" and p["steps"]), None)
+            if best is not None and here is not None:
+                b = pts[best]
+                what = "no speculation" if b["steps"] == 0 else f"{b['steps']} steps"
+                out.append(f"predicted best: {what}, {b['tokens_per_s']:.1f} tok/s ({b['basis']}) against "
+                           f"{here['tokens_per_s']:.1f} at the {here['steps']} steps measured (report --predict "
+                           "for every step count)")
     for n in doc.get("notes") or []:
         out.append(f"note: {n}")
     return "\n".join(out)

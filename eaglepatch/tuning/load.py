@@ -89,6 +89,9 @@ class RequestResult:
     error: str | None = None
     streamed: bool = False
     server_ttft: float | None = None  # the server's own view of the first token (its meta_info.e2e_latency)
+    # the server's own count of verify steps by drafts accepted (meta_info.spec_correct_drafts_histogram: index =
+    # correct drafts, bonus token not counted)
+    draft_hist: tuple[int, ...] | None = None
 
 
 def _dist(values: Sequence[float]) -> dict[str, float] | None:
@@ -152,6 +155,26 @@ class LoadResult:
             return None
         return sum(r.accept_len * r.completion_tokens for r in with_len) / sum(r.completion_tokens for r in with_len)  # type: ignore[operator]
 
+    @property
+    def server_acceptance(self) -> dict[str, Any] | None:
+        """The server's own acceptance profile over the load, from the requests' ``spec_correct_drafts_histogram``
+        summed (a verify step that accepted ``d`` drafts produced ``d + 1`` tokens): ``{"samples", "at_least"}``
+        as ``report`` shows its own; None when the server gives no histogram."""
+        total: list[int] = []
+        for r in self.ok:
+            for d, n in enumerate(r.draft_hist or ()):
+                if d >= len(total):
+                    total.extend([0] * (d + 1 - len(total)))
+                total[d] += n
+        samples = sum(total)
+        if not samples:
+            return None
+        at_least, left = [], samples
+        for n in total:
+            at_least.append(round(left / samples, 4))
+            left -= n
+        return {"samples": samples, "at_least": at_least}
+
     def errors(self) -> list[str]:
         seen: list[str] = []
         for r in self.results:
@@ -174,6 +197,7 @@ class LoadResult:
             "server_ttft_ms": _dist([r.server_ttft for r in ok if r.server_ttft is not None]),
             "latency_ms": _dist([r.latency for r in ok]),
             "accept_len": None if acc is None else round(acc, 4),
+            "server_acceptance": self.server_acceptance,
             "streamed": self.streamed,
             "errors": self.errors(),
         }
@@ -310,11 +334,13 @@ def _finish(doc: Any, t0: float, latency: float, ttft: float | None, streamed: b
         return RequestResult(False, t0, latency, error="no meta_info.completion_tokens in the answer", streamed=streamed)
     acc = meta.get("spec_accept_length")
     ct = meta.get("spec_verify_ct")
+    hist = meta.get("spec_correct_drafts_histogram", meta.get("spec_accept_histogram"))  # the older name: an alias
+    ok_hist = isinstance(hist, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in hist)
     return RequestResult(
         True, t0, latency, ttft=ttft, completion_tokens=tokens,
         accept_len=float(acc) if isinstance(acc, (int, float)) and not isinstance(acc, bool) and acc > 0 else None,
         verify_ct=int(ct) if isinstance(ct, int) and not isinstance(ct, bool) and ct > 0 else None,
-        streamed=streamed,
+        streamed=streamed, draft_hist=tuple(hist) if ok_hist and hist else None,
     )
 
 

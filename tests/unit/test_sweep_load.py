@@ -221,3 +221,23 @@ def test_aggregate_keeps_only_records_inside_the_window(tmp_path):
     assert aggregate([str(f)], t_min=200.0).groups == ()
     with pytest.raises(UsageError, match="window is empty"):
         aggregate([str(f)], t_min=2.0, t_max=1.0)
+
+
+def test_the_servers_own_acceptance_histogram():
+    """sglang's meta_info.spec_correct_drafts_histogram (verify steps by drafts accepted, bonus not counted; the
+    older name spec_accept_histogram is read too) summed over the requests: the server's own profile, in the
+    shape report prints (at least 1, 2, ... tokens)."""
+    from eaglepatch.tuning.load import LoadResult, _finish
+
+    a = _finish({"meta_info": {"completion_tokens": 10, "spec_correct_drafts_histogram": [1, 2, 1]}}, 0.0, 1.0, None,
+                streamed=False)
+    b = _finish({"meta_info": {"completion_tokens": 4, "spec_accept_histogram": [2, 0, 0, 1]}}, 0.0, 1.0, None,
+                streamed=False)
+    c = _finish({"meta_info": {"completion_tokens": 4, "spec_correct_drafts_histogram": ["x"]}}, 0.0, 1.0, None,
+                streamed=False)
+    assert a.draft_hist == (1, 2, 1) and b.draft_hist == (2, 0, 0, 1) and c.draft_hist is None
+    lr = LoadResult(LoadSpec(), 0.0, 1.0, (a, b, c), streamed=False)
+    # 3 steps with 0 drafts, 2 with 1, 1 with 2, 1 with 3: 7 request-cycles
+    assert lr.server_acceptance == {"samples": 7, "at_least": [1.0, round(4 / 7, 4), round(2 / 7, 4), round(1 / 7, 4)]}
+    assert lr.to_json()["server_acceptance"] == lr.server_acceptance
+    assert LoadResult(LoadSpec(), 0.0, 1.0, (c,), streamed=False).server_acceptance is None
