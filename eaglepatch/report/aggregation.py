@@ -14,6 +14,10 @@ Assumptions, stated once:
   jitter) counts as 0; a gap more negative than ``-idle_gap_s`` (records out of order) is left out.
 * The cycle's duration for ``between`` is ``host_cycle_ms`` when the record has it (``events`` timer, host
   clock), else ``cycle_ms``.
+* What a client sees follows the cadence of cycle starts on the host: a record with ``accepted`` is charged its
+  own duration (as for ``between``), the gap before it, and the durations and gaps of the process's records
+  without ``accepted`` (prefill cycles) since its previous one; ``wall_tokens_per_s`` is the accepted tokens over
+  that time, ``cadence_ms`` that time per such record.
 * A valid record has ``"v": 1``, a number ``t``, a string ``host``, int ``pid`` and ``rank``, a string ``mode``,
   a number ``cycle_ms`` and an object ``phases`` of numbers; ``bs`` and ``accepted`` are numbers or null;
   ``host_cycle_ms`` / ``host_phases`` are optional. Anything else (bad JSON, trailing garbage, a non-object,
@@ -801,7 +805,7 @@ def _scan(
     runs = out.runs
     spec_cache: dict[Any, str | None] = {}
     groups: dict[Any, _Acc] = {}
-    procs: dict[tuple[Any, Any, Any], tuple[int, float]] = {}
+    procs: dict[tuple[Any, Any, Any], tuple[int, float, float]] = {}
     records = 0
     bad = 0
     ninf = -math.inf
@@ -812,6 +816,7 @@ def _scan(
     c_rank: Any = _NO
     cnt = 0
     last_end = ninf
+    carry = 0.0  # wall time (ms) of the process's cycles without accepted (prefill) since its last one with
     bad_errors = _BAD_ERRORS
     slow = _append_phases_slow
     cur_gk: Any = _NO
@@ -904,11 +909,11 @@ def _scan(
                         if type(host) is not str or type(pid) is not int or type(rank) is not int:
                             raise _BadLine("bad process fields")
                         if c_host is not _NO:
-                            procs[(c_host, c_pid, c_rank)] = (cnt, last_end)
+                            procs[(c_host, c_pid, c_rank)] = (cnt, last_end, carry)
                         c_host = host
                         c_pid = pid
                         c_rank = rank
-                        cnt, last_end = procs.get((host, pid, rank), (0, ninf))
+                        cnt, last_end, carry = procs.get((host, pid, rank), (0, ninf, 0.0))
                         c_rraw = _NO  # a run's start is looked for where the process changes, too
 
                     # Validates t and the durations (TypeError on non-numbers) before anything is mutated.
@@ -1005,7 +1010,7 @@ def _scan(
                         if bs is not None:
                             x_accab = s_acc_ab + acc
                             x_bsab = s_bs_ab + bs  # validates bs
-                        wc = cyc if hcyc is None else hcyc
+                    wc = cyc if hcyc is None else hcyc
                     if acs is not None or ahs is not None:
                         pairs = _accept_counts(acs, ahs)
 
@@ -1041,6 +1046,10 @@ def _scan(
                     if acc is not None:
                         s_acc = x_acc
                         s_cyc_acc += cyc
+                        # the wall time a client waits for these tokens: this cycle (host clock), the gap before
+                        # it, and the prefill cycles (and their gaps) since the process's last counted cycle
+                        wc += carry
+                        carry = 0.0
                         g.wcyc_acc += wc
                         if gap >= 0.0:
                             s_btw_acc += gap
@@ -1050,6 +1059,10 @@ def _scan(
                         if bs is not None:
                             s_acc_ab = x_accab
                             s_bs_ab = x_bsab
+                    elif gap >= 0.0:
+                        carry += wc + gap
+                    else:
+                        carry = wc  # after an idle gap only this cycle itself
                     if acs is not None or ahs is not None:
                         ah = g.ahist
                         for k, v in pairs:
@@ -1336,8 +1349,9 @@ def aggregate(
     Statistics (per group): cycle and phase stats (a phase's over the cycles in which it ran), each phase's
     ``share`` = its total time / the group's total cycle time, ``accept_len`` = sum(accepted) / sum(bs) over
     records with both, ``tokens_per_s`` = sum(accepted) / sum(cycle_ms) * 1000 over records with ``accepted``,
-    ``between_ms`` and ``wall_tokens_per_s`` = the same tokens / (their cycle time + the gaps before them) * 1000
-    (equal to ``tokens_per_s`` when no gap was measured). See the module docstring for the assumptions.
+    ``between_ms`` and ``wall_tokens_per_s`` = the same tokens / their wall time * 1000 (the host clock's time
+    from one cycle's start to the next: their cycles, the gaps before them and the prefill cycles between them).
+    See the module docstring for the assumptions.
 
     Returns a ``ReportResult``; ``records`` counts all valid records of the selected runs, those dropped by
     ``skip`` included. Raises ``UsageError`` for a bad ``by``/``skip``/``idle_gap_s``/``since``, a run id that

@@ -165,8 +165,9 @@ def test_predictions_by_hand(tmp_path):
     """3 steps, sync timer: draft 3 ms (1 a step), verify 2, draft extend 1, the rest of the cycle 0.5, 1.5 ms
     between cycles; tokens per request-cycle 1, 2, 2, 3, 3, 4, 4, 4 (at least: 1, 7/8, 5/8, 3/8). For j steps:
     accept length = at_least[0] + ... + at_least[j] (j <= 3), the cycle changes by the draft's (j - 3) ms, and
-    tok/s = accept length / cadence; no speculation drops the draft and the draft extend (4 ms) too; beyond 3 steps
-    the last position's rate (30 + 1/2) / (50 + 1) carries on."""
+    tok/s = accept length / cadence; no speculation lies between the forward alone (verify, 2 ms) and the cycle
+    without the draft and the draft extend (C - 4 ms): their middle, the spread half their distance; beyond 3
+    steps the last position's rate (30 + 1/2) / (50 + 1) carries on."""
     res, (p,) = one_group(tmp_path, records())
     (g,) = res.groups
     C = g.cadence_ms
@@ -179,7 +180,8 @@ def test_predictions_by_hand(tmp_path):
     assert pts[2].accept_len == approx(2.5) and pts[2].tokens_per_s == approx(2.5 / (C - 1) * 1000)
     assert pts[1].accept_len == approx(1.875) and pts[1].tokens_per_s == approx(1.875 / (C - 2) * 1000)
     assert pts[0].basis == "estimate" and pts[0].accept_len == 1.0
-    assert pts[0].tokens_per_s == approx(1 / (C - 4) * 1000)
+    assert pts[0].tokens_per_s == approx(1 / ((C - 4 + 2) / 2) * 1000)
+    assert pts[0].spread == approx(((C - 4) - 2) / ((C - 4) + 2))
     r = 30.5 / 51
     assert pts[4].basis == "extrapolated" and pts[4].accept_len == approx(2.875 + 0.375 * r)
     assert pts[5].accept_len == approx(2.875 + 0.375 * (r + r * r))
@@ -256,7 +258,7 @@ def test_adaptive_spec_groups_fit_the_cost_of_each_phase(tmp_path):
     pts = {x.steps: x for x in p3.points}
     C = g3.cadence_ms
     assert pts[2].tokens_per_s == approx(2.5 / (C + (2 + 2.2 + 1 + 0.5) - 6.9) * 1000)
-    assert pts[0].tokens_per_s == approx(1 / (C + 1.8 + 0.5 - 6.9) * 1000)
+    assert pts[0].tokens_per_s == approx(1 / ((C + 1.8 + 0.5 - 6.9 + 1.8) / 2) * 1000)  # the forward: verify at 0
     assert any("fitted on the step counts of 2 groups" in n for n in p3.notes)
 
 
@@ -308,7 +310,7 @@ def test_the_rendered_prediction(tmp_path):
     assert "predicted, per draft step count (* the best; steps 0: no speculation):" in text
     rows = [ln.split() for ln in text.splitlines() if ln[:1].isdigit()]
     assert [r[0] for r in rows][:4] == ["0", "1", "2", "3"] and any(r[1] == "*" for r in rows)
-    assert "basis: estimate: no speculation costs one target forward" in text
+    assert "basis: estimate: no speculation's cycle lies between the target's forward alone" in text
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -346,3 +348,34 @@ def test_the_png_chart(tmp_path):
     doc["groups"][0].update(preds[0].to_json())
     write_predict_chart(doc, str(tmp_path / "p.png"))
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_prefill_cycles_count_in_the_wall_time_of_the_decode_cycles_after_them(tmp_path):
+    """A client waits for a new request's prefill too: decode (8 ms), 2 ms, prefill (5 ms), 1 ms, decode (8 ms),
+    2 ms, decode: the second decode cycle's wall time is its 8 ms, the 1 ms before it and the prefill's 5 + 2 ms;
+    the prefill itself has no accepted tokens."""
+    d = records(counts=(3,), repeat=1)[0]
+    recs = [dict(d, t=T0, cycle_ms=8.0), dict(d, t=T0 + 0.010, mode="prefill", cycle_ms=5.0, accepted=None,
+                                              accepts=None, phases={"target": 4.0, "draft_extend": 1.0}),
+            dict(d, t=T0 + 0.016, cycle_ms=8.0), dict(d, t=T0 + 0.026, cycle_ms=8.0)]
+    for r in recs:
+        if r["accepts"] is None:
+            del r["accepts"]
+    res = aggregate([write(tmp_path / "a.jsonl", recs)])
+    dec = res.group("decode")
+    assert dec.n == 3 and dec.tokens == 9
+    assert dec.cadence_ms == approx((8 + (8 + 1 + 5 + 2) + (8 + 2)) / 3, rel=1e-4)
+    assert dec.wall_tokens_per_s == approx(9 / (8 + 16 + 10) * 1000, rel=1e-4)
+    assert res.group("prefill").wall_tokens_per_s is None
+
+
+def test_an_idle_gap_leaves_the_prefill_before_it_out_of_the_wall_time(tmp_path):
+    """Over a second without a cycle is idle: a prefill before it is not a client's wait for the next decode; one
+    after it is (its own time, not the idle gap)."""
+    d = records(counts=(3,), repeat=1)[0]
+    pre = dict(d, mode="prefill", cycle_ms=5.0, accepted=None, phases={"target": 5.0})
+    del pre["accepts"]
+    recs = [dict(d, t=T0, cycle_ms=8.0), dict(pre, t=T0 + 0.010), dict(pre, t=T0 + 2.0),
+            dict(d, t=T0 + 2.006, cycle_ms=8.0)]
+    dec = aggregate([write(tmp_path / "a.jsonl", recs)]).group("decode")
+    assert dec.cadence_ms == approx((8 + (5 + 1 + 8)) / 2, rel=1e-4)
