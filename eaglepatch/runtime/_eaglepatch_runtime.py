@@ -645,8 +645,9 @@ def accepted(obj, attrs, bonus_per_req=0):
         c.accepts = None
         if isinstance(v, (list, tuple)):
             c.accepted = int(sum(v)) + bonus_per_req * len(v)
-            # per request, bonus included: the acceptance profile (a copy: the worker's list is its own)
-            c.accepts = [x + bonus_per_req for x in v] if bonus_per_req else list(v)
+            # per request, bonus included: the acceptance profile (the worker's own list, read once the cycle
+            # ends, before the worker's next verify makes a new one)
+            c.accepts = [x + bonus_per_req for x in v] if bonus_per_req else v if type(v) is list else list(v)
             return
         if isinstance(v, int):
             v = int(v)              # a bool is an int too; the record wants a number
@@ -998,6 +999,11 @@ def _accepts_json(accs):
     record goes out without them: its sum is in "accepted")."""
     try:
         if len(accs) <= 256:
+            for x in accs:
+                if type(x) is not int:
+                    break
+            else:
+                return ', "accepts": ' + repr(accs)     # a list of ints: its repr is JSON
             return ', "accepts": [%s]' % ", ".join(["%d" % x for x in accs])
         hist = {}
         for x in accs:
