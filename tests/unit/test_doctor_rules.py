@@ -316,6 +316,56 @@ def test_too_many_steps_healthy_counterparts(tmp_path):
     assert R.too_many_steps(facts()) is None
 
 
+def test_too_few_steps(tmp_path):
+    """2 steps accepting every draft (3 tokens a cycle), a cheap draft (0.5 ms a step) and 10 ms of verify: the
+    records carry no per-request counts, so a chain of one rate fitted to the accept length stands in (about 1,
+    taken as from 100 request-cycles: (100 + 1/2) / 101 onwards), and more steps pay; marked predicted, said
+    extrapolated, the live sweep to confirm it; not too-many-steps."""
+    f = facts(flags={"speculative-num-steps": "2"})
+    write_records(tmp_path, 4242, cycle=12.0, phases={"draft": 1.0, "verify": 10.0, "draft_extend": 1.0}, accept=3.0,
+                  gap=0.2)
+    f = loaded(f, tmp_path, {4242})
+    found = R.too_few_steps(f)
+    assert found is not None and found.predicted and found.severity == "medium"
+    assert found.title.startswith("2 draft steps leave accepted tokens unbought: ")
+    assert "--live --grid speculative-num-steps=" in found.next
+    assert any("extrapolated" in e["text"] for e in found.evidence)
+    assert R.too_many_steps(f) is None
+
+
+def test_no_step_finding_on_an_adaptive_server_suggests_a_flag(tmp_path):
+    """On a server started with --speculative-adaptive the step count is the adaptive mode's: the next step is
+    the live sweep of its candidates with --emit-adaptive-config, never a --speculative-num-steps grid."""
+    f = with_records(facts(flags={"speculative-num-steps": "5", "speculative-adaptive": True}), tmp_path, cycle=17.0,
+                     phases={"draft": 10.0, "verify": 6.0, "draft_extend": 1.0}, accept=3.2, gap=0.2)
+    found = R.too_many_steps(f)
+    assert "--emit-adaptive-config" in found.next and "--baseline" not in found.next
+    host = R.host_bound(with_records(facts(flags={"speculative-adaptive": True}), tmp_path / "h", cycle=2.14,
+                                     gap=1.03, timer="sync"))
+    assert "--emit-adaptive-config" in host.next and "--baseline" not in host.next
+
+
+def test_speculation_slower_predicted(tmp_path):
+    """No sweep: the accept length 1.05 at 3 steps, a 3 ms draft and 1 ms extend around a 2 ms verify: the model
+    predicts more tok/s without speculation than at any step count; marked predicted, with the live sweep of
+    steps 0 and 3 to confirm it. With a sweep whose baseline ran, the measured rule decides instead."""
+    f = with_records(facts(), tmp_path, cycle=6.2, phases={"draft": 3.0, "verify": 2.0, "draft_extend": 1.0},
+                     accept=1.05, gap=0.5)
+    found = R.speculation_slower(f)
+    assert found is not None and found.predicted and found.to_json()["predicted"] is True
+    assert found.title.startswith("predicted: no speculation would be about ")
+    assert "--live --grid speculative-num-steps=0," in found.next
+    model = next(e["text"] for e in found.evidence if e["source"] == "model")
+    assert "no speculation" in model and "estimate" in model
+
+
+def test_speculation_slower_predicted_healthy_counterpart(tmp_path):
+    """Accept length 3.5 at 3 steps around the same costs: speculation pays, nothing is predicted."""
+    f = with_records(facts(), tmp_path, cycle=6.2, phases={"draft": 3.0, "verify": 2.0, "draft_extend": 1.0},
+                     accept=3.5, gap=0.5)
+    assert R.speculation_slower(f) is None
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # host-bound
 
@@ -361,6 +411,23 @@ def test_rank_skew(tmp_path):
     found = R.rank_skew(f)
     assert found.title.startswith("rank 1's verify is 1.20x") and "-i 3" in found.next
     assert [e["text"].split(":")[0] for e in found.evidence] == ["rank 0 (GPU 2)", "rank 1 (GPU 3)"]
+
+
+def test_rank_skew_never_compares_spec_groups(tmp_path):
+    """One GPU, an adaptive server: its records split by step count (verify 6 ms at 1 step, 8.2 ms at 3: 1.37x);
+    one rank is no skew, and on TP 2 ranks are compared only within each step count (here equal)."""
+    for pid, rank in ((100, 0), (101, 1)):
+        path = tmp_path / f"gpu1-{pid}-rank{rank}.jsonl"
+        write_records(tmp_path, pid, rank=rank, phases={"draft": 1.0, "verify": 6.0, "draft_extend": 1.0})
+        lines = path.read_text().splitlines()
+        spec = [dict(json.loads(x), spec={"steps": 1, "topk": 1, "draft_tokens": 2}) for x in lines[:30]]
+        spec += [dict(json.loads(x), spec={"steps": 3, "topk": 1, "draft_tokens": 4},
+                      phases={"draft": 3.0, "verify": 8.2, "draft_extend": 1.0}) for x in lines[30:]]
+        path.write_text("".join(json.dumps(r) + "\n" for r in spec))
+    one = loaded(facts(flags={"speculative-adaptive": True}), tmp_path, {100})
+    assert len(one.by_rank) == 2 and R.rank_skew(one) is None
+    assert R.rank_skew(loaded(facts(flags={"tp-size": "1"}), tmp_path, {100, 101})) is None
+    assert R.rank_skew(loaded(facts(flags={"tp-size": "2"}), tmp_path, {100, 101})) is None
 
 
 def test_rank_skew_healthy_counterparts(tmp_path):
