@@ -189,7 +189,9 @@ def test_cuda_graph_off(request, standins, tmp_path, via):
 def test_patched_servers_timing_records(cli, standins, tmp_path):
     """After apply (one install, four servers, all restarted on the patched files) and a sequential load: the
     scheduler's work between cycles at 10 ms against a 13 ms cycle (--sim-between-ms 10) is host-bound (3 steps
-    accepting 3 or 4 tokens a cycle: neither fewer nor more steps pay); 5 draft steps at accept length about 3.2
+    accepting 3 or 4 tokens a cycle: neither fewer nor more steps pay), and so slow that no speculation is
+    predicted faster (3.5 tokens in 23 ms against one in a 6 ms verify: the stand-in's own truth is one token in
+    5 ms); 5 draft steps at accept length about 3.2
     (3 tokens in 4 cycles of 5, 4 in the fifth: positions 4 and 5 buy almost nothing at 4 ms a step) are
     too-many-steps (2 favoured by the model: about 20% more tok/s, so a busy test machine's extra time between
     cycles does not hide it); 2 steps accepting 2 or 3 tokens a cycle (accept length 2.5) give no finding at all;
@@ -207,15 +209,16 @@ def test_patched_servers_timing_records(cli, standins, tmp_path):
         load(cli, ins.pkg, ports[name], "--concurrency", "1", "--requests", "6")
     time.sleep(3)  # the runtime writes a quiet server's records within 2 s
     doc = doctor(cli, ins.pkg)
-    assert by_port(doc) == {ports["host"]: {"host-bound"}, ports["steps"]: {"too-many-steps"},
+    assert by_port(doc) == {ports["host"]: {"host-bound", "speculation-slower"}, ports["steps"]: {"too-many-steps"},
                             ports["fine"]: set(), ports["idle"]: {"no-timing-records"}}
     d = {x["server"]["port"]: x for x in doc}
     steps = d[ports["steps"]]["findings"][0]
     assert steps["title"].startswith("5 draft steps cost more than they buy: 2 ") and steps["predicted"] is True
     assert ",5 --baseline --repeat 3" in steps["next"] and "--grid speculative-num-steps=" in steps["next"]
     assert d[ports["fine"]]["sources"]["timing_log"]["records"] > 0
-    host = d[ports["host"]]["findings"][0]
-    assert "between cycles (the scheduler's own work)" in host["evidence"][0]["text"]
+    found = {f["id"]: f for f in d[ports["host"]]["findings"]}
+    assert "between cycles (the scheduler's own work)" in found["host-bound"]["evidence"][0]["text"]
+    assert found["speculation-slower"]["predicted"] is True and "--live --grid" in found["speculation-slower"]["next"]
 
 
 def test_speculation_slower_after_a_sweep_with_baseline(cli, standins, tmp_path):

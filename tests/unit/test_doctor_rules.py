@@ -301,7 +301,7 @@ def test_too_many_steps(tmp_path):
     assert found.predicted and found.to_json()["predicted"] is True
     assert "--live --grid speculative-num-steps=2,3,5" in found.next and "--baseline --repeat 3" in found.next
     model = next(e["text"] for e in found.evidence if e["source"] == "model")
-    assert "2 steps 204 tok/s" in model and "5 steps 186 tok/s" in model and "no speculation 164 tok/s" in model
+    assert "2 steps 204 tok/s" in model and "5 steps 186 tok/s" in model and "no speculation 167 tok/s" in model
     assert R.too_few_steps(f) is None
 
 

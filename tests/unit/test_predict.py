@@ -165,9 +165,9 @@ def test_predictions_by_hand(tmp_path):
     """3 steps, sync timer: draft 3 ms (1 a step), verify 2, draft extend 1, the rest of the cycle 0.5, 1.5 ms
     between cycles; tokens per request-cycle 1, 2, 2, 3, 3, 4, 4, 4 (at least: 1, 7/8, 5/8, 3/8). For j steps:
     accept length = at_least[0] + ... + at_least[j] (j <= 3), the cycle changes by the draft's (j - 3) ms, and
-    tok/s = accept length / cadence; no speculation lies between the forward alone (verify, 2 ms) and the cycle
-    without the draft and the draft extend (C - 4 ms): their middle, the spread half their distance; beyond 3
-    steps the last position's rate (30 + 1/2) / (50 + 1) carries on."""
+    tok/s = accept length / cadence; no speculation is estimated as the forward alone (verify, 2 ms), its spread
+    half the way to the cycle without the draft and the draft extend (C - 4 ms); beyond 3 steps the last
+    position's rate (30 + 1/2) / (50 + 1) carries on."""
     res, (p,) = one_group(tmp_path, records())
     (g,) = res.groups
     C = g.cadence_ms
@@ -180,8 +180,8 @@ def test_predictions_by_hand(tmp_path):
     assert pts[2].accept_len == approx(2.5) and pts[2].tokens_per_s == approx(2.5 / (C - 1) * 1000)
     assert pts[1].accept_len == approx(1.875) and pts[1].tokens_per_s == approx(1.875 / (C - 2) * 1000)
     assert pts[0].basis == "estimate" and pts[0].accept_len == 1.0
-    assert pts[0].tokens_per_s == approx(1 / ((C - 4 + 2) / 2) * 1000)
-    assert pts[0].spread == approx(((C - 4) - 2) / ((C - 4) + 2))
+    assert pts[0].tokens_per_s == approx(1 / 2.0 * 1000)
+    assert pts[0].spread == approx((1 - 2.0 / (C - 4)) / 2)
     r = 30.5 / 51
     assert pts[4].basis == "extrapolated" and pts[4].accept_len == approx(2.875 + 0.375 * r)
     assert pts[5].accept_len == approx(2.875 + 0.375 * (r + r * r))
@@ -258,7 +258,7 @@ def test_adaptive_spec_groups_fit_the_cost_of_each_phase(tmp_path):
     pts = {x.steps: x for x in p3.points}
     C = g3.cadence_ms
     assert pts[2].tokens_per_s == approx(2.5 / (C + (2 + 2.2 + 1 + 0.5) - 6.9) * 1000)
-    assert pts[0].tokens_per_s == approx(1 / ((C + 1.8 + 0.5 - 6.9 + 1.8) / 2) * 1000)  # the forward: verify at 0
+    assert pts[0].tokens_per_s == approx(1 / 1.8 * 1000)  # the forward alone: verify's line at 0 steps
     assert any("fitted on the step counts of 2 groups" in n for n in p3.notes)
 
 
@@ -310,7 +310,7 @@ def test_the_rendered_prediction(tmp_path):
     assert "predicted, per draft step count (* the best; steps 0: no speculation):" in text
     rows = [ln.split() for ln in text.splitlines() if ln[:1].isdigit()]
     assert [r[0] for r in rows][:4] == ["0", "1", "2", "3"] and any(r[1] == "*" for r in rows)
-    assert "basis: estimate: no speculation's cycle lies between the target's forward alone" in text
+    assert "basis: estimate: no speculation's cycle taken as the target's forward alone" in text
 
 
 # ----------------------------------------------------------------------------------------------------------------
