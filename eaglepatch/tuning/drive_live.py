@@ -365,6 +365,9 @@ class _LiveRun:
                 self.say(f"run {total - len(pending) + n}/{total}: window of point #{i} ({p.label}), round "
                          f"{r + 1}/{self.opts.rounds}")
                 self.lease()
+                # the window is widened by the host clock's uncertainty on both sides: a pause of twice that keeps
+                # the last cycles of the window before out of it
+                time.sleep(2 * unc + 0.05)
                 base = {"point": p.key, "index": i, "rep": r, "steps": s, "t": round(time.time(), 3),
                         "pid": server.pid, "pids": sorted({server.pid, *server.children})}
                 try:
