@@ -150,7 +150,7 @@ def summarize(target: str, steps: Sequence[int], runs: Sequence[Mapping[str, Any
               window_s: float) -> dict[str, Any]:
     """The ``sweep --live --json`` object: ``sweep``'s summary of the windows (each window a run of its point),
     plus ``live``, ``launches``, ``rounds``, ``window_s``, and per point ``steps``, ``windows`` (how many
-    measured it), ``spread`` ((max - min) / median of its windows' tok/s), ``window_tokens_per_s`` (in the order
+    measured it; ``runs`` says the same), ``spread`` ((max - min) / median of its windows' tok/s), ``window_tokens_per_s`` (in the order
     measured) and ``cycles`` (its pinned and other decode cycles, when patched)."""
     points = points_of(steps)
     doc = sw.summarize(target, points, runs, baseline=False, repeat=rounds)
@@ -160,7 +160,7 @@ def summarize(target: str, steps: Sequence[int], runs: Sequence[Mapping[str, Any
     for p, s, d in zip(points, steps, doc["points"]):
         ok = [r for r in by_point.get(p.key, []) if r.get("status") == "ok" and r.get("tokens_per_s") is not None]
         d["steps"] = s
-        d["windows"] = d.pop("runs")
+        d["windows"] = d["runs"]  # (sweep's "runs" stays: here each run is a window)
         tps = [r["tokens_per_s"] for r in sorted(ok, key=lambda r: r.get("t", 0))]
         d["window_tokens_per_s"] = [round(x, 3) for x in tps]
         med = statistics.median(tps) if tps else None
