@@ -419,7 +419,7 @@ class _LiveRun:
                 one = rep.aggregate(files, t_min=lo, t_max=hi).to_json()
                 per_bs = rep.aggregate(files, by="bs", t_min=lo, t_max=hi).to_json()
                 fig = lv.window_figures(r.get("client") or {}, one, doc["cycles"], r["steps"])
-                doc.update(phases_p50=fig["phases_p50"], accept_len_log=fig["accept_len"],
+                doc.update(phases_p50=fig["phases_p50"], accept_len_log=fig["accept_len_log"],
                            by_bs={str(k): v for k, v in lv.bs_figures(per_bs, r["steps"]).items()})
             self.state.add_timings(doc)
 
@@ -463,6 +463,7 @@ def _merged_runs(state: Any) -> list[dict[str, Any]]:
         if t is not None:
             d["phases_p50"] = t.get("phases_p50") or {}
             d["cycles"] = t.get("cycles")
+            d["accept_len_log"] = t.get("accept_len_log")
             if d.get("accept_len") is None:
                 d["accept_len"] = t.get("accept_len_log")
         out.append(d)

@@ -123,11 +123,15 @@ def pinned_group(groups: Sequence[Mapping[str, Any]], steps: int, by_bs: bool = 
 def window_figures(client: Mapping[str, Any], timings: Mapping[str, Any] | None, cycles: Mapping[str, int] | None,
                    steps: int) -> dict[str, Any]:
     """What the summary needs of one window: the client's tok/s and accept length, and from the timing records
-    (when the target is patched) the p50 of its pinned decode cycles' phases and how its cycles ran."""
+    (when the target is patched) the p50 of its pinned decode cycles' phases, their own accept length
+    (``accept_len_log``: accepted tokens per request-cycle, without the prefill token the client's counts) and how
+    its cycles ran."""
     fig = sw.run_figures({"client": client, "timings": None})
+    fig["accept_len_log"] = None
     if timings:
         for g in pinned_group(timings.get("groups") or [], steps):
             fig = sw.run_figures({"client": client, "timings": dict(timings, groups=[g])})
+            fig["accept_len_log"] = g.get("accept_len")
     if cycles is not None:
         fig["cycles"] = dict(cycles)
     return fig
@@ -150,7 +154,8 @@ def summarize(target: str, steps: Sequence[int], runs: Sequence[Mapping[str, Any
               window_s: float) -> dict[str, Any]:
     """The ``sweep --live --json`` object: ``sweep``'s summary of the windows (each window a run of its point),
     plus ``live``, ``launches``, ``rounds``, ``window_s``, and per point ``steps``, ``windows`` (how many
-    measured it; ``runs`` says the same), ``spread`` ((max - min) / median of its windows' tok/s), ``window_tokens_per_s`` (in the order
+    measured it; ``runs`` says the same), ``accept_len_log`` (the median over its windows of the timing log's accept
+    length, when patched), ``spread`` ((max - min) / median of its windows' tok/s), ``window_tokens_per_s`` (in the order
     measured) and ``cycles`` (its pinned and other decode cycles, when patched)."""
     points = points_of(steps)
     doc = sw.summarize(target, points, runs, baseline=False, repeat=rounds)
@@ -165,6 +170,8 @@ def summarize(target: str, steps: Sequence[int], runs: Sequence[Mapping[str, Any
         d["window_tokens_per_s"] = [round(x, 3) for x in tps]
         med = statistics.median(tps) if tps else None
         d["spread"] = round((max(tps) - min(tps)) / med, 4) if med else None
+        logged = [r["accept_len_log"] for r in ok if isinstance(r.get("accept_len_log"), (int, float))]
+        d["accept_len_log"] = round(statistics.median(logged), 4) if logged else None
         counted = [r["cycles"] for r in ok if isinstance(r.get("cycles"), dict)]
         if counted:
             d["cycles"] = {k: sum(c.get(k, 0) for c in counted) for k in ("pinned", "other")}
