@@ -28,6 +28,8 @@ GRID = ["--grid", "speculative-num-steps=0,1,3,7"]
 LOAD = ["--concurrency", "2", "--input-len", "16", "--max-new-tokens", "32", "--warmup", "2", "--log-wait", "2.5",
         "--timeout", "60"]
 N = 32  # tokens per request: 1 from prefill, the rest from decode cycles
+CONTRACT_POINT_KEYS = {"flags", "env", "status", "runs", "tokens_per_s", "accept_len", "phases_p50", "speedup",
+                       "windows"}
 
 
 def accept_by_construction(k: int, n: int = N) -> float:
@@ -90,7 +92,9 @@ def test_a_live_sweep_measures_every_step_count_in_one_launch_and_puts_the_serve
         assert p["status"] == "ok" and p["windows"] == 2 and len(p["window_tokens_per_s"]) == 2, p
         assert p["tokens_per_s"]["min"] <= p["tokens_per_s"]["median"] <= p["tokens_per_s"]["max"]
         assert p["cycles"]["pinned"] > 0 and p["cycles"]["other"] == 0, p
+        assert CONTRACT_POINT_KEYS <= set(p), p
         assert p["accept_len"] == pytest.approx(accept_by_construction(k), rel=0.02), p
+        assert p["accept_len_log"] == pytest.approx(min(k + 1, 3.2), rel=0.02), p  # per cycle, as built
         assert ("draft" in p["phases_p50"]) == (k > 0), p
         if k:
             assert p["phases_p50"]["draft"] == pytest.approx(2.0 * k, rel=0.3), p
@@ -141,6 +145,13 @@ def test_a_server_already_adaptive_with_the_candidates_is_measured_without_a_lau
                   "--log-wait", "3", "--warmup", "0").expect(0)
     after = [x for x in records(logs) if x["t"] >= t]
     assert after and not any((x.get("spec") or {}).get("pinned") for x in after)
+    # the same command again: its table (CSV this time), nothing started
+    again = local_cli.run("sweep", install.pkg, "--live", "--grid", "speculative-num-steps=1,3", "--rounds", "1",
+                          "--window", "1", *LOAD, "--csv").expect(0)
+    assert "this live sweep is complete" in again.err and standins.launcher_pids(port) == [pid]
+    rows = again.out.splitlines()
+    assert rows[0].startswith("index,label,status,runs") and rows[2].split(",")[:4] == [
+        "1", "speculative-num-steps=3", "ok", "1"]
 
 
 def test_a_grid_beyond_a_running_servers_candidates_gets_the_one_launch(local_cli, standins, tmp_path):
