@@ -35,7 +35,7 @@ from eaglepatch.errors import ConnectionFailed, EaglepatchError, RestartFailed, 
 from eaglepatch.failpoints import failpoint
 from eaglepatch.hosts.base import Host
 from eaglepatch.ops.actions import Connect, _facts, _launch_of, _Target, fetch_logs_from, logs_of
-from eaglepatch.ops.core import Session, call, new_lock_owner
+from eaglepatch.ops.core import call
 from eaglepatch.transform.recipe import builtin_recipe
 from eaglepatch.tuning import adaptive as ad
 from eaglepatch.tuning import live as lv
@@ -50,7 +50,9 @@ from eaglepatch.tuning.drive import (
     _runs,
     _url,
     clock_offset,
+    header_of,
     server_flags,
+    sweep_locks,
 )
 from eaglepatch.tuning.load import LoadFailed, run_load, run_window
 
@@ -191,33 +193,16 @@ def live_sweep(text: str, c: Connect, opts: LiveOptions, say: Say) -> dict[str, 
         live_launch = None if reuse else dataclasses.replace(
             original, argv=lv.live_argv(original.argv, args_index, steps, config_path, flags))
 
-        state.lock()
-        session = Session(host, python, facts)
-        try:
-            session.lock(new_lock_owner("sweep"), ttl=7 * 86400)
-        except BaseException:
-            state.unlock()
-            raise
-        try:
+        with sweep_locks(host, python, facts, state):
             if state.header is None:
-                from eaglepatch.ops.lifecycle import servers_of
-
-                beside = [s for s in servers_of(facts) if s.pid != server.pid]
-                state.write_header({"version": 1, "live": True, "target": name, "created": sw.now_iso(),
-                                    "original": original.to_json(), "args_index": args_index,
-                                    "server": {"pid": server.pid, "start": server.start, "port": server.port},
-                                    "beside": [{"pid": s.pid, "start": s.start, "port": s.port} for s in beside],
-                                    "steps": list(steps), "rounds": opts.rounds, "window": opts.window,
-                                    "load": load.to_json(), "reuse": reuse, "config_path": config_path,
-                                    "tp": _tp(values)})
+                state.write_header(dict(header_of(name, facts, original, args_index, server), live=True,
+                                        steps=list(steps), rounds=opts.rounds, window=opts.window,
+                                        load=load.to_json(), reuse=reuse, config_path=config_path, tp=_tp(values)))
             owned = _Owned(host, python, facts.package_dir, state, [live_launch] if live_launch else [], original,
                            [], c.facts.server_ports)
             run = _LiveRun(host, name, python, log_dir, state, points, steps, opts, owned, say,
                            int(state.header.get("tp") or 1))
             return run.go(plan, original, live_launch, config_path, release)
-        finally:
-            session.unlock()
-            state.unlock()
 
 
 class _LiveRun:

@@ -144,11 +144,18 @@ def live(rt, logs):
     return Live()
 
 
-def test_marked_requests_pin_their_step_count_and_the_record_says_so(rt, logs, live):
-    w = worker(rt)
-    w.forward_batch_generation(batch("user-1"))             # an adaptive worker has run: the writer looks
-    live.write()
+def leased(rt, live, w=None, **lease):
+    """``w`` (default: a fresh adaptive worker) after one unmarked cycle, and a lease (``lease``: fields to change)
+    that the writer has read."""
+    w = w if w is not None else worker(rt)
+    w.forward_batch_generation(batch("user-0"))             # an adaptive worker has run: the writer looks
+    live.write(**lease)
     live.poll()
+    return w
+
+
+def test_marked_requests_pin_their_step_count_and_the_record_says_so(rt, logs, live):
+    w = leased(rt, live)
     assert rt._stats()["live"] == TOKEN
     assert json.loads(live.ack.read_text()) == {"v": 1, "token": TOKEN, "pid": os.getpid(), "rank": 0}
     assert w.forward_batch_generation(batch(marked(7), marked(7, 1))) == 7
@@ -166,11 +173,8 @@ def test_marked_requests_pin_their_step_count_and_the_record_says_so(rt, logs, l
 
 
 def test_the_first_unmarked_cycle_puts_the_policy_back(rt, logs, live):
-    w = worker(rt)
+    w = leased(rt, live)
     policy = w.adaptive_controller.params
-    w.forward_batch_generation(batch("user-1"))
-    live.write()
-    live.poll()
     assert w.forward_batch_generation(batch(marked(1))) == 1
     assert rt._stats()["pinned"] == 1
     assert w.forward_batch_generation(batch("user-2")) == 3  # the policy's own choice again, at this cycle
@@ -180,10 +184,7 @@ def test_the_first_unmarked_cycle_puts_the_policy_back(rt, logs, live):
 
 
 def test_an_unmarked_request_first_does_not_hide_a_marked_one(rt, live):
-    w = worker(rt)
-    w.forward_batch_generation(batch("x"))
-    live.write()
-    live.poll()
+    w = leased(rt, live)
     assert w.forward_batch_generation(batch("user", marked(1))) == 1
 
 
@@ -195,10 +196,7 @@ def test_an_unmarked_request_first_does_not_hide_a_marked_one(rt, live):
     "eaglepatch-%s-s1x" % TOKEN,
 ])
 def test_requests_that_name_no_candidate_of_the_lease_pin_nothing(rt, live, rid):
-    w = worker(rt)
-    w.forward_batch_generation(batch("x"))
-    live.write()
-    live.poll()
+    w = leased(rt, live)
     assert w.forward_batch_generation(batch(rid)) == 3
     assert rt._stats()["pinned"] == 0 and rt._stats()["errors"] == 0
 
@@ -206,9 +204,7 @@ def test_requests_that_name_no_candidate_of_the_lease_pin_nothing(rt, live, rid)
 def test_a_step_count_the_server_built_no_state_for_is_an_error_not_a_pin(rt, live):
     w = worker(rt)
     del w.adaptive_controller._states[7]
-    w.forward_batch_generation(batch("x"))
-    live.write()
-    live.poll()
+    w = leased(rt, live, w)
     assert w.forward_batch_generation(batch(marked(7))) == 3
     assert rt._stats()["pinned"] == 0 and rt._stats()["errors"] == 1
 
@@ -222,10 +218,7 @@ def test_marked_requests_without_a_lease_pin_nothing(rt, live):
 
 
 def test_the_lease_gone_the_writer_forgets_it_and_the_next_cycle_hands_back(rt, live):
-    w = worker(rt)
-    w.forward_batch_generation(batch("x"))
-    live.write()
-    live.poll()
+    w = leased(rt, live)
     w.forward_batch_generation(batch(marked(7)))
     live.lease.unlink()
     live.poll()
@@ -237,10 +230,7 @@ def test_the_lease_gone_the_writer_forgets_it_and_the_next_cycle_hands_back(rt, 
 
 def test_past_its_deadline_a_lease_no_longer_pins_even_with_a_stuck_writer(rt, live, monkeypatch):
     """The worker thread checks the deadline itself: a writer stuck in a write cannot keep the state pinned."""
-    w = worker(rt)
-    w.forward_batch_generation(batch("x"))
-    live.write(deadline=time.time() + 30)
-    live.poll()
+    w = leased(rt, live, deadline=time.time() + 30)
     assert w.forward_batch_generation(batch(marked(1))) == 1
     later = time.time() + 31
     monkeypatch.setattr(rt, "_wall", lambda: later)
@@ -251,10 +241,7 @@ def test_past_its_deadline_a_lease_no_longer_pins_even_with_a_stuck_writer(rt, l
 
 
 def test_a_renewed_lease_is_kept_without_a_new_answer(rt, live):
-    w = worker(rt)
-    w.forward_batch_generation(batch("x"))
-    live.write()
-    live.poll()
+    w = leased(rt, live)
     os.utime(str(live.ack), (1, 1))
     live.write(deadline=time.time() + 120)
     live.poll()
@@ -364,11 +351,8 @@ def test_the_writer_looks_for_the_lease_on_its_own(load, logs):
 def test_a_0_5_12_policy_is_held_off_and_its_own_state_comes_back(rt, live):
     """0.5.12 switches only when its average moves (no activate_step_by_batch): on hand-back the runtime applies
     the policy's current_steps itself."""
-    w = worker(rt, policy=Policy12(), bs_switch=False)
+    w = leased(rt, live, worker(rt, policy=Policy12(), bs_switch=False), steps=[1, 3, 7])
     policy = w.adaptive_controller.params
-    w.forward_batch_generation(batch("x"))
-    live.write(steps=[1, 3, 7])
-    live.poll()
     assert w.forward_batch_generation(batch(marked(7))) == 7
     w.adaptive_controller.on_verify_complete([0])           # update() answers False while pinned
     assert policy.fed == 0 and w.speculative_num_steps == 7
@@ -382,19 +366,13 @@ def test_nested_calls_are_pinned_once_by_the_outer_one(rt, live):
         def forward_batch_generation(self, batch):
             return super(Sub, self).forward_batch_generation(batch)
 
-    w = Sub()
-    w.forward_batch_generation(batch("x"))
-    live.write()
-    live.poll()
+    w = leased(rt, live, Sub())
     assert w.forward_batch_generation(batch(marked(1))) == 1
     assert w.switches == [1]
 
 
 def test_a_failing_switch_leaves_the_policy_in_charge(rt, live):
-    w = worker(rt)
-    w.forward_batch_generation(batch("x"))
-    live.write()
-    live.poll()
+    w = leased(rt, live)
 
     def boom(state):
         raise RuntimeError("cannot switch")
@@ -406,10 +384,7 @@ def test_a_failing_switch_leaves_the_policy_in_charge(rt, live):
 
 
 def test_after_a_fork_the_child_holds_no_lease(rt, live):
-    w = worker(rt)
-    w.forward_batch_generation(batch("x"))
-    live.write()
-    live.poll()
+    w = leased(rt, live)
     w.forward_batch_generation(batch(marked(1)))
     rt._after_fork_child()
     assert (rt._live, rt._pins, rt._live_watch) == (None, {}, False)
