@@ -25,16 +25,18 @@ files). Run the same command again with the last JSON as ``PREV`` until it says 
    length per point against the construction (1 + p + ... + p^k, within 2%: no selection bias), wall times and
    launches; the adaptive config's tok/s against the best static point's.
 
-The draft of known acceptance: ``LIVE_MODELS`` (a folder with ``target/`` and ``draft/``) and ``LIVE_P`` (the
-probability that the draft agrees on a token); ``LIVE_MAKE``, a shell command run once when ``LIVE_MODELS`` lacks
-``draft/config.json``. Without ``LIVE_MODELS``: the testbed's agreeing models (``/tmp/models_agree``, p = 1).
+The draft of known acceptance: ``LIVE_MODELS`` (a folder with ``target/`` and ``draft/``, default
+``/tmp/known_p70``) and ``LIVE_P`` (the share of tokens the draft agrees on, default 0.7); when the folder lacks
+``draft/config.json``, the story makes it with ``LIVE_MAKE`` (a shell command), else with the testbed's
+``make_known_models.py --out LIVE_MODELS --p LIVE_P --check --shape LIVE_SHAPE`` (``tiny``, the default, or
+``llama8b``).
 
 ``REHEARSAL=1`` runs the same story on this machine with the stand-in server of tests/stubs (no GPU; its adaptive
 EAGLEWorkerV2 yields min(K + 1, 3.2) tokens a cycle, so the "construction" is that): it checks the script, not
 sglang.
 
 Usage: ``python3 live_story.py [STAGE]`` (STAGE: auto (default), live, restart, deploy). Env: OUT, T0, BUDGET
-(seconds from T0, default 520), PREV, LIVE_MODELS, LIVE_P, LIVE_MAKE, START, GRID (0,1,3,5), ROUNDS (3), WINDOW
+(seconds from T0, default 520), PREV, LIVE_MODELS, LIVE_P, LIVE_MAKE, LIVE_SHAPE, START, GRID (0,1,3,5), ROUNDS (3), WINDOW
 (12), CONC (4), MAX_NEW (128), REQUESTS (48: the restart sweep's and the deploy benches' requests, about as
 long as a window), REPEAT (3),
 REHEARSAL.
@@ -97,10 +99,10 @@ else:
     BASE = Path("/tmp")
     SITE = Path("/tmp/site")
     PORT = orchestrate.PORT
-    MODELS = Path(os.environ.get("LIVE_MODELS", "/tmp/models_agree"))
+    MODELS = Path(os.environ.get("LIVE_MODELS", "/tmp/known_p70"))
     EP_ENV = dict(os.environ, PYTHONPATH="/tmp/ep", XDG_CACHE_HOME="/tmp/epcache")
     EP_CWD = "/tmp"  # the installed eaglepatch, not the checkout's source tree (python -m puts cwd first)
-P = float(os.environ.get("LIVE_P", "1.0"))
+P = float(os.environ.get("LIVE_P", "0.7"))
 TARGET = str(SITE / "sglang")
 SWEEPS = Path(EP_ENV["XDG_CACHE_HOME"]) / "eaglepatch" / "sweeps"
 
@@ -164,16 +166,16 @@ def prepare() -> None:
             (MODELS / sub).mkdir(parents=True, exist_ok=True)
             (MODELS / sub / "config.json").write_text("{}")
     elif not (MODELS / "draft" / "config.json").exists():
-        make = os.environ.get("LIVE_MAKE")
+        make = os.environ.get("LIVE_MAKE") or " ".join([
+            PY, str(ROOT / "benchmarks" / "gpu" / "make_known_models.py"), "--out", str(MODELS), "--p", str(P),
+            "--check", "--shape", os.environ.get("LIVE_SHAPE", "tiny")])
         t = time.time()
-        if make:
-            r = subprocess.run(make, shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            call["make_models"] = {"cmd": make, "rc": r.returncode, "tail": r.stdout[-1500:]}
-            if r.returncode:
-                raise SystemExit(f"LIVE_MAKE failed (exit {r.returncode})")
-        else:
-            orchestrate.ensure_models(str(MODELS), ["--agree"])
-        call["models_s"] = round(time.time() - t, 1)
+        r = subprocess.run(make, shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(SITE)))  # torch and safetensors of the testbed
+        call["make_models"] = {"cmd": make, "rc": r.returncode, "tail": r.stdout[-1500:],
+                               "seconds": round(time.time() - t, 1)}
+        if r.returncode:
+            raise SystemExit(f"making the models failed (exit {r.returncode}): {make}")
     rc, _, _ = ep("apply", TARGET, "--no-restart", "--mode", "events", "--log-dir", LOG_DIR, "--json")
     if rc != 0:
         raise SystemExit("eaglepatch apply failed")
@@ -491,26 +493,23 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     restore_state()
     prepare()
-    stage = STAGE
-    if stage == "auto":
-        stage = ("live" if "doc" not in story["live"] else "restart" if "doc" not in story["restart"]
-                 else "deploy")
-    call["ran"] = stage
-    log(f"stage {stage} ({left():.0f}s left)")
-    if stage == "live":
-        stage_live()
-        if "doc" in story["live"] and left() > 3 * LAUNCH_S:
-            stage_restart()  # start the restart sweep with what is left
-    elif stage == "restart":
-        stage_restart()
-        if "doc" in story["restart"] and left() > 2 * LAUNCH_S:
-            stage_deploy()
-    else:
-        stage_deploy()
+    run = {"live": stage_live, "restart": stage_restart, "deploy": stage_deploy}
+    finished = {"live": lambda: "doc" in story["live"], "restart": lambda: "doc" in story["restart"],
+                "deploy": lambda: {"adaptive", "best_static"} <= set(story["deploy"])}
+    need = {"live": 0, "restart": 3 * LAUNCH_S, "deploy": 2 * LAUNCH_S}  # to begin it after another stage
+    order = list(run)
+    first = STAGE if STAGE in run else next((s for s in order if not finished[s]()), "deploy")
+    call["ran"] = []
+    for stage in order[order.index(first):]:
+        if call["ran"] and left() < need[stage]:
+            break
+        log(f"stage {stage} ({left():.0f}s left)")
+        call["ran"].append(stage)
+        run[stage]()
+        if not finished[stage]():
+            break  # the next call goes on from here
     keep_state()
-    dep = story["deploy"]
-    story["done"] = all(k in story[s] for s, k in (("live", "doc"), ("restart", "doc"))) and \
-        "adaptive" in dep and "best_static" in dep
+    story["done"] = all(f() for f in finished.values())
     if story["done"]:
         ep("revert", TARGET, "--no-restart", "--json")
     return 0

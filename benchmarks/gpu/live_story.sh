@@ -6,9 +6,10 @@
 # call can read it (e.g. .gpu/live_story.json, carried with .gpu/) and name it in PREV; repeat until its "done"
 # is true. Results: $OUT/live_story.json (everything, the sweeps' state files included), $OUT/more.tgz (server
 # logs, the sweeps' JSON, stderr and charts, setup and story logs, the timing logs).
-#   LIVE_MODELS=/tmp/models_p70 LIVE_P=0.7 LIVE_MAKE='python3 benchmarks/gpu/<maker>.py --out /tmp/models_p70 ...' \
-#       bash benchmarks/gpu/live_story.sh                              (the first call: stage live)
-#   PREV=$PWD/.gpu/live_story.json LIVE_MODELS=... LIVE_P=... LIVE_MAKE=... bash benchmarks/gpu/live_story.sh
+# The draft of known acceptance: LIVE_MODELS (default /tmp/known_p70) and LIVE_P (default 0.7), made on the machine
+# by benchmarks/gpu/make_known_models.py (--shape LIVE_SHAPE, default tiny) unless LIVE_MAKE says how.
+#   LIVE_P=0.7 bash benchmarks/gpu/live_story.sh                                  (the first call: stage live)
+#   PREV=$PWD/.gpu/live_story.json LIVE_P=0.7 bash benchmarks/gpu/live_story.sh   (the next ones, until done)
 BUDGET=${BUDGET:-520}
 source benchmarks/gpu/prelude.sh
 nvidia-smi --query-gpu=index,name,memory.used --format=csv
