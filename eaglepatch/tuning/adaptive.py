@@ -270,12 +270,14 @@ def unsupported_reason(release: AdaptiveRelease, values: Mapping[str, str]) -> s
     return None
 
 
-def check_live_grid(release: AdaptiveRelease | None, steps: Sequence[int]) -> None:
-    """Raise Unsupported when ``release`` cannot run ``steps`` as adaptive states (or has no adaptive mode)."""
+def check_live_grid(release: AdaptiveRelease | None, steps: Sequence[int]) -> AdaptiveRelease:
+    """``release``, when it can run ``steps`` as adaptive states; raises Unsupported when it cannot, or has no
+    adaptive mode (None)."""
     if release is None:
         raise Unsupported("this sglang has no adaptive speculative decoding (--speculative-adaptive, sglang 0.5.12 "
                           "and later): sweep without --live (one launch per point)")
     _check_steps(release, steps, "--grid speculative-num-steps")
+    return release
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -106,7 +106,7 @@ def _live(host: Host, python: str, name: str, **payload: Any) -> dict[str, Any]:
     return res
 
 
-def _running_tiers(host: Host, python: str, name: str, server: Any, values: dict[str, str],
+def _running_tiers(host: Host, python: str, server: Any, values: dict[str, str],
                    release: ad.AdaptiveRelease) -> dict[int, tuple[int, ...]] | None:
     """The candidates per tier of a server that runs adaptively now (its config file, or the release's default),
     or None when it does not (or its config cannot be read)."""
@@ -152,9 +152,7 @@ def live_sweep(text: str, c: Connect, opts: LiveOptions, say: Say) -> dict[str, 
             raise Unsupported(f"{name}: sweep --live needs the patch (its runtime pins each step count inside the "
                               "server): eaglepatch apply TARGET first")
         flags = server_flags(host, python, facts.package_dir, facts.version, say)
-        release = _read_release(host, python, facts)
-        ad.check_live_grid(release, steps)
-        assert release is not None
+        release = ad.check_live_grid(_read_release(host, python, facts), steps)
         load = opts.bench.load
         ident = lv.live_id(name, steps, opts.rounds, opts.window, load.to_json())
         state = sw.StateFile(sw.state_path(name, "live-" + ident))
@@ -187,7 +185,7 @@ def live_sweep(text: str, c: Connect, opts: LiveOptions, say: Say) -> dict[str, 
         if why:
             raise Unsupported(f"{name}: sweep --live: {why}: sweep without --live (a launch per point)")
         if state.header is None:
-            tiers = _running_tiers(host, python, name, server, values, release)
+            tiers = _running_tiers(host, python, server, values, release)
             reuse = tiers is not None and ad.covers(tiers, steps, load.concurrency)
         config_path = os.path.join(log_dir, f"adaptive-{ident}.json")
         live_launch = None if reuse else dataclasses.replace(
@@ -466,8 +464,11 @@ def _finish(name: str, release: ad.AdaptiveRelease, steps: Sequence[int], state:
             for bs, tps in (t.get("by_bs") or {}).items():
                 by_bs.setdefault(int(t["steps"]), {}).setdefault(int(bs), []).append(tps)
         measures = ad.measures_of(doc["points"], by_bs, opts.bench.load.concurrency)
-        tiers = ad.choose_tiers(measures)
-        emitted = ad.emitted(release, tiers, opts.emit)
+        try:
+            emitted = ad.emitted(release, ad.choose_tiers(measures), opts.emit)
+        except (UsageError, Unsupported) as exc:  # nothing measured, or candidates the release cannot run
+            doc["notes"].append(f"--emit-adaptive-config: {exc}: nothing written")
+            return doc
         with open(opts.emit, "w", encoding="utf-8") as f:
             f.write(ad.dumps(emitted["config"]))
         emitted["basis"] = sorted({m.basis for m in measures})

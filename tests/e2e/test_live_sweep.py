@@ -260,3 +260,21 @@ def test_a_client_killed_inside_a_window_leaves_the_server_to_sglangs_policy(loc
     assert "one launch, adaptive" not in r.err and r.err.count("starting sglang on") == 1, r
     [back] = standins.launcher_pids(port)
     assert identity(back) == original and not list(logs.glob("live-*"))
+
+
+def test_no_marked_request_goes_out_before_every_rank_has_answered(local_cli, standins, tmp_path):
+    """A server of 2 TP ranks whose second rank never answers the lease (the stand-in's TP children run no worker):
+    the sweep waits for both, then stops (exit 4, naming 1 of 2 ranks) without sending a window's request (ranks
+    holding different step counts in one cycle would break the server's collectives), and puts the original
+    server back."""
+    install, port, _proc = adaptive_server(standins, tmp_path, "--tp", "2")
+    logs = tmp_path / "logs"
+    local_cli.run("apply", install.pkg, "--log-dir", str(logs), "--timeout", "60").expect(0)
+    [patched] = standins.launcher_pids(port)
+    before = identity(patched)
+    r = local_cli.run("sweep", install.pkg, "--live", *GRID, "--rounds", "1", "--window", "1", *LOAD)
+    assert r.rc == 4 and "answers from 1 of 2 rank(s)" in r.err, r
+    assert "putting the server back: the original command line" in r.err
+    assert not any((x.get("spec") or {}).get("pinned") for x in records(logs))
+    [back] = standins.launcher_pids(port)
+    assert identity(back) == before and not list(logs.glob("live-*.json"))

@@ -127,7 +127,7 @@ def test_candidates_a_release_cannot_run_are_refused():
         ad.config_document(flat, {1: (3,)})
     with pytest.raises(Unsupported, match="no adaptive speculative decoding"):
         ad.check_live_grid(None, [1, 3])
-    ad.check_live_grid(release(), [0, 1, 3, 7])
+    assert ad.check_live_grid(release(), [0, 1, 3, 7]) == release()
 
 
 @pytest.mark.parametrize("values, words", [
