@@ -528,6 +528,16 @@ def sweep(
     chart: Optional[str] = typer.Option(None, "--chart", help="Write a chart to FILE: .svg, or .png with the plot extra "
                                          "(pip install 'eaglepatch[plot]')."),
     timeout: float = typer.Option(900.0, "--timeout", help="Seconds for each launch to be ready."),
+    live: bool = typer.Option(False, "--live", help="Measure every step count inside one running server through "
+                              "sglang's adaptive runtime states (at most one restart, to start it adaptive), in "
+                              "interleaved windows; --grid speculative-num-steps=... only."),
+    rounds: Optional[int] = typer.Option(None, "--rounds", help="With --live: rounds of windows, each point once "
+                                         "per round in shuffled order (default 3)."),
+    window: Optional[float] = typer.Option(None, "--window", help="With --live: seconds of load per window "
+                                           "(default 20)."),
+    emit_adaptive_config: Optional[str] = typer.Option(None, "--emit-adaptive-config", help="With --live: write "
+                                                       "the candidate steps per batch-size tier to FILE, in the JSON "
+                                                       "the target's --speculative-adaptive-config reads."),
     requests: int = RequestsOpt, concurrency: int = ConcurrencyOpt, input_len: int = InputLenOpt,
     max_new_tokens: int = MaxNewOpt, warmup: int = WarmupOpt, seed: int = SeedOpt, log_wait: float = LogWaitOpt,
     server_port: List[int] = ServerPortOpt,
@@ -536,12 +546,13 @@ def sweep(
     connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
 ) -> None:
     """Restart the server once per point of a grid of launch flags, bench each, one table with the speedup over
-    the baseline; resumable; puts the server back at the end.
+    the baseline; resumable; puts the server back at the end. With --live: every step count inside one server.
 
     \b
     Examples:
       eaglepatch sweep root@gpu-host --grid speculative-num-steps=1,2,3,5 --baseline --repeat 3 --chart s.svg
       eaglepatch sweep root@gpu-host --env NCCL_PROTO=LL,Simple --grid disable-custom-all-reduce=on,off
+      eaglepatch sweep root@gpu-host --live --grid speculative-num-steps=0,1,3,7 --emit-adaptive-config a.json
     """
     def go() -> None:
         from eaglepatch.tuning import sweep as sw
@@ -550,17 +561,36 @@ def sweep(
         if json_out and csv_out:
             raise UsageError("--json and --csv exclude each other: give one")
         c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key, server_port)
-        opts = tuning.SweepOptions(
-            grid=tuple(grid), env=tuple(env), allow=tuple(allow_flag), baseline=baseline, repeat=repeat,
-            keep_best=keep_best, fresh=fresh, timeout=timeout,
-            bench=_bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait))
-        opts.points()  # bad input: exit 2 before the target is touched
+        bench_opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait)
+        if live:
+            from eaglepatch.tuning import drive_live
+
+            for flag, given in (("--baseline", baseline), ("--keep-best", keep_best), ("--env", bool(env)),
+                                ("--repeat", repeat != 1), ("--allow-flag", bool(allow_flag))):
+                if given:
+                    raise UsageError(f"{flag} does not go with --live (its points are step counts inside one "
+                                     "server; --rounds repeats them): sweep without --live for it")
+            opts: Any = drive_live.LiveOptions(
+                grid=tuple(grid), rounds=3 if rounds is None else rounds, window=20.0 if window is None else window,
+                emit=emit_adaptive_config, fresh=fresh, timeout=timeout, bench=bench_opts)
+            opts.steps()  # bad input: exit 2 before the target is touched
+            run: Callable[[str], Any] = lambda t: drive_live.live_sweep(t, c, opts, say)
+        else:
+            for flag, given in (("--rounds", rounds is not None), ("--window", window is not None),
+                                ("--emit-adaptive-config", emit_adaptive_config is not None)):
+                if given:
+                    raise UsageError(f"{flag} goes with --live")
+            opts = tuning.SweepOptions(
+                grid=tuple(grid), env=tuple(env), allow=tuple(allow_flag), baseline=baseline, repeat=repeat,
+                keep_best=keep_best, fresh=fresh, timeout=timeout, bench=bench_opts)
+            opts.points()  # bad input: exit 2 before the target is touched
+            run = lambda t: tuning.sweep(t, c, opts, say)  # noqa: E731
         if chart is not None:
             from eaglepatch.tuning.chart import check_chart_path
 
             check_chart_path(chart)  # folder, .svg/.png, matplotlib for .png: exit 2 before the sweep runs
         actions.check_targets([target], c)
-        [outcome] = for_each_target([target], lambda t: tuning.sweep(t, c, opts, say))
+        [outcome] = for_each_target([target], run)
         if outcome.error is not None:
             finish([outcome], json_out, None)
         doc = outcome.value

@@ -13,7 +13,9 @@ The names, in the order a command meets them:
 - ``restart:after-relaunch`` (the old server stopped and the new one started, not yet ready),
 - ``rollback:before`` (the patched server was not ready; nothing rolled back yet), ``rollback:after-relaunch``
   (files restored and the original server started, not yet ready),
-- ``revert:after-execute``, ``sweep:after-run`` (a sweep point measured and saved).
+- ``revert:after-execute``, ``sweep:after-run`` (a sweep point measured and saved),
+- ``live:after-launch`` (a live sweep's one adaptive launch ready, no lease yet), ``live:after-lease`` (the lease
+  written and answered by every rank, no window yet), ``live:after-window`` (a window measured and saved).
 """
 
 from __future__ import annotations

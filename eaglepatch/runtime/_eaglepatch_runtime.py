@@ -282,7 +282,7 @@ def _reset():
     global _buf, _buf_since, _lost, _lost_q, _dropped, _dropped_win, _pending, _pool, _pinned, _msgs
     global _lock, _cv, _plock, _wlock, _wake, _pid, _rank, _path, _dir_in_use, _fallback, _torn, _fd, _run
     global _errors, _reported, _records, _win, _win_n, _writer, _writer_idle, _flush_req, _flush_ack, _flush_until
-    global _flush_final, _last_end
+    global _flush_final, _last_end, _live, _live_watch, _live_next, _pins
     _skip_left = 0          # untimed calls left before the next timed one (every=N)
     _classes = {}           # worker class -> (timer kind, worker name, can change its speculative settings)
     _timer_name = None      # the timer of the class resolved last (for _stats)
@@ -333,6 +333,11 @@ def _reset():
     _flush_ack = 0
     _flush_until = 0.0      # perf_counter deadline of the latest request
     _flush_final = False    # the latest request is the exit's: cycles still waiting after it are dropped
+
+    _live = None            # the live sweep's lease, as the writer last read it (see _live_start)
+    _live_watch = False     # an adaptive worker has run: the writer looks for a lease
+    _live_next = 0.0        # perf_counter time of the writer's next look
+    _pins = {}              # id(controller) -> controller whose policy a live sweep holds off now
 
 
 def _resolve_cuda():
@@ -413,28 +418,272 @@ def _spec_of(w):
     on_verify_complete_cpu() (the scheduler, between cycles). So they are read at the cycle's end: the values
     the cycle ran with.
     """
+    global _live_watch
     try:
-        if getattr(w, "adaptive_controller", None) is None:
+        ctl = getattr(w, "adaptive_controller", None)
+        if ctl is None:
             return None
+        if not _live_watch:
+            _live_watch = True  # an adaptive server: the writer looks for a live sweep's lease from now on
         steps = getattr(w, "speculative_num_steps", None)
         topk = getattr(w, "topk", None)
         draft = getattr(w, "speculative_num_draft_tokens", None)
+        pinned = type(getattr(ctl, "params", None)) is _Pinned
     except Exception:           # a property that raises: no spec, the record goes out
         return None
     if type(steps) is int and type(topk) is int and type(draft) is int:
-        return '"spec": {"steps": %d, "topk": %d, "draft_tokens": %d}' % (steps, topk, draft)
+        return '"spec": {"steps": %d, "topk": %d, "draft_tokens": %d%s}' % (
+            steps, topk, draft, ', "pinned": true' if pinned else "")
     return None
 
 
+# --- live sweeps: a step count pinned by eaglepatch -------------------------------------------------------
+# `eaglepatch sweep --live` measures each candidate step count inside one server started with sglang's
+# --speculative-adaptive (sglang/srt/speculative/adaptive_runtime_state.py: the AdaptiveController holds a built
+# runtime state per step count in `_states` and its policy in `params`; the worker switches with its own
+# apply_runtime_state(state)). The protocol, all of it on the host:
+# - The client writes a lease, `<log_dir>/live-<launcher pid>.json`: {"v": 1, "token": hex, "steps": [candidate
+#   step counts], "deadline": epoch seconds}, and renews it while it runs.
+# - The writer thread, once an adaptive worker has run (_live_watch), reads it every _LIVE_POLL_SECONDS,
+#   validated like the log directory (a regular file of this user, not writable by others, not a link, small),
+#   keeps it in `_live` and answers with `live-<launcher pid>-<pid>.ack` ({"v", "token", "pid", "rank"}); once
+#   it is gone, invalid or past its deadline, it forgets it and removes the answer.
+# - While a lease is held, a cycle whose batch holds a request whose id starts "eaglepatch-<token>-s<steps>-"
+#   runs at that step count: at the cycle's start, on the worker thread, the controller's policy is replaced by
+#   _Pinned (the same interface: it answers those steps and learns nothing) and the worker's
+#   apply_runtime_state() is called with the controller's state for them. The first cycle without such a
+#   request, past the deadline, or once the lease is gone, puts sglang's policy back and the state it chooses.
+# The request ids decide, not the lease alone: every TP rank sees the same batch at the same cycle, so all ranks
+# switch together, where a lease read at slightly different moments would have them run different step counts
+# (the client waits for every rank's answer before it sends such requests). A killed client's requests end with
+# its connections, and the deadline bounds the rest: the runtime never leaves a server pinned.
+_LIVE_POLL_SECONDS = 0.5
+_LIVE_MAX_BYTES = 4096
+_LIVE_MAX_STEPS = 64
+
+
+class _Pinned(object):
+    """sglang's adaptive policy (the controller's `params`: AdaptiveSpeculativeParams) held off by a live sweep:
+    `steps` for every batch, and nothing learnt (its moving average stays as it was, for when it is put back).
+    Everything else is the policy's own."""
+
+    def __init__(self, policy, steps):
+        self.policy = policy
+        self.steps = steps
+
+    def __getattr__(self, name):        # candidate_steps, set_cuda_graph_bs, cuda_graph_bs_for_step, ...
+        return getattr(self.__dict__["policy"], name)
+
+    @property
+    def current_steps(self):            # 0.5.12: the controller activates params.current_steps
+        return self.steps
+
+    def get_steps_for_batch(self, batch_size):          # 0.5.16+: activate_step_by_batch()
+        return self.steps
+
+    def on_verify_complete(self, num_correct_drafts_per_req, batch_size=0):     # 0.5.16+: no switch
+        return None
+
+    def update(self, num_correct_drafts_per_req):       # 0.5.12: no switch
+        return False
+
+
+def _marked_steps(batch, prefix):
+    """The step count named by the first request of `batch` whose id starts with `prefix`, else None."""
+    reqs = getattr(batch, "reqs", None)
+    if not isinstance(reqs, (list, tuple)):
+        return None
+    n = len(prefix)
+    for r in reqs:
+        rid = getattr(r, "rid", None)
+        if type(rid) is str and rid.startswith(prefix):
+            end = rid.find("-", n)
+            digits = rid[n:end] if end >= 0 else rid[n:]
+            return int(digits) if digits.isdigit() and len(digits) <= 2 else None
+    return None
+
+
+def _live_start(args, kwargs):
+    """At the start of an outermost entry call while a lease is held (or a policy is held off): pin the step
+    count the batch's marked requests name, or put sglang's policy back. Never raises."""
+    w = args[0] if args else None
+    ctl = None
+    try:
+        ctl = getattr(w, "adaptive_controller", None)
+        if ctl is None:
+            return
+        pol = ctl.params
+        lease = _live
+        steps = None
+        if lease is not None and _wall() < lease[2]:
+            steps = _marked_steps(_batch_of(args, kwargs), lease[0])
+            if steps not in lease[1]:
+                steps = None
+        if steps is None:
+            if type(pol) is _Pinned:
+                _live_release(w, ctl, args, kwargs)
+            return
+        state = ctl._states[steps]      # KeyError: no state was built for it (not a candidate of this launch)
+        if type(pol) is _Pinned:
+            pol.steps = steps
+        else:
+            ctl.params = _Pinned(pol, steps)
+            _pins[id(ctl)] = ctl
+        if w.speculative_num_steps != steps:
+            w.apply_runtime_state(state)
+    except Exception:
+        _error("live")
+        try:
+            if ctl is not None and type(getattr(ctl, "params", None)) is _Pinned:
+                _live_release(w, ctl, args, kwargs)
+        except Exception:
+            pass
+
+
+def _live_release(w, ctl, args, kwargs):
+    """Put sglang's policy back on `ctl`, and the state it chooses for this batch: 0.5.16+ would switch at a
+    decode cycle's start anyway (activate_step_by_batch), 0.5.12 only once its moving average moves."""
+    policy = ctl.params.policy
+    ctl.params = policy
+    _pins.pop(id(ctl), None)
+    get = getattr(policy, "get_steps_for_batch", None)
+    if get is not None:
+        bs = _batch_size(args, kwargs)
+        want = get(bs) if bs else None
+    else:
+        want = getattr(policy, "current_steps", None)
+    state = ctl._states.get(want) if type(want) is int else None
+    if state is not None and w.speculative_num_steps != want:
+        w.apply_runtime_state(state)
+
+
+def _live_wait(timeout, now):
+    """The writer's wait, shortened to its next look for a lease."""
+    left = max(0.0, _live_next - now)
+    return left if timeout is None else min(timeout, left)
+
+
+def _live_names():
+    """(lease file name, this process's answer file name)."""
+    lpid = _run_of()[1]["launcher"]
+    return "live-%d.json" % lpid, "live-%d-%d.ack" % (lpid, os.getpid())
+
+
+def _lease_of(doc):
+    """(request id prefix, candidate steps, deadline, token) of a lease document, or None when it is not one that
+    holds now."""
+    if type(doc) is not dict or doc.get("v") != 1:
+        return None
+    token, steps, deadline = doc.get("token"), doc.get("steps"), doc.get("deadline")
+    if type(token) is not str or not 8 <= len(token) <= 64 or token.strip("0123456789abcdef"):
+        return None
+    if type(steps) is not list or not 0 < len(steps) <= _LIVE_MAX_STEPS or not all(
+            type(x) is int and 0 <= x <= _LIVE_MAX_STEPS for x in steps):
+        return None
+    if type(deadline) not in (int, float) or deadline <= _wall():
+        return None
+    return ("eaglepatch-%s-s" % token, frozenset(steps), float(deadline), token)
+
+
+def _read_lease(name):
+    """The lease document in the log directory, or None when there is none. Raises _Unsafe (a link, not a
+    regular file, not ours, writable by others, too big), OSError, ValueError (not JSON)."""
+    dfd = _open_dir(_log_dir)
+    try:
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+        try:
+            fd = os.open(name, flags, dir_fd=dfd)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                return None
+            if e.errno in (errno.ELOOP, errno.ENXIO):
+                raise _Unsafe("%s is a link or not a regular file" % name)
+            raise
+        try:
+            st = os.fstat(fd)
+            uid = os.geteuid() if _EUID is None else _EUID
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or st.st_mode & 0o022 or st.st_size > _LIVE_MAX_BYTES:
+                raise _Unsafe("%s is not a small regular file of uid %d, writable by it alone" % (name, uid))
+            data = os.read(fd, _LIVE_MAX_BYTES + 1)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dfd)
+    return json.loads(data.decode("utf-8"))
+
+
+def _live_answer(name, lease):
+    """Write (lease) or remove (None) this process's answer file in the log directory."""
+    dfd = _open_dir(_log_dir)
+    try:
+        if lease is None:
+            try:
+                os.unlink(name, dir_fd=dfd)
+            except FileNotFoundError:
+                pass
+            return
+        rank = _rank if _rank is not None else _detect_rank()
+        data = json.dumps({"v": 1, "token": lease[3], "pid": os.getpid(), "rank": rank}).encode("utf-8")
+        flags = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+                 | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(name, flags, 0o600, dir_fd=dfd)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise _Unsafe("%s is not a regular file" % name)
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dfd)
+
+
+def _live_poll():
+    """The writer's look for a lease, at most every _LIVE_POLL_SECONDS: keep a valid one (answering a new one),
+    forget one that is gone, invalid or past its deadline (removing the answer)."""
+    global _live, _live_next
+    now = _mono()
+    if now < _live_next:
+        return
+    _live_next = now + _LIVE_POLL_SECONDS
+    lease = None
+    try:
+        name, answer = _live_names()
+        try:
+            lease = _lease_of(_read_lease(name))
+        except (OSError, ValueError, _Unsafe) as e:
+            lease = None
+            if "live lease" not in _reported:
+                _reported.add("live lease")
+                _stderr("[eaglepatch] not following the live sweep lease %s in %s (%s): sglang's own adaptive "
+                        "policy stays in charge\n" % (name, _log_dir, e))
+        held = _live
+        if lease is None:
+            if held is not None:
+                _live = None
+                _live_answer(answer, None)
+            return
+        _live = lease
+        if held is None or held[3] != lease[3]:
+            _live_answer(answer, lease)
+    except Exception:
+        _error("live")
+
+
 # --- the hooks ----------------------------------------------------------------------------------------
+def _batch_of(args, kwargs):
+    """The entry method's batch: the first positional argument after self, else keyword batch or
+    model_worker_batch; None when there is none."""
+    if len(args) > 1:
+        return args[1]
+    b = kwargs.get("batch")
+    if b is None:
+        b = kwargs.get("model_worker_batch")
+    return b
+
+
 def _batch_size(args, kwargs):
     """bs: len(batch.reqs), else batch.seq_lens.shape[0] (or len), else batch.batch_size(), else None."""
-    if len(args) > 1:
-        b = args[1]
-    else:
-        b = kwargs.get("batch")
-        if b is None:
-            b = kwargs.get("model_worker_batch")
+    b = _batch_of(args, kwargs)
     if b is None:
         return None
     r = getattr(b, "reqs", None)
@@ -526,6 +775,8 @@ def entry(fn):
         tls = _tls
         if tls.cur is not None:         # nested (a subclass calling super()): the outer call times it
             return fn(*args, **kwargs)
+        if _live is not None or _pins:  # a live sweep: this cycle's state, before sglang's own choice
+            _live_start(args, kwargs)
         c = None
         try:
             if _skip_left:
@@ -1206,16 +1457,9 @@ def _header_line(pid, rank):
     return json.dumps(h) + "\n"
 
 
-def _open_in(path, name):
-    """An fd appending to `name` in directory `path`, made (0700) when missing. Raises _Unsafe when the directory
-    is a link, not a directory, not ours or writable by group/others, or the file is a link or not a regular
-    file; OSError when it cannot be made or opened."""
-    if not os.path.lexists(path):
-        try:
-            os.makedirs(path, 0o700)
-            os.chmod(path, 0o700)       # only when we made it; makedirs' mode is subject to the umask
-        except FileExistsError:
-            pass                        # made by another rank meanwhile: checked below like any other
+def _open_dir(path):
+    """An fd of directory `path` (the caller closes it). Raises _Unsafe when it is a link, not a directory, not
+    ours or writable by group/others; OSError when it cannot be opened."""
     flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         dfd = os.open(path, flags)
@@ -1232,6 +1476,24 @@ def _open_in(path, name):
             raise _Unsafe("owned by uid %d, not %d" % (st.st_uid, uid))
         if st.st_mode & 0o022:
             raise _Unsafe("writable by group or others (mode %o)" % stat.S_IMODE(st.st_mode))
+    except BaseException:
+        os.close(dfd)
+        raise
+    return dfd
+
+
+def _open_in(path, name):
+    """An fd appending to `name` in directory `path`, made (0700) when missing. Raises _Unsafe when the directory
+    is a link, not a directory, not ours or writable by group/others, or the file is a link or not a regular
+    file; OSError when it cannot be made or opened."""
+    if not os.path.lexists(path):
+        try:
+            os.makedirs(path, 0o700)
+            os.chmod(path, 0o700)       # only when we made it; makedirs' mode is subject to the umask
+        except FileExistsError:
+            pass                        # made by another rank meanwhile: checked below like any other
+    dfd = _open_dir(path)
+    try:
         try:
             lst = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except FileNotFoundError:
@@ -1387,6 +1649,8 @@ def _service():
         _resolve_pending(None, False)
     if _due():
         _write_buffered()
+    if _live_watch:
+        _live_poll()
     if _msgs:
         _print_msgs()
 
@@ -1427,6 +1691,8 @@ def _writer_main(me):
             if since is not None:
                 left = max(0.0, since + _flush_seconds - now)
                 timeout = left if timeout is None else min(timeout, left)
+        if _live_watch:
+            timeout = _live_wait(timeout, now)
         if timeout is not None and (timeout == 0 or _pending or now - busy < _LINGER_SECONDS):
             if timeout > 0:
                 _wake.wait(timeout)     # looking at the waiting cycles on a timer: a worker need not wake us
@@ -1559,7 +1825,8 @@ def _stats():
     """For tests and tools: what the runtime holds now."""
     return {"errors": _errors, "buffered": len(_buf), "pending": len(_pending), "records": _records,
             "dropped": _dropped, "timer": _timer_name, "path": _path, "log_dir": _dir_in_use,
-            "capture_relaxed": _capture_relaxed, "config": dict(_cfg)}
+            "capture_relaxed": _capture_relaxed, "config": dict(_cfg),
+            "live": None if _live is None else _live[3], "pinned": len(_pins)}
 
 
 _reset()

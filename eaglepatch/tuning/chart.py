@@ -460,9 +460,15 @@ def sweep_scene(doc: Mapping[str, Any]) -> Scene:
     inner = W - 2 * margin
 
     # the text above the panels
-    repeat = doc.get("repeat") or 1
-    sub = [f"{len(points)} point{'s' if len(points) != 1 else ''} \u00d7 {repeat} launch{'es' if repeat != 1 else ''}"
-           f"; tok/s as the client saw it; phases: p50 ms over the decode steps"]
+    if doc.get("live"):  # a live sweep: windows inside one server
+        launches = doc.get("launches", 0)
+        sub = [f"{len(points)} point{'s' if len(points) != 1 else ''} \u00d7 {doc.get('rounds', 1)} windows of "
+               f"{doc.get('window_s', 0):g} s inside one server ({launches} launch{'es' if launches != 1 else ''})"
+               f"; tok/s as the client saw it; phases: p50 ms over the decode steps"]
+    else:
+        repeat = doc.get("repeat") or 1
+        sub = [f"{len(points)} point{'s' if len(points) != 1 else ''} \u00d7 {repeat} launch{'es' if repeat != 1 else ''}"
+               f"; tok/s as the client saw it; phases: p50 ms over the decode steps"]
     if best is not None and 0 <= best < len(points):
         bp = points[best]
         if best == base:
@@ -504,7 +510,7 @@ def sweep_scene(doc: Mapping[str, Any]) -> Scene:
         t = p["tokens_per_s"]
         med, lo, hi = t["median"], t.get("min", t["median"]), t.get("max", t["median"])
         color = BASE if i == base else (BEST if i == best else BAR)
-        tip = f"{labels[i]}: {_tps(med)} tok/s median of {p.get('runs', 1)} launch(es), min {_tps(lo)}, " \
+        tip = f"{labels[i]}: {_tps(med)} tok/s median of {_measured(p)}, min {_tps(lo)}, " \
               f"max {_tps(hi)}" + (f", {p['speedup']:.3f}\u00d7 the baseline" if p.get("speedup") is not None else "")
         sc.rect(cx - bar_w / 2, y1(med), bar_w, y1(0) - y1(med), color, tip=tip)
         if hi > lo:
@@ -583,8 +589,9 @@ def sweep_scene(doc: Mapping[str, Any]) -> Scene:
         else:
             sc.text(cx, y + 17, wrapped[i], size=LABEL_SIZE, anchor="middle")
     y += label_h + 20
-    sc.text(left + n * slot / 2, y, "sweep point (flags and environment of the server's launch)",
-            size=11.5, anchor="middle")
+    axis = ("sweep point (the step count pinned inside the one server)" if doc.get("live")
+            else "sweep point (flags and environment of the server's launch)")
+    sc.text(left + n * slot / 2, y, axis, size=11.5, anchor="middle")
 
     if not has_phases:
         y += 32
@@ -599,6 +606,13 @@ def sweep_scene(doc: Mapping[str, Any]) -> Scene:
     return sc
 
 
+def _measured(p: Mapping[str, Any]) -> str:
+    """What a point's figures are the median of: ``3 launch(es)``, or a live sweep's ``5 window(s)``."""
+    if "windows" in p:
+        return f"{p['windows']} window(s)"
+    return f"{p.get('runs', 1)} launch(es)"
+
+
 def _tps_legend(doc: Mapping[str, Any], points: Sequence[Mapping[str, Any]],
                 ok: Sequence[bool]) -> list[tuple[str, str, str]]:
     base, best = doc.get("baseline"), doc.get("best")
@@ -611,7 +625,8 @@ def _tps_legend(doc: Mapping[str, Any], points: Sequence[Mapping[str, Any]],
         items.append(("box", BEST, "best point"))
     if any(ok[i] and (p["tokens_per_s"].get("max") or 0) > (p["tokens_per_s"].get("min") or 0)
            for i, p in enumerate(points)):
-        items.append(("whisker", INK, "min-max over the launches (bar: median)"))
+        items.append(("whisker", INK, f"min-max over the {'windows' if doc.get('live') else 'launches'} (bar: "
+                                      "median)"))
     return items
 
 

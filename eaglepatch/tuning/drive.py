@@ -15,11 +15,12 @@ sweep goes on. At the end (also after Ctrl-C or an error) the server is started 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from eaglepatch.errors import ConnectionFailed, EaglepatchError, Unsupported, UsageError
 from eaglepatch.hosts.base import Host
@@ -413,32 +414,46 @@ def sweep(text: str, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]
         if not sw.runs_speculation(original.argv[args_index:], flags) and opts.baseline:
             notes.append("the server runs no speculation: the baseline is its own command line")
 
-        state.lock()
-        session = Session(host, python, facts)
-        try:
-            session.lock(new_lock_owner("sweep"), ttl=7 * 86400)
-        except BaseException:
-            state.unlock()
-            raise
-        try:
+        with sweep_locks(host, python, facts, state):
             if state.header is None:
-                from eaglepatch.ops.lifecycle import servers_of
-
-                beside = [s for s in servers_of(facts) if server is None or s.pid != server.pid]
-                state.write_header({"version": 1, "target": name, "created": sw.now_iso(),
-                                    "original": original.to_json(), "args_index": args_index,
-                                    "server": {"pid": server.pid, "start": server.start, "port": server.port},
-                                    "beside": [{"pid": s.pid, "start": s.start, "port": s.port} for s in beside],
-                                    "points": [p.key for p in points], "repeat": opts.repeat,
-                                    "load": opts.bench.load.to_json()})
+                state.write_header(dict(header_of(name, facts, original, args_index, server),
+                                        points=[p.key for p in points], repeat=opts.repeat,
+                                        load=opts.bench.load.to_json()))
             env_names = [a.name for a in env_axes]
             owned = _Owned(host, python, facts.package_dir, state, launches, original, env_names,
                            c.facts.server_ports)
             return _run_sweep(host, name, python, facts, state, points, launches, original, opts, notes, say,
                               env_names=env_names, plan=plan, owned=owned, refused=refused)
-        finally:
-            session.unlock()
-            state.unlock()
+
+
+@contextlib.contextmanager
+def sweep_locks(host: Host, python: str, facts: Any, state: Any) -> Iterator[None]:
+    """Hold the sweep's state file and the install's lock (a sweep's: up to a week) while the block runs; raises
+    Conflict when another run holds either."""
+    state.lock()
+    session = Session(host, python, facts)
+    try:
+        session.lock(new_lock_owner("sweep"), ttl=7 * 86400)
+    except BaseException:
+        state.unlock()
+        raise
+    try:
+        yield
+    finally:
+        session.unlock()
+        state.unlock()
+
+
+def header_of(name: str, facts: Any, original: Any, args_index: int, server: Any) -> dict[str, Any]:
+    """The first line of a sweep's state file, as far as every sweep has it: the original launch, the server it
+    starts from, and the install's other servers beside it (never stopped, never a conflict)."""
+    from eaglepatch.ops.lifecycle import servers_of
+    from eaglepatch.tuning import sweep as sw
+
+    beside = [s for s in servers_of(facts) if s.pid != server.pid]
+    return {"version": 1, "target": name, "created": sw.now_iso(), "original": original.to_json(),
+            "args_index": args_index, "server": {"pid": server.pid, "start": server.start, "port": server.port},
+            "beside": [{"pid": s.pid, "start": s.start, "port": s.port} for s in beside]}
 
 
 def _pending(state: Any, points: Sequence[Any], plan: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:

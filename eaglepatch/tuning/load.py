@@ -252,12 +252,17 @@ class _Client:
         for s in socks:
             s.close()
 
-    def generate(self, ids: list[int], max_new_tokens: int, stream: bool, clock: Callable[[], float]) -> RequestResult:
-        body = json.dumps({
+    def generate(self, ids: list[int], max_new_tokens: int, stream: bool, clock: Callable[[], float],
+                 rid: str | None = None) -> RequestResult:
+        """One request (``rid``: its request id, sglang's ``"rid"``; the server makes one when None)."""
+        doc: dict[str, Any] = {
             "input_ids": ids,
             "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True},
             "stream": stream,
-        }).encode()
+        }
+        if rid is not None:
+            doc["rid"] = rid
+        body = json.dumps(doc).encode()
         request = (self.head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
         try:
             sock = self._sock()  # opened (when it must be) before the clock starts
@@ -400,3 +405,58 @@ def _load(spec: LoadSpec, batch: Callable[[list[list[int]]], list[RequestResult]
         raise LoadFailed(f"{base_url}/generate: every request failed: {results[0].error}")
     return LoadResult(spec=spec, start=start, end=end, results=tuple(results), streamed=streamed.is_set(),
                       elapsed=elapsed)
+
+
+def run_window(
+    base_url: str,
+    spec: LoadSpec,
+    seconds: float,
+    rid_prefix: str,
+    *,
+    offset: int = 0,
+    api_key: str | None = None,
+    stream: bool = True,
+    timeout: float = 600.0,
+    clock: Callable[[], float] = time.perf_counter,
+    wall: Callable[[], float] = time.time,
+) -> LoadResult:
+    """A window of load lasting ``seconds``: ``spec.concurrency`` slots each send ``spec``'s requests (the ``i``-th
+    request of the window gets prompt ``offset + i``: a window of its own ``offset`` sends prompts no other window
+    sent, so that no window finds another's in the server's prefix cache) back to back until the time is up; those
+    under way then finish, and count. Request ``i``'s id is ``rid_prefix + str(i)``.
+
+    Never raises for a failed request; raises ``LoadFailed`` when every request failed."""
+    client = _Client(base_url, api_key, timeout)
+    streamed = threading.Event()
+    lock = threading.Lock()
+    counter = iter(range(1 << 62))
+    results: list[RequestResult] = []
+    t0 = clock()
+
+    def slot() -> None:
+        while clock() - t0 < seconds:
+            with lock:
+                i = next(counter)
+            r = client.generate(spec.prompts(1, offset=offset + i)[0], spec.max_new_tokens, stream, clock,
+                                f"{rid_prefix}{i}")
+            if r.streamed:
+                streamed.set()
+            with lock:
+                results.append(r)
+
+    start = wall()
+    threads = [threading.Thread(target=slot, name=f"eaglepatch-window-{k}", daemon=True)
+               for k in range(spec.concurrency)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        client.close()
+    end, elapsed = wall(), clock() - t0
+    if not any(r.ok for r in results):
+        raise LoadFailed(f"{base_url}/generate: every request failed: "
+                         f"{results[0].error if results else 'no request was sent'}")
+    return LoadResult(spec=spec, start=start, end=end, results=tuple(sorted(results, key=lambda r: r.start)),
+                      streamed=streamed.is_set(), elapsed=elapsed)

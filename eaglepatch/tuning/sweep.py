@@ -50,6 +50,7 @@ KNOWN_FLAGS = frozenset({
 })
 # Flags without a value: the grid gives on/off.
 BOOL_FLAGS = frozenset({
+    "speculative-adaptive",
     "disable-cuda-graph", "disable-cuda-graph-padding", "enable-torch-compile", "enable-dp-attention",
     "disable-custom-all-reduce", "enable-nccl-nvls", "enable-two-batch-overlap", "disable-overlap-schedule",
     "disable-radix-cache", "enable-mixed-chunk",
@@ -406,6 +407,7 @@ class StateFile:
         self.runs: list[dict[str, Any]] = []
         self.launches: list[dict[str, Any]] = []  # every server the sweep started: pid and start time
         self.restore: dict[str, Any] | None = None  # how the server was put back, once it was
+        self.timings: list[dict[str, Any]] = []  # a live sweep's window figures from the timing logs, read at its end
         self._lock_fd: int | None = None
         if os.path.exists(path):
             self._read()
@@ -427,6 +429,8 @@ class StateFile:
                     self.launches.append(doc)
                 elif doc.get("kind") == "restore":
                     self.restore = doc
+                elif doc.get("kind") == "timings":
+                    self.timings.append(doc)
 
     def lock(self) -> None:
         """Hold an exclusive lock on the file while this sweep runs; Conflict when another sweep holds it."""
@@ -488,6 +492,12 @@ class StateFile:
         self._append(rec)
         self.restore = rec
 
+    def add_timings(self, doc: Mapping[str, Any]) -> None:
+        """Record a live sweep window's figures from the timing logs (read once, after its windows)."""
+        rec = dict(doc, kind="timings")
+        self._append(rec)
+        self.timings.append(rec)
+
     def done(self) -> set[tuple[str, int]]:
         return {(r["point"], int(r["rep"])) for r in self.runs if "point" in r and "rep" in r}
 
@@ -499,7 +509,7 @@ class StateFile:
             os.remove(self.path)
         except FileNotFoundError:
             pass
-        self.header, self.runs, self.launches, self.restore = None, [], [], None
+        self.header, self.runs, self.launches, self.restore, self.timings = None, [], [], None, []
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -626,29 +636,46 @@ def render_table(doc: Mapping[str, Any]) -> str:
     range), speedup over the baseline; ``*`` marks the best point and ``~`` those within noise of it."""
     from tabulate import tabulate
 
+    live = bool(doc.get("live"))
+    unit = "window" if live else "run"
     rows = []
     for i, p in enumerate(doc["points"]):
         ph = p.get("phases_p50") or {}
         tps = p.get("tokens_per_s") or {}
         mark = "*" if i == doc.get("best") else ("~" if p.get("within_noise") else "")
-        status = p["status"] if p["status"] != "ok" else f"{p['runs']} run{'s' if p['runs'] != 1 else ''}"
-        rows.append([
+        count = _count(p)
+        status = p["status"] if p["status"] != "ok" else f"{count} {unit}{'s' if count != 1 else ''}"
+        row = [
             f"{mark}{i}", p.get("label", ""), status, _fmt(p.get("accept_len"), 2),
             _fmt(ph.get("draft"), 2), _fmt(ph.get("verify"), 2), _fmt(ph.get("draft_extend"), 2),
             _fmt(ph.get("cycle"), 2), _fmt(tps.get("median")),
             f"{_fmt(tps.get('min'))}-{_fmt(tps.get('max'))}" if tps else "-",
-            f"{p['speedup']:.3f}x" if p.get("speedup") is not None else "-",
-        ])
-    head = ["#", "point", "runs", "accept", "draft", "verify", "d.extend", "cycle", "tok/s", "range", "speedup"]
-    out = [f"sweep of {doc['target']}: {len(doc['points'])} points x {doc.get('repeat', 1)} (p50 ms per phase; "
-           "tok/s as the client saw it; * best, ~ within noise of it)",
-           tabulate(rows, headers=head, tablefmt="simple", disable_numparse=True)]
+        ]
+        if live:
+            row.append(f"{p['spread'] * 100:.1f}%" if p.get("spread") is not None else "-")
+        rows.append(row + [f"{p['speedup']:.3f}x" if p.get("speedup") is not None else "-"])
+    head = ["#", "point", unit + "s", "accept", "draft", "verify", "d.extend", "cycle", "tok/s", "range"]
+    head += (["spread"] if live else []) + ["speedup"]
+    if live:
+        title = (f"live sweep of {doc['target']}: {len(doc['points'])} points x {doc.get('rounds', 1)} rounds of "
+                 f"{doc.get('window_s', 0):g} s windows in one server ({doc.get('launches', 0)} launch"
+                 f"{'es' if doc.get('launches', 0) != 1 else ''}; p50 ms per phase; tok/s as the client saw it; "
+                 "spread: (max - min) / median over the windows; * best, ~ within noise of it)")
+    else:
+        title = (f"sweep of {doc['target']}: {len(doc['points'])} points x {doc.get('repeat', 1)} (p50 ms per phase; "
+                 "tok/s as the client saw it; * best, ~ within noise of it)")
+    out = [title, tabulate(rows, headers=head, tablefmt="simple", disable_numparse=True)]
     for p in doc["points"]:
         if p["status"] == "failed":
             out.append(f"failed: {p['label']}: {p.get('error')}")
     for n in doc.get("notes") or []:
         out.append(f"note: {n}")
     return "\n".join(out)
+
+
+def _count(point: Mapping[str, Any]) -> int:
+    """How many runs (a live sweep: windows) measured a point."""
+    return point["windows"] if "windows" in point else point["runs"]
 
 
 CSV_COLUMNS = ["index", "label", "status", "runs", "accept_len", "draft_p50_ms", "verify_p50_ms",
@@ -669,7 +696,7 @@ def render_csv(doc: Mapping[str, Any]) -> str:
         def c(x: Any) -> Any:
             return "" if x is None else x
 
-        w.writerow([i, p.get("label", ""), p["status"], p["runs"], c(p.get("accept_len")), c(ph.get("draft")),
+        w.writerow([i, p.get("label", ""), p["status"], _count(p), c(p.get("accept_len")), c(ph.get("draft")),
                     c(ph.get("verify")), c(ph.get("draft_extend")), c(ph.get("cycle")), c(tps.get("median")),
                     c(tps.get("min")), c(tps.get("max")), c(p.get("speedup")), int(i == doc.get("best")),
                     int(i == doc.get("baseline")), int(bool(p.get("within_noise"))),

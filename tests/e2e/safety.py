@@ -30,6 +30,9 @@ PY = sys.executable
 _BIN = Path(PY).with_name("eaglepatch")
 EAGLEPATCH = [str(_BIN)] if _BIN.is_file() else [PY, "-m", "eaglepatch"]
 WORKER = H.V1_WORKER
+# make_install's worker for an install in sglang 0.5.16's shape with adaptive speculation (the stand-in's
+# eagle_worker_v2.py and adaptive modules, no eagle_worker.py): what sweep --live needs.
+ADAPTIVE = "<adaptive>"
 # Appended to make a worker that imports fine as shipped but not once eaglepatch has patched it.
 REJECTS_PATCH = '''
 
@@ -103,25 +106,34 @@ class Install:
     kind: str  # pythonpath, venv-by-path, activated-venv, console-script, editable
     pkg: Path  # the sglang package directory
     launch: Callable[..., subprocess.Popen]  # (cwd, port, *args) -> Popen
+    worker_name: str = "eagle_worker.py"
 
     @property
     def worker(self) -> Path:
-        return self.pkg / "srt" / "speculative" / "eagle_worker.py"
+        return self.pkg / "srt" / "speculative" / self.worker_name
 
 
 def make_install(standins: Any, root: Path, kind: str, worker: str = WORKER) -> Install:
-    """An install of the stand-in sglang under ``root``, launched the ``kind`` way."""
+    """An install of the stand-in sglang under ``root``, launched the ``kind`` way; ``worker`` ADAPTIVE: the
+    adaptive V2 files instead of an eagle_worker.py."""
+    source = None if worker == ADAPTIVE else worker
     if kind == "pythonpath":
-        tree = H.make_tree(root / "checkout", worker)
-        return Install(kind, tree / "sglang", lambda cwd, port, *a, **e: standins.launch(tree, cwd, port, *a, **e))
-    if kind == "editable":
-        venv, checkout = H.make_editable(root, worker)
-        return Install(kind, checkout / "python" / "sglang",
+        tree = H.make_tree(root / "checkout", source)
+        inst = Install(kind, tree / "sglang", lambda cwd, port, *a, **e: standins.launch(tree, cwd, port, *a, **e))
+    elif kind == "editable":
+        venv, checkout = H.make_editable(root, source)
+        inst = Install(kind, checkout / "python" / "sglang",
                        lambda cwd, port, *a, **e: standins.launch_editable(venv, cwd, port, *a, **e))
-    venv = H.make_venv(root / "venv", worker)
-    launch = {"venv-by-path": standins.launch_venv_by_path, "activated-venv": standins.launch_activated_venv,
-              "console-script": standins.launch_console_script}[kind]
-    return Install(kind, H.site_packages(venv) / "sglang", lambda cwd, port, *a, **e: launch(venv, cwd, port, *a, **e))
+    else:
+        venv = H.make_venv(root / "venv", source)
+        launch = {"venv-by-path": standins.launch_venv_by_path, "activated-venv": standins.launch_activated_venv,
+                  "console-script": standins.launch_console_script}[kind]
+        inst = Install(kind, H.site_packages(venv) / "sglang",
+                       lambda cwd, port, *a, **e: launch(venv, cwd, port, *a, **e))
+    if worker == ADAPTIVE:
+        H.add_adaptive(inst.pkg)
+        inst.worker_name = "eagle_worker_v2.py"
+    return inst
 
 
 def up(install: Install, standins: Any, cwd: Path, *args: str, port: int | None = None, **env: str):

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from safety import (
+    ADAPTIVE,
     CLI,
     PY,
     REJECTS_PATCH,
@@ -38,6 +39,8 @@ BROKEN = WORKER + REJECTS_PATCH
 GRID = ["--grid", "speculative-num-steps=1,2", "--requests", "2", "--concurrency", "1", "--input-len", "8",
         "--max-new-tokens", "8", "--warmup", "0", "--log-wait", "0", "--timeout", "60"]
 SPEC = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1")
+LIVE = ["--live", "--grid", "speculative-num-steps=1,3", "--rounds", "1", "--window", "0.5", "--concurrency", "1",
+        "--input-len", "8", "--max-new-tokens", "8", "--warmup", "1", "--log-wait", "0", "--timeout", "60"]
 
 # (command, failpoint, worker, what eaglepatch had done when it was killed)
 FAULTS = [
@@ -57,6 +60,12 @@ FAULTS = [
     ("sweep", "restart:after-relaunch", WORKER,
      "stopped the server and started the first point's, in one request on the host"),
     ("sweep", "sweep:after-run", WORKER, "measured and saved the first point; its server still running"),
+    ("sweep --live", "restart:after-relaunch", ADAPTIVE,
+     "stopped the server and started it adaptive (the one launch), in one request on the host"),
+    ("sweep --live", "live:after-launch", ADAPTIVE, "launched the server adaptive; no lease yet"),
+    ("sweep --live", "live:after-lease", ADAPTIVE,
+     "wrote the lease and had every rank's answer; no window measured"),
+    ("sweep --live", "live:after-window", ADAPTIVE, "measured and saved the first window; the lease in place"),
 ]
 
 
@@ -82,7 +91,9 @@ def describe(doc: dict[str, Any], original_argv: list[str]) -> str:
     parts = [f"files {'/'.join(states)}"]
     parts.append("runtime module present" if doc["runtime"]["present"] else "no runtime module")
     for s in doc["servers"]:
-        what = "the original command line" if s["argv"] == original_argv else "a sweep point's command line"
+        what = ("the original command line" if s["argv"] == original_argv
+                else "the live sweep's adaptive command line" if "--speculative-adaptive" in s["argv"]
+                else "a sweep point's command line")
         code = {"current": "runs the files on disk", "stale": "started before the files changed (status: stale)"}
         parts.append(f"the server runs {what}, {code.get(s['code'], s['code'])}")
     if not doc["servers"]:
@@ -93,7 +104,7 @@ def describe(doc: dict[str, Any], original_argv: list[str]) -> str:
 
 
 @pytest.mark.parametrize("order,fault", list(enumerate(FAULTS, 1)),
-                         ids=[f"{c.split()[0]}-{f}" for c, f, _w, _d in FAULTS])
+                         ids=[f"{c.split(' (')[0].replace(' --', '-')}-{f}" for c, f, _w, _d in FAULTS])
 def test_killed_at_each_step_status_tells_the_truth_and_revert_restores(sshd, standins, tmp_path, order, fault):
     command, point, worker, did = fault
     cli = CLI("ssh", cli_env(tmp_path, sshd.env()), ssh=[sshd.target, "-i", sshd.client_key])
@@ -103,14 +114,15 @@ def test_killed_at_each_step_status_tells_the_truth_and_revert_restores(sshd, st
     original = install.worker.read_bytes()
     kill = {"EAGLEPATCH_FAILPOINT": point}
 
-    if command.startswith("revert") or command == "sweep":
+    sweep_args = LIVE if command == "sweep --live" else GRID
+    if command.startswith(("revert", "sweep")):
         cli.run("apply", install.pkg, "--timeout", "60").expect(0)
     if command.startswith("apply"):
         r = cli.run("apply", install.pkg, "--timeout", "30", env=kill)
     elif command == "revert":
         r = cli.run("revert", install.pkg, "--timeout", "60", env=kill)
     else:
-        r = cli.run("sweep", install.pkg, *GRID, env=kill)
+        r = cli.run("sweep", install.pkg, *sweep_args, env=kill)
     assert r.rc == -9, f"eaglepatch was not killed at {point}:\n{r}"
     _settle(port, expect_up=point != "rollback:before")  # only a crashed patched server leaves none
 
@@ -119,7 +131,7 @@ def test_killed_at_each_step_status_tells_the_truth_and_revert_restores(sshd, st
     now = install.worker.read_bytes()
     truth = "pristine" if now == original else "patched" if b"# [eaglepatch]" in now else "other"
     assert truth != "other", "the worker file is neither the original nor a patched one"
-    worker_state = next(f["state"] for f in doc["files"] if f["path"].endswith("eagle_worker.py"))
+    worker_state = next(f["state"] for f in doc["files"] if f["path"].endswith(install.worker.name))
     assert worker_state == truth, doc
     running = standins.launcher_pids(port)
     assert sorted(s["pid"] for s in doc["servers"]) == sorted(running), doc
@@ -134,11 +146,11 @@ def test_killed_at_each_step_status_tells_the_truth_and_revert_restores(sshd, st
     after = describe(doc, first["argv"])
 
     then = "eaglepatch revert"
-    if command == "sweep":
-        then = "eaglepatch sweep (the same command again), then eaglepatch revert"
-        r = cli.run("sweep", install.pkg, *GRID)
+    if command.startswith("sweep"):
+        then = f"eaglepatch {command} (the same command again), then eaglepatch revert"
+        r = cli.run("sweep", install.pkg, *sweep_args)
         assert r.rc == 0, r
-        assert ("resuming" in r.err) == (point == "sweep:after-run"), r
+        assert ("resuming" in r.err) == (point in ("sweep:after-run", "live:after-window")), r
     cli.run("revert", install.pkg, "--timeout", "60").expect(0)
     assert digest(install.pkg) == pristine, "revert did not restore every byte"
     [pid] = standins.launcher_pids(port)

@@ -602,3 +602,76 @@ def test_bytecode_of_exactly_the_written_files_is_dropped(remote: Remote, inst: 
                                "eagle_worker.pyo"]
     assert sorted(p.name for p in cache.iterdir()) == ["eagle_worker.cpython-310.pyc.lock",
                                                        "eagle_worker_v2.cpython-310.pyc"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# sweep --live: the lease and the config in the timing log folder (op_live)
+
+
+def test_a_lease_is_written_whole_for_every_process_with_the_hosts_deadline(remote: Remote, tmp_path: Path) -> None:
+    """The folder is made 0700; each lease lands by a rename (never half written) 0600, its deadline by this
+    host's clock; removing them removes exactly them."""
+    d = tmp_path / "logs"
+    before = time.time()
+    res = remote.op_live({"action": "write", "log_dir": str(d), "names": ["live-41.json", "live-42.json"],
+                          "token": TOKEN, "steps": [0, 3], "lease_s": 60})
+    assert res["ok"] is True and stat.S_IMODE(d.stat().st_mode) == 0o700
+    for n in ("live-41.json", "live-42.json"):
+        doc = json.loads((d / n).read_text())
+        assert (doc["v"], doc["token"], doc["steps"]) == (1, TOKEN, [0, 3])
+        assert before + 60 <= doc["deadline"] <= time.time() + 60
+        assert stat.S_IMODE((d / n).stat().st_mode) == 0o600
+    (d / "other.jsonl").write_text("")
+    remote.op_live({"action": "remove", "log_dir": str(d), "names": ["live-41.json", "live-42.json"]})
+    assert sorted(p.name for p in d.iterdir()) == ["other.jsonl"]
+
+
+def test_a_config_is_written_as_given(remote: Remote, tmp_path: Path) -> None:
+    d = tmp_path / "logs"
+    remote.op_live({"action": "write", "log_dir": str(d), "names": ["adaptive-0123456789abcdef.json"],
+                    "data": '{"1": {"candidate_steps": [1, 3]}}\n'})
+    assert (d / "adaptive-0123456789abcdef.json").read_text() == '{"1": {"candidate_steps": [1, 3]}}\n'
+
+
+@pytest.mark.parametrize("name", ["../x.json", "live-1.json/..", "live-a.json", "server-30000.log", "adaptive-x.json"])
+def test_only_a_live_sweeps_own_names_are_written_or_removed(remote: Remote, tmp_path: Path, name: str) -> None:
+    d = tmp_path / "logs"
+    for action in ("write", "remove"):
+        res = remote.op_live({"action": action, "log_dir": str(d), "names": [name], "data": "x"})
+        assert "not a live sweep's file name" in res["error"]
+    assert list(d.iterdir()) == []
+
+
+def test_a_log_folder_the_runtime_would_not_use_is_refused(remote: Remote, tmp_path: Path) -> None:
+    d = tmp_path / "logs"
+    d.mkdir(mode=0o777)
+    os.chmod(d, 0o777)
+    res = remote.op_live({"action": "write", "log_dir": str(d), "names": ["live-1.json"], "token": TOKEN,
+                          "steps": [1], "lease_s": 5})
+    assert "only it can write" in res["error"] and list(d.iterdir()) == []
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    assert "only it can write" in remote.op_live({"action": "answers", "log_dir": str(link), "launchers": [1]})["error"]
+
+
+def test_the_runtimes_answers_are_read_for_the_leases_launchers(remote: Remote, tmp_path: Path) -> None:
+    d = tmp_path / "logs"
+    d.mkdir(mode=0o700)
+    me = os.getpid()
+    (d / f"live-41-{me}.ack").write_text(json.dumps({"v": 1, "token": TOKEN, "pid": me, "rank": 0}))
+    (d / "live-41-999999999.ack").write_text(json.dumps({"v": 1, "token": TOKEN, "pid": 999999999, "rank": 1}))
+    (d / f"live-77-{me}.ack").write_text(json.dumps({"v": 1, "token": TOKEN}))  # another server's
+    (d / "live-41-5.ack").write_text("not json")
+    res = remote.op_live({"action": "answers", "log_dir": str(d), "launchers": [41]})
+    assert res["answers"] == [{"pid": me, "token": TOKEN, "rank": 0, "alive": True},
+                              {"pid": 999999999, "token": TOKEN, "rank": 1, "alive": False}]
+
+
+def test_a_running_servers_config_is_read_where_it_names_it(remote: Remote, tmp_path: Path) -> None:
+    (tmp_path / "cfg.json").write_text('{"1": {"candidate_steps": [3]}}')
+    res = remote.op_live({"action": "read_config", "path": "cfg.json", "cwd": str(tmp_path)})
+    assert res["text"] == '{"1": {"candidate_steps": [3]}}'
+    assert "cannot read" in remote.op_live({"action": "read_config", "path": "nope.json", "cwd": str(tmp_path)})["error"]
+    (tmp_path / "big.json").write_bytes(b" " * (65 * 1024))
+    assert "larger than" in remote.op_live({"action": "read_config", "path": str(tmp_path / "big.json")})["error"]

@@ -62,6 +62,21 @@ def make_tree(dest: Path, worker_source: str | None = TRIVIAL_WORKER) -> Path:
     return dest
 
 
+ADAPTIVE_DIR = STUB_ROOT / "adaptive"  # eagle_worker_v2.py and the adaptive modules, in sglang 0.5.16's shape
+
+
+def add_adaptive(pkg: Path) -> Path:
+    """Put the stand-in's adaptive speculative files (``ADAPTIVE_DIR``: ``eagle_worker_v2.py``,
+    ``adaptive_runtime_state.py``, ``adaptive_spec_params.py``) into the package ``pkg``'s ``srt/speculative/``;
+    returns the worker file's path."""
+    spec = pkg / "srt" / "speculative"
+    spec.mkdir(parents=True, exist_ok=True)
+    for f in sorted(ADAPTIVE_DIR.glob("*.py")):
+        shutil.copyfile(f, spec / f.name)
+    shutil.rmtree(spec / "__pycache__", ignore_errors=True)
+    return spec / "eagle_worker_v2.py"
+
+
 def worker_file(tree: Path) -> Path:
     return tree / "sglang" / "srt" / "speculative" / "eagle_worker.py"
 

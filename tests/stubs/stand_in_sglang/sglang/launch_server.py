@@ -53,6 +53,11 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--speculative-draft-model-path", "--speculative-draft-model", dest="speculative_draft_model_path")
     p.add_argument("--speculative-eagle-topk", type=int)
     p.add_argument("--speculative-num-draft-tokens", type=int)
+    p.add_argument("--speculative-adaptive", action="store_true")
+    p.add_argument("--speculative-adaptive-config")
+    for flag in ("--enable-dp-attention", "--enable-two-batch-overlap", "--enable-multi-layer-eagle",
+                 "--enable-pdmux"):
+        p.add_argument(flag, action="store_true")
     p.add_argument("--cuda-graph-max-bs", type=int)
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--disable-overlap-schedule", action="store_true")
@@ -102,6 +107,8 @@ class Speed:
         self.base_s = args.sim_base_ms * ms
         self.verify_s = args.sim_verify_ms * ms
         self.draft_s = args.sim_draft_ms * self.steps * ms
+        self.draft_step_s = args.sim_draft_ms * ms  # per draft step (the V2 worker's steps change at run time)
+        self.accept_cap = float(args.accept_length) if args.accept_length is not None else 3.2
         self.extend_s = args.sim_extend_ms * ms
         self.between_s = args.sim_between_ms * ms  # the scheduler's own work before each decode cycle
         self.prefill_ms = args.sim_prefill_ms
@@ -269,6 +276,7 @@ class State:
         self.speed = Speed(args, os.environ)
         self.decode_log = DecodeLog(args, self.speed)
         self.engine = None  # the worker's entry method, once imported (make_engine)
+        self.v2 = None  # the tree's EAGLEWorkerV2 with simulated phases, when it has one (make_v2)
         self.t0 = time.monotonic()
         self.requests = 0
         self.lock = threading.Lock()
@@ -372,13 +380,15 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             batch = isinstance(texts, list) and (not texts or not isinstance(texts[0], int))
             items = texts if batch else [texts]
             n = max(1, int((req.get("sampling_params") or {}).get("max_new_tokens", 16)))
+            name = req.get("rid") if isinstance(req.get("rid"), str) else None
             if req.get("stream") and not batch:
-                return self._stream(items[0], n)
-            out = [self._generate(item, n) for item in items]
+                return self._stream(items[0], n, name)
+            out = [self._generate(item, n, name=name if not batch else None) for item in items]
             return self._send(200, out if batch else out[0])
 
-        def _generate(self, item: object, n: int, emit=None) -> dict:
-            """Simulate one request (prefill, then decode cycles), calling ``emit(doc)`` after each step."""
+        def _generate(self, item: object, n: int, emit=None, name: str | None = None) -> dict:
+            """Simulate one request (prefill, then decode cycles), calling ``emit(doc)`` after each step; ``name``:
+            the request id the client gave (``"rid"``)."""
             speed = state.speed
             with state.lock:
                 state.requests += 1
@@ -387,14 +397,21 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             prompt_tokens = len(item) if isinstance(item, list) else max(1, len(str(item).split()))
 
             def doc(done: int, cycles: int) -> dict:
-                meta = {"id": f"stand-in-{rid}", "prompt_tokens": prompt_tokens, "completion_tokens": done,
+                meta = {"id": name or f"stand-in-{rid}", "prompt_tokens": prompt_tokens, "completion_tokens": done,
                         "e2e_latency": time.monotonic() - t}
-                if speed.accept is not None:
-                    meta["spec_accept_length"] = speed.accept
+                if speed.accept is not None:  # the V2 worker's steps change at run time: what its cycles gave
+                    meta["spec_accept_length"] = done / cycles if state.v2 is not None and cycles else speed.accept
                     meta["spec_verify_ct"] = cycles
                 return {"text": " tok" * done, "meta_info": meta}
 
             state.decode_log.request(1)
+            if state.v2 is not None:
+                try:
+                    return run_v2_request(state, _Req(name or f"stand-in-{rid}"), speed.prefill_s(prompt_tokens),
+                                          n, lambda done, cycles: emit(doc(done, cycles)) if emit else None,
+                                          lambda done, cycles: doc(done, cycles))
+                finally:
+                    state.decode_log.request(-1)
             try:
                 run_cycle(state, True, 1, speed.prefill_s(prompt_tokens))
                 done = 1
@@ -411,7 +428,7 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             finally:
                 state.decode_log.request(-1)
 
-        def _stream(self, item: object, n: int) -> None:
+        def _stream(self, item: object, n: int, name: str | None = None) -> None:
             """sglang's streamed /generate: server-sent events, ``data: {...}`` per step, then ``data: [DONE]``,
             in HTTP/1.1 chunks on a connection that stays open for the next request (as uvicorn serves it)."""
             self.send_response(200)
@@ -425,7 +442,7 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 self.wfile.flush()
 
             try:
-                self._generate(item, n, lambda d: chunk(b"data: " + json.dumps(d).encode() + b"\n\n"))
+                self._generate(item, n, lambda d: chunk(b"data: " + json.dumps(d).encode() + b"\n\n"), name)
                 chunk(b"data: [DONE]\n\n")
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
@@ -433,6 +450,132 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
 
     return Handler
+
+
+class _Req:
+    """sglang's ``Req``, as far as a worker looks at it: its id (the client's ``rid``), and here the fraction of a
+    token its accept length has left over."""
+
+    def __init__(self, rid: str):
+        self.rid = rid
+        self.frac = 0.0
+
+
+class _Lens:
+    def __init__(self, n: int):
+        self.shape = (n,)
+
+
+class _V2Batch:
+    """A ``ScheduleBatch`` of one request, as EAGLEWorkerV2's entry method reads it."""
+
+    def __init__(self, extend: bool, req: _Req, prefill_s: float = 0.0):
+        self.forward_mode = _Mode(extend)
+        self.is_extend_in_batch = extend
+        self.reqs = [req]
+        self.seq_lens = _Lens(1)
+        self.spec_info = None
+        self.prefill_s = prefill_s
+
+
+class _V2Out:
+    def __init__(self):
+        self.accept_lens = None
+        self.next_draft_input = None
+
+
+def make_v2(args: argparse.Namespace, speed: Speed):
+    """The tree's ``EAGLEWorkerV2`` (sglang/srt/speculative/eagle_worker_v2.py) with simulated phases, or None when
+    the tree has none or speculation is off. Its draft takes ``--sim-draft-ms`` per step of the steps it runs at
+    that cycle (they change at run time with ``--speculative-adaptive``), verify ``--sim-verify-ms``, the draft
+    extend ``--sim-extend-ms``; a cycle at K steps yields ``min(K + 1, X)`` tokens on average (X:
+    ``--accept-length``, default 3.2). As sglang 0.5.16 does: adaptive mode is turned off, with a warning, for the
+    shapes ``adaptive_unsupported_reason`` names; ``--speculative-num-steps`` must be a candidate; a candidate
+    above it crashes the start-up (the worker's build_adaptive_runtime_state)."""
+    if not speed.spec:
+        return None
+    mod = sys.modules.get("sglang.srt.speculative.eagle_worker_v2")
+    base = getattr(mod, "EAGLEWorkerV2", None)
+    if not isinstance(base, type):
+        return None
+    algo = {"NEXTN": "EAGLE"}.get((args.speculative_algorithm or "").upper(), args.speculative_algorithm)
+    sa = argparse.Namespace(
+        speculative_algorithm=algo, speculative_eagle_topk=args.speculative_eagle_topk,
+        speculative_num_steps=args.speculative_num_steps, speculative_adaptive=args.speculative_adaptive,
+        speculative_adaptive_config=args.speculative_adaptive_config,
+        enable_dp_attention=args.enable_dp_attention, enable_two_batch_overlap=args.enable_two_batch_overlap,
+        enable_multi_layer_eagle=args.enable_multi_layer_eagle, enable_pdmux=args.enable_pdmux)
+    if sa.speculative_adaptive:
+        params = importlib.import_module("sglang.srt.speculative.adaptive_spec_params")
+        reason = params.adaptive_unsupported_reason(sa)
+        if reason is not None:
+            log(f"WARNING speculative_adaptive disabled: {reason}. Falling back to static speculative params.")
+            sa.speculative_adaptive = False
+        else:
+            candidates = params.resolve_candidate_steps_from_config(sa.speculative_adaptive_config)
+            if sa.speculative_num_steps is None:
+                sa.speculative_num_steps = candidates[len(candidates) // 2]
+            if sa.speculative_num_steps not in candidates:
+                raise ValueError(f"--speculative-num-steps={sa.speculative_num_steps} is not in the adaptive config "
+                                 f"candidate_steps {candidates}. Pass one of those values.")
+    if sa.speculative_num_steps is None:
+        sa.speculative_num_steps = speed.steps
+    sa.speculative_num_draft_tokens = sa.speculative_num_steps + 1
+
+    class SimTarget:
+        def forward_batch_generation(self, batch):
+            time.sleep(batch.prefill_s)
+            return _V2Out()
+
+    class SimDraft:
+        speculative_num_steps = sa.speculative_num_steps
+
+        def draft(self, batch):
+            time.sleep(speed.draft_step_s * self.speculative_num_steps)
+            return None
+
+        def _draft_extend_for_prefill(self, batch, batch_output):
+            return None
+
+        def _draft_extend_for_decode(self, batch, batch_output):
+            time.sleep(speed.extend_s)
+
+    class SimWorkerV2(base):  # type: ignore[misc,valid-type]
+        def verify(self, batch):
+            time.sleep(speed.verify_s)
+            req = batch.reqs[0]
+            req.frac += min(self.speculative_num_steps + 1.0, speed.accept_cap)
+            tokens = max(1, int(req.frac))
+            req.frac -= tokens
+            out = _V2Out()
+            out.accept_lens = [tokens]
+            return out
+
+    worker = SimWorkerV2(sa, SimTarget(), SimDraft())
+    log(f"EAGLEWorkerV2: steps {worker.speculative_num_steps}, adaptive "
+        f"{'on: candidates ' + str(worker.adaptive_controller.candidate_steps) if worker.adaptive_controller else 'off'}")
+    return worker
+
+
+def run_v2_request(state: "State", req: _Req, prefill_s: float, n: int, emit, doc) -> dict:
+    """One request through the V2 worker: a prefill cycle (the first token), then decode cycles until ``n`` tokens,
+    each followed by what sglang's scheduler does with its result (``on_verify_complete_cpu``: the adaptive
+    policy learns); ``emit(done, cycles)`` after each step. Returns ``doc(done, cycles)`` at the end."""
+    worker = state.v2
+    worker.forward_batch_generation(_V2Batch(True, req, prefill_s))
+    done, cycles = 1, 0
+    emit(done, cycles)
+    while done < n:
+        if state.speed.between_s > 0:
+            time.sleep(state.speed.between_s)
+        out = worker.forward_batch_generation(_V2Batch(False, req))
+        produced = out.accept_lens[0]
+        worker.on_verify_complete_cpu([produced - 1], batch_size=1)
+        done += min(produced, n - done)
+        cycles += 1
+        state.decode_log.cycle(produced)
+        emit(done, cycles)
+    return doc(done, cycles)
 
 
 def run_cycle(state: "State", extend: bool, produced: int, seconds: float) -> None:
@@ -506,7 +649,8 @@ def main(argv: list[str] | None = None) -> int:
         return shutdown(1)
     try:
         import_workers()
-        state.engine = make_engine(state.speed)
+        state.v2 = make_v2(args, state.speed)
+        state.engine = None if state.v2 is not None else make_engine(state.speed)
         state.imported = True
     except BaseException:
         traceback.print_exc()

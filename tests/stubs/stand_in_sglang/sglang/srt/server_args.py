@@ -56,3 +56,11 @@ class ServerArgs:
     speculative_num_steps: A[Optional[int], "How many draft steps per decode cycle."] = None
     speculative_eagle_topk: A[Optional[int], "How many tokens the draft keeps at each step."] = None
     speculative_num_draft_tokens: A[Optional[int], "How many draft tokens the target verifies per cycle."] = None
+    speculative_adaptive: A[bool, "Switch the number of draft steps at run time (adaptive runtime states)."] = False
+    speculative_adaptive_config: A[Optional[str], "The adaptive candidates per batch-size tier (a JSON file)."] = None
+
+    # shapes adaptive speculation does not run with
+    enable_dp_attention: A[bool, "Data-parallel attention."] = False
+    enable_two_batch_overlap: A[bool, "Overlap two micro-batches."] = False
+    enable_multi_layer_eagle: A[bool, "A multi-layer EAGLE draft."] = False
+    enable_pdmux: A[bool, "Prefill/decode multiplexing."] = False

@@ -1,0 +1,479 @@
+"""``eaglepatch sweep --live`` on one target: every step count measured inside one adaptive server.
+
+1. Facts: the install must be patched (the runtime pins the states), its sglang must have adaptive speculation
+   (``eaglepatch.tuning.adaptive.read_release``: refused with the reason otherwise, exit 4), and the server's
+   shape must be one adaptive mode runs (top-k 1, EAGLE/EAGLE3, no DP attention, ...).
+2. At most one launch: none when the server already runs adaptively with every step count as a candidate for the
+   load's batch sizes; else the original command line plus ``--speculative-adaptive``, a config in the timing
+   log folder holding every step count in one tier, and the largest as ``--speculative-num-steps`` (sglang 0.5.16
+   crashes building a state for more steps than the launch's).
+3. The lease (``live-<pid>.json`` in the log folder, for every process of the server; renewed before each window),
+   a warm-up, and the runtime's answers from every TP rank (a rank without the lease would run another step
+   count than its peers).
+4. Rounds of windows, each round every point once in a seeded shuffled order; a window is ``--window`` seconds of
+   the bench load whose request ids pin its step count (``live.rid_prefix``). Each window is saved as it ends.
+5. The lease removed; the timing records of each window read once (phases of its pinned cycles, how its cycles
+   ran, the server's tok/s per batch size); the original command line back (as ``sweep`` does); with
+   ``--emit-adaptive-config`` the candidates per tier written.
+
+A crash at any step leaves what ``sweep`` leaves (the install's lock, the state file, the adaptive server running),
+and the runtime hands the server back to sglang's own policy once the killed client's requests are gone (or the
+lease's deadline passes). The same command again resumes and puts the original server back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import secrets
+import time
+from typing import Any, Sequence
+
+from eaglepatch.errors import ConnectionFailed, EaglepatchError, RestartFailed, Unsupported, UsageError
+from eaglepatch.failpoints import failpoint
+from eaglepatch.hosts.base import Host
+from eaglepatch.ops.actions import Connect, _facts, _launch_of, _Target, fetch_logs_from, logs_of
+from eaglepatch.ops.core import call
+from eaglepatch.transform.recipe import builtin_recipe
+from eaglepatch.tuning import adaptive as ad
+from eaglepatch.tuning import live as lv
+from eaglepatch.tuning import sweep as sw
+from eaglepatch.tuning.drive import (
+    BenchOptions,
+    Say,
+    _no_server,
+    _Owned,
+    _patched_log_dir,
+    _restore,
+    _runs,
+    _url,
+    clock_offset,
+    header_of,
+    server_flags,
+    sweep_locks,
+)
+from eaglepatch.tuning.load import LoadFailed, run_load, run_window
+
+ANSWER_TIMEOUT_S = 20.0  # for every rank's runtime to answer the lease (it looks every 0.5 s)
+MIN_LEASE_S = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveOptions:
+    """``sweep --live``: the grid (step counts), rounds, window seconds, where to emit the adaptive config, the
+    load (``bench``), the launch timeout, ``--fresh``."""
+
+    grid: tuple[str, ...] = ()
+    rounds: int = 3
+    window: float = 20.0
+    emit: str | None = None
+    fresh: bool = False
+    timeout: float = 900.0
+    bench: BenchOptions = BenchOptions()
+
+    def steps(self) -> tuple[int, ...]:
+        """The step counts; raises UsageError for bad input (before any target is touched)."""
+        if self.rounds < 1:
+            raise UsageError(f"--rounds must be 1 or more, not {self.rounds}")
+        if not self.window > 0:
+            raise UsageError(f"--window must be a positive number of seconds, not {self.window}")
+        if not self.timeout > 0:
+            raise UsageError("--timeout must be a positive number of seconds")
+        if self.emit is not None:
+            folder = os.path.dirname(os.path.abspath(self.emit))
+            if not os.path.isdir(folder):
+                raise UsageError(f"--emit-adaptive-config {self.emit}: no folder {folder}")
+        return lv.live_steps(self.grid)
+
+    @property
+    def lease_s(self) -> float:
+        """How long a lease holds: a window and its slowest requests, with room (renewed before each window)."""
+        return max(MIN_LEASE_S, 3 * self.window + 30)
+
+
+def _read_release(host: Host, python: str, facts: Any) -> ad.AdaptiveRelease | None:
+    files = call(host, python, "read", package_dir=facts.package_dir, paths=list(ad.SOURCES))["files"]
+    return ad.read_release(files, facts.version)
+
+
+def _live(host: Host, python: str, name: str, **payload: Any) -> dict[str, Any]:
+    """One ``live`` request on the host; its error as an Unsupported (the log folder cannot carry a lease)."""
+    res = call(host, python, "live", **payload)
+    if res.get("error"):
+        raise Unsupported(f"{name}: {res['error']}")
+    return res
+
+
+def _running_tiers(host: Host, python: str, server: Any, values: dict[str, str],
+                   release: ad.AdaptiveRelease) -> dict[int, tuple[int, ...]] | None:
+    """The candidates per tier of a server that runs adaptively now (its config file, or the release's default),
+    or None when it does not (or its config cannot be read)."""
+    if values.get("speculative-adaptive") in (None, "off"):
+        return None
+    path = values.get("speculative-adaptive-config")
+    steps = values.get(lv.STEPS_FLAG)
+    initial = int(steps) if steps and steps.isdigit() else None
+    if not path:
+        return dict(release.default)
+    res = call(host, python, "live", action="read_config", path=path, cwd=server.cwd or "/")
+    if res.get("error"):
+        return None
+    try:
+        return ad.tiers_of(json.loads(res["text"]), release.format, initial)
+    except (ValueError, UsageError):
+        return None
+
+
+def _tp(values: dict[str, str]) -> int:
+    for n in ("tp-size", "tp", "tensor-parallel-size"):
+        v = values.get(n)
+        if v and v.isdigit() and int(v) > 0:
+            return int(v)
+    return 1
+
+
+def live_sweep(text: str, c: Connect, opts: LiveOptions, say: Say) -> dict[str, Any]:
+    """Carry out ``sweep --live`` on ``text``; returns the summary (``live.summarize``, with ``state_file``,
+    ``restore`` and, with ``--emit-adaptive-config``, ``adaptive_config``). Raises Unsupported (the install is not
+    patched, no adaptive mode, a shape it does not run), UsageError, Conflict (the install's lock, a server it did
+    not start), RestartFailed (the adaptive launch did not come up: the original is put back first)."""
+    from eaglepatch.server import _remote
+    from eaglepatch.server.process import LaunchSpec
+
+    steps = opts.steps()
+    with _Target(text, c) as t:
+        name, host = t.spec.name, t.host
+        facts = _facts(t, builtin_recipe())
+        python = facts.python
+        log_dir = _patched_log_dir(facts)
+        if log_dir is None:
+            raise Unsupported(f"{name}: sweep --live needs the patch (its runtime pins each step count inside the "
+                              "server): eaglepatch apply TARGET first")
+        flags = server_flags(host, python, facts.package_dir, facts.version, say)
+        release = ad.check_live_grid(_read_release(host, python, facts), steps)
+        load = opts.bench.load
+        ident = lv.live_id(name, steps, opts.rounds, opts.window, load.to_json())
+        state = sw.StateFile(sw.state_path(name, "live-" + ident))
+        if opts.fresh and state.header is not None:
+            say(f"--fresh: starting over (forgetting {len(state.runs)} saved window(s) in {state.path})")
+            state.remove()
+        points = lv.points_of(steps)
+        plan = lv.plan_windows(len(points), opts.rounds, ident)
+        done = state.done()
+        if state.header is not None and state.restore is not None and all((points[i].key, r) in done
+                                                                          for r, i in plan):
+            say(f"{name}: this live sweep is complete ({state.path}): nothing was started; --fresh runs it again")
+            return _finish(name, release, steps, state, opts, dict(state.restore, restarted=False), say)
+        server = _launch_of(facts, c.facts.server_ports)
+        if state.header is not None:
+            original = LaunchSpec.from_json(state.header["original"])
+            args_index = int(state.header["args_index"])
+            reuse = bool(state.header.get("reuse"))
+        else:
+            if server is None:
+                raise _no_server(name)
+            original = server.launch_spec()
+            args_index = _remote.launcher_args_index(list(original.argv))
+            if args_index < 0:
+                raise Unsupported(f"{name}: the server's command line is not one eaglepatch can rewrite: "
+                                  f"{' '.join(original.argv)}")
+            reuse = False
+        values = sw.flag_values(original.argv[args_index:], flags)
+        why = ad.unsupported_reason(release, values)
+        if why:
+            raise Unsupported(f"{name}: sweep --live: {why}: sweep without --live (a launch per point)")
+        if state.header is None:
+            tiers = _running_tiers(host, python, server, values, release)
+            reuse = tiers is not None and ad.covers(tiers, steps, load.concurrency)
+        config_path = os.path.join(log_dir, f"adaptive-{ident}.json")
+        live_launch = None if reuse else dataclasses.replace(
+            original, argv=lv.live_argv(original.argv, args_index, steps, config_path, flags))
+
+        with sweep_locks(host, python, facts, state):
+            if state.header is None:
+                state.write_header(dict(header_of(name, facts, original, args_index, server), live=True,
+                                        steps=list(steps), rounds=opts.rounds, window=opts.window,
+                                        load=load.to_json(), reuse=reuse, config_path=config_path, tp=_tp(values)))
+            owned = _Owned(host, python, facts.package_dir, state, [live_launch] if live_launch else [], original,
+                           [], c.facts.server_ports)
+            run = _LiveRun(host, name, python, log_dir, state, points, steps, opts, owned, say,
+                           int(state.header.get("tp") or 1))
+            return run.go(plan, original, live_launch, config_path, release)
+
+
+class _LiveRun:
+    """One invocation of a live sweep on an open host (the state file and the install's lock held)."""
+
+    def __init__(self, host: Host, name: str, python: str, log_dir: str, state: Any, points: list[Any],
+                 steps: Sequence[int], opts: LiveOptions, owned: _Owned, say: Say, tp: int):
+        self.host, self.name, self.python, self.log_dir, self.state = host, name, python, log_dir, state
+        self.points, self.steps, self.opts, self.owned, self.say, self.tp = points, steps, opts, owned, say, tp
+        self.token = secrets.token_hex(8)
+        self.leases: list[str] = []
+
+    # -- the lease -----------------------------------------------------------------------------------------
+    def lease(self) -> None:
+        """Write (or renew) the lease for every process of the server: the runtime looks for the one named after
+        its launcher, which is one of them."""
+        _live(self.host, self.python, self.name, action="write", log_dir=self.log_dir, names=self.leases,
+              token=self.token, steps=list(self.steps), lease_s=self.opts.lease_s)
+
+    def release(self) -> None:
+        """Remove the lease; best effort (a lease left behind runs out by itself)."""
+        if self.leases:
+            try:
+                _live(self.host, self.python, self.name, action="remove", log_dir=self.log_dir, names=self.leases)
+            except (EaglepatchError, OSError):
+                pass
+        self.leases = []
+
+    def answers(self, server: Any) -> None:
+        """Wait until every TP rank's runtime answers the lease; raises Unsupported when they do not in time."""
+        deadline = time.monotonic() + ANSWER_TIMEOUT_S
+        pids = {server.pid, *server.children}
+        while True:
+            res = _live(self.host, self.python, self.name, action="answers", log_dir=self.log_dir,
+                        launchers=sorted(pids))
+            got = {a["pid"] for a in res["answers"] if a.get("token") == self.token and a.get("alive")}
+            if len(got) >= self.tp:
+                return
+            if time.monotonic() > deadline:
+                raise Unsupported(
+                    f"{self.name}: the server's runtime did not take the live sweep's lease within "
+                    f"{ANSWER_TIMEOUT_S:.0f} s (answers from {len(got)} of {self.tp} rank(s)): is the server the "
+                    "patched one, patched by this eaglepatch (eaglepatch apply TARGET again), and running "
+                    "adaptively (its log says why sglang turned adaptive speculation off)?")
+            time.sleep(0.25)
+
+    # -- the sweep -----------------------------------------------------------------------------------------
+    def go(self, plan: Sequence[tuple[int, int]], original: Any, live_launch: Any, config_path: str,
+           release: ad.AdaptiveRelease) -> dict[str, Any]:
+        from eaglepatch.server.restart import RestartOptions
+
+        ropts = RestartOptions(timeout=self.opts.timeout, poll_interval=0.5)
+        done = self.state.done()
+        pending = [(r, i) for r, i in plan if (self.points[i].key, r) not in done]
+        if done:
+            self.say(f"resuming: {len(plan) - len(pending)} of {len(plan)} window(s) already done ({self.state.path})")
+        else:
+            self.say(f"live sweep: {len(self.points)} point(s) x {self.opts.rounds} round(s) of "
+                     f"{self.opts.window:g} s windows, in one server; results saved as they complete in "
+                     f"{self.state.path}")
+        interrupted: BaseException | None = None
+        try:
+            if pending:
+                server = self.launch(original, live_launch, config_path, release, ropts)
+                self.measure(server, pending, len(plan))
+        except BaseException as exc:  # Ctrl-C, a lost connection, a bug: hand back, put the server back, report
+            interrupted = exc
+        self.release()
+        if interrupted is None:
+            try:
+                self.timings()
+            except BaseException as exc:  # noqa: BLE001 - the server goes back whatever happened
+                interrupted = exc
+        restore = self.put_back(original, live_launch, ropts, interrupted)
+        if interrupted is not None:
+            hint = (f"{restore.get('message', '')}; {len(self.state.runs)} window(s) are saved: run the same command "
+                    "again to resume")
+            if isinstance(interrupted, KeyboardInterrupt):
+                self.say(f"{self.name}: interrupted; {hint}")
+                raise interrupted
+            if isinstance(interrupted, EaglepatchError):
+                err = EaglepatchError(f"{interrupted}; {hint}")
+                err.exit_code = interrupted.exit_code
+                raise err from None
+            self.say(f"{self.name}: {hint}")
+            raise interrupted
+        if restore.get("ready"):
+            self.state.add_restore(restore)
+        return _finish(self.name, release, self.steps, self.state, self.opts, restore, self.say)
+
+    def launch(self, original: Any, live_launch: Any, config_path: str, release: ad.AdaptiveRelease,
+               ropts: Any) -> Any:
+        """The server to measure in: the running one when it already runs adaptively with the candidates (or is
+        this sweep's launch, resuming), else the one launch."""
+        from eaglepatch.server.restart import restart
+
+        port = original.port
+        current = self.owned.current(port)
+        if live_launch is not None and (current is None or not _runs(current, live_launch, [])):
+            doc = ad.config_document(release, ad.live_tiers(self.steps))
+            _live(self.host, self.python, self.name, action="write", log_dir=self.log_dir,
+                  names=[os.path.basename(config_path)], data=ad.dumps(doc))
+            self.say(f"one launch, adaptive: --speculative-adaptive with every step count as a candidate "
+                     f"({config_path}), --speculative-num-steps {max(self.steps)} (the largest: sglang builds no "
+                     "state for more steps than the launch's)")
+            res = restart(self.host, current=current, launch=live_launch, options=ropts,
+                          progress=lambda line: self.say("  " + line), python=self.python,
+                          on_started=lambda st: self.state.add_launch(st.pid, st.start, port))
+            if not res.ready:
+                raise RestartFailed(f"{self.name}: the adaptive launch did not come up: {res.message}"
+                                    + (f"\n{res.log_tail}" if res.log_tail else ""))
+            failpoint("live:after-launch")
+            current = self.owned.current(port)
+        if current is None:
+            raise Unsupported(f"{self.name}: no sglang server runs on :{port} to sweep")
+        if live_launch is None and not _runs(current, original, []):
+            raise EaglepatchError(f"{self.name}: the server on :{port} no longer runs the command line this live "
+                                  "sweep started from: run it with --fresh")
+        return current
+
+    def measure(self, server: Any, pending: Sequence[tuple[int, int]], total: int) -> None:
+        """The lease, the warm-up, every rank's answer, then each pending window, saved as it ends."""
+        load = self.opts.bench.load
+        offset, unc = clock_offset(self.host, self.python)
+        probe = getattr(self.host, "probe_tunnel", None)
+        why = probe(server.probe_host, server.port) if probe is not None else None
+        if why:
+            raise Unsupported(f"{self.name}: {why}: is the server (pid {server.pid}) up on :{server.port}?")
+        try:
+            local = self.host.open_tunnel(server.probe_host, server.port)  # type: ignore[attr-defined]
+        except OSError as exc:
+            raise ConnectionFailed(f"{self.name}: cannot forward a local port to :{server.port}: {exc}") from None
+        url = _url(self.host, server.probe_host, local)
+        try:
+            self.leases = [f"live-{pid}.json" for pid in sorted({server.pid, *server.children})]
+            self.lease()
+            warm = dataclasses.replace(load, requests=max(1, load.warmup), warmup=0)
+            self.say(f"warm-up: {warm.requests} request(s), then every rank's answer to the lease")
+            run_load(url, warm, api_key=server.api_key, timeout=self.opts.bench.request_timeout)
+            self.answers(server)
+            failpoint("live:after-lease")
+            for n, (r, i) in enumerate(pending, 1):
+                p, s = self.points[i], self.steps[i]
+                w = r * len(self.points) + i
+                self.say(f"run {total - len(pending) + n}/{total}: window of point #{i} ({p.label}), round "
+                         f"{r + 1}/{self.opts.rounds}")
+                self.lease()
+                # the window is widened by the host clock's uncertainty on both sides: a pause of twice that keeps
+                # the last cycles of the window before out of it
+                time.sleep(2 * unc + 0.05)
+                base = {"point": p.key, "index": i, "rep": r, "steps": s, "t": round(time.time(), 3),
+                        "pid": server.pid, "pids": sorted({server.pid, *server.children})}
+                try:
+                    lr = run_window(url, load, self.opts.window, lv.rid_prefix(self.token, s, w),
+                                    offset=10_000_000 * (w + 1), api_key=server.api_key,
+                                    timeout=self.opts.bench.request_timeout)
+                except LoadFailed as exc:
+                    self.say(f"  failed: {exc}")
+                    self.state.add_run(dict(base, status="failed", error=str(exc)))
+                    if self.owned.current(server.port) is None:
+                        raise
+                    continue
+                client = lr.to_json()
+                acc = client.get("accept_len")
+                self.say(f"  {client['tokens_per_s']:.1f} tok/s" + (f", accept length {acc:.2f}" if acc else ""))
+                self.state.add_run(dict(base, status="ok", tokens_per_s=client["tokens_per_s"], accept_len=acc,
+                                        phases_p50={}, client=client,
+                                        window=[round(lr.start + offset - unc, 4), round(lr.end + offset + unc, 4)]))
+                failpoint("live:after-window")
+        finally:
+            self.host.close_tunnel(local)  # type: ignore[attr-defined]
+
+    def timings(self) -> None:
+        """Each window's figures from the timing records, read once (for the windows that lack them)."""
+        from eaglepatch import report as rep
+
+        have = {(d["point"], d["rep"]) for d in self.state.timings}
+        todo = [r for r in self.state.runs if r.get("status") == "ok" and r.get("window")
+                and (r["point"], r["rep"]) not in have]
+        if not todo:
+            return
+        wait = self.opts.bench.log_wait
+        if wait > 0:
+            self.say(f"waiting {wait:g} s for the server to write its timing records")
+            time.sleep(wait)
+        try:
+            folder = fetch_logs_from(self.host, self.name, self.python, self.log_dir, lambda _m: None)
+        except UsageError as exc:
+            self.say(f"note: no timing logs: {exc}")
+            return
+        every = sorted(glob.glob(os.path.join(folder, "*.jsonl")))
+        for r in todo:
+            files = logs_of(every, set(r.get("pids") or [r["pid"]]))
+            lo, hi = r["window"]
+            records = list(_records(files, lo, hi))
+            doc: dict[str, Any] = {"point": r["point"], "rep": r["rep"], "steps": r["steps"],
+                                   "cycles": lv.count_cycles(records, r["steps"])}
+            if files and records:
+                one = rep.aggregate(files, t_min=lo, t_max=hi).to_json()
+                per_bs = rep.aggregate(files, by="bs", t_min=lo, t_max=hi).to_json()
+                fig = lv.window_figures(r.get("client") or {}, one, doc["cycles"], r["steps"])
+                doc.update(phases_p50=fig["phases_p50"], accept_len_log=fig["accept_len_log"],
+                           by_bs={str(k): v for k, v in lv.bs_figures(per_bs, r["steps"]).items()})
+            self.state.add_timings(doc)
+
+    def put_back(self, original: Any, live_launch: Any, ropts: Any, interrupted: BaseException | None) -> dict:
+        """Leave the original command line running (a sweep that launched nothing restarts nothing)."""
+        try:
+            if live_launch is None and not self.state.launched():
+                return {"restarted": False, "ready": True, "argv": list(original.argv),
+                        "message": "the server was not restarted: it already ran adaptively with these candidates"}
+            return _restore(self.host, self.python, original, [], ropts, "the original command line", self.say,
+                            self.owned)
+        except BaseException as exc:  # noqa: BLE001
+            if interrupted is None:
+                raise
+            return {"ready": False, "message": f"could not put the server back: {exc}"}
+
+
+def _records(files: Sequence[str], lo: float, hi: float) -> Any:
+    """The timing records of ``files`` whose ``t`` lies in [lo, hi] (lines that do not parse are passed over)."""
+    for f in files:
+        with open(f, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if '"kind"' in line:
+                    continue
+                try:
+                    d = json.loads(line)
+                except ValueError:
+                    continue
+                t = d.get("t") if isinstance(d, dict) else None
+                if isinstance(t, (int, float)) and lo <= t <= hi:
+                    yield d
+
+
+def _merged_runs(state: Any) -> list[dict[str, Any]]:
+    """The saved windows, each with its figures from the timing logs when read."""
+    extra = {(d["point"], d["rep"]): d for d in state.timings}
+    out = []
+    for r in state.runs:
+        d = dict(r)
+        t = extra.get((r.get("point"), r.get("rep")))
+        if t is not None:
+            d["phases_p50"] = t.get("phases_p50") or {}
+            d["cycles"] = t.get("cycles")
+            d["accept_len_log"] = t.get("accept_len_log")
+            if d.get("accept_len") is None:
+                d["accept_len"] = t.get("accept_len_log")
+        out.append(d)
+    return out
+
+
+def _finish(name: str, release: ad.AdaptiveRelease, steps: Sequence[int], state: Any, opts: LiveOptions,
+            restore: dict[str, Any], say: Say) -> dict[str, Any]:
+    """The summary; with ``--emit-adaptive-config`` the config file written and described."""
+    doc = lv.summarize(name, steps, _merged_runs(state), opts.rounds, len(state.launched()), opts.window)
+    doc.update(state_file=state.path, restore=restore, release=release.to_json())
+    if opts.emit is not None:
+        by_bs: dict[int, dict[int, list[float]]] = {}
+        for t in state.timings:
+            for bs, tps in (t.get("by_bs") or {}).items():
+                by_bs.setdefault(int(t["steps"]), {}).setdefault(int(bs), []).append(tps)
+        measures = ad.measures_of(doc["points"], by_bs, opts.bench.load.concurrency)
+        try:
+            emitted = ad.emitted(release, ad.choose_tiers(measures), opts.emit)
+        except (UsageError, Unsupported) as exc:  # nothing measured, or candidates the release cannot run
+            doc["notes"].append(f"--emit-adaptive-config: {exc}: nothing written")
+            return doc
+        with open(opts.emit, "w", encoding="utf-8") as f:
+            f.write(ad.dumps(emitted["config"]))
+        emitted["basis"] = sorted({m.basis for m in measures})
+        doc["adaptive_config"] = emitted
+        say(f"adaptive config written to {opts.emit} (tiers {emitted['tiers']}); deploy it with "
+            f"{' '.join(emitted['launch_flags'])}; check it with eaglepatch bench TARGET against the best static "
+            "point")
+    return doc

@@ -1,0 +1,191 @@
+"""The pure parts of ``sweep --live`` (eaglepatch.tuning.live): the grid, the plan of windows, the adaptive launch's
+command line, the request ids the runtime reads, a window's figures, the summary; and a window of load
+(eaglepatch.tuning.load.run_window) against a small HTTP server."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from eaglepatch.errors import UsageError
+from eaglepatch.tuning import live as lv
+from eaglepatch.tuning.load import LoadSpec, run_window
+
+RUNTIME = Path(__file__).resolve().parents[2] / "eaglepatch" / "runtime" / "_eaglepatch_runtime.py"
+
+
+@pytest.mark.parametrize("grid, steps", [
+    (["speculative-num-steps=0,1,3,7"], (0, 1, 3, 7)),
+    (["--speculative-num-steps=7,3"], (7, 3)),
+])
+def test_the_grid_of_a_live_sweep_is_step_counts(grid, steps):
+    assert lv.live_steps(grid) == steps
+
+
+@pytest.mark.parametrize("grid, words", [
+    (["speculative-eagle-topk=1,2"], "one axis"),
+    (["speculative-num-steps=1,3", "cuda-graph-max-bs=8,16"], "one axis"),
+    ([], "one axis"),
+    (["speculative-num-steps=1,x"], "not a step count"),
+    (["speculative-num-steps=1,65"], "not a step count"),
+    (["speculative-num-steps=-1,2"], "not a step count"),
+    (["speculative-num-steps=3"], "two step counts or more"),
+    (["speculative-num-steps=3,03"], "two step counts or more"),
+])
+def test_other_grids_are_usage_errors(grid, words):
+    with pytest.raises(UsageError, match=words):
+        lv.live_steps(grid)
+
+
+def test_each_round_measures_every_point_once_in_its_own_seeded_order():
+    plan = lv.plan_windows(4, 3, "seed")
+    assert plan == lv.plan_windows(4, 3, "seed")
+    rounds = [[i for r, i in plan if r == k] for k in range(3)]
+    assert all(sorted(x) == [0, 1, 2, 3] for x in rounds)
+    assert [r for r, _ in plan] == [0] * 4 + [1] * 4 + [2] * 4
+    orders = {tuple(i for r, i in lv.plan_windows(6, 8, "seed") if r == k) for k in range(8)}
+    assert len(orders) > 1  # shuffled per round, not once (the seed fixes which orders)
+    with pytest.raises(UsageError, match="--rounds"):
+        lv.plan_windows(4, 0, "seed")
+
+
+def test_the_adaptive_launch_sets_its_flags_where_they_stood():
+    argv = ["/v/bin/python", "-m", "sglang.launch_server", "--model", "m", "--speculative-algorithm", "EAGLE3",
+            "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4", "--port", "30000"]
+    assert lv.live_argv(argv, 3, (0, 1, 7, 3), "/tmp/ep/adaptive-x.json") == [
+        "/v/bin/python", "-m", "sglang.launch_server", "--model", "m", "--speculative-algorithm", "EAGLE3",
+        "--speculative-num-steps", "7", "--speculative-num-draft-tokens", "8", "--port", "30000",
+        "--speculative-adaptive", "--speculative-adaptive-config", "/tmp/ep/adaptive-x.json",
+        "--speculative-eagle-topk", "1"]
+    again = lv.live_argv(lv.live_argv(argv, 3, (1, 3), "/c.json"), 3, (1, 3), "/c.json")
+    assert again == lv.live_argv(argv, 3, (1, 3), "/c.json") and again.count("--speculative-adaptive") == 1
+
+
+def _runtime():
+    spec = importlib.util.spec_from_file_location("_eaglepatch_runtime_live_plan", str(RUNTIME))
+    rt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rt)  # type: ignore[union-attr]
+    import atexit
+
+    atexit.unregister(rt._at_exit)
+    return rt
+
+
+def test_the_request_ids_name_the_step_count_the_way_the_runtime_reads_it():
+    rt = _runtime()
+    token = "0123456789abcdef"
+    prefix = rt._lease_of({"v": 1, "token": token, "steps": [0, 7], "deadline": 4e9})[0]
+
+    class Req:
+        def __init__(self, rid):
+            self.rid = rid
+
+    class B:
+        def __init__(self, rid):
+            self.reqs = [Req(rid)]
+
+    for steps in (0, 7, 12, 64):
+        for window in (0, 31):
+            assert rt._marked_steps(B(lv.rid_prefix(token, steps, window) + "5"), prefix) == steps
+
+
+def rec(mode="decode", spec=None):
+    d = {"mode": mode}
+    if spec is not None:
+        d["spec"] = spec
+    return d
+
+
+def test_a_windows_cycles_are_counted_as_pinned_or_not():
+    pinned = {"steps": 3, "topk": 1, "draft_tokens": 4, "pinned": True}
+    records = [rec(spec=pinned), rec(spec=pinned), rec(spec=dict(pinned, steps=1)), rec(spec=dict(pinned, pinned=False)),
+               rec(spec={"steps": 3, "topk": 1, "draft_tokens": 4}), rec(), rec("prefill", spec=pinned)]
+    assert lv.count_cycles(records, 3) == {"pinned": 2, "other": 4}
+
+
+def test_the_pinned_group_of_a_window():
+    groups = [{"mode": "prefill", "key": {}},
+              {"mode": "decode", "key": {"spec": "steps=3,topk=1,draft_tokens=4"}, "n": 5},
+              {"mode": "decode", "key": {"spec": "steps=3,topk=1,draft_tokens=4,pinned=true"}, "n": 50},
+              {"mode": "decode", "key": {"spec": "steps=31,topk=1,draft_tokens=32,pinned=true"}, "n": 9}]
+    assert [g["n"] for g in lv.pinned_group(groups, 3)] == [50]
+    assert lv.pinned_group([{"mode": "decode", "key": {}, "n": 7}], 3) == [{"mode": "decode", "key": {}, "n": 7}]
+    by_bs = [{"mode": "decode", "key": {"bs": 1}, "n": 40, "wall_tokens_per_s": 100.0},
+             {"mode": "decode", "key": {"bs": 2}, "n": 3, "wall_tokens_per_s": 150.0},
+             {"mode": "decode", "key": {"bs": 4, "spec": "steps=1,topk=1,draft_tokens=2,pinned=true"}, "n": 40,
+              "wall_tokens_per_s": 300.0}]
+    assert lv.bs_figures({"groups": by_bs}, 3) == {1: 100.0}
+
+
+def run(point, rep, tps, t, cycles=None):
+    d = {"point": point, "rep": rep, "status": "ok", "tokens_per_s": tps, "accept_len": 2.0, "t": t,
+         "phases_p50": {"cycle": 9.0}, "client": {"seconds": 20.0}}
+    if cycles:
+        d["cycles"] = cycles
+    return d
+
+
+def test_the_summary_per_point_windows_spread_and_notes():
+    steps = (1, 3)
+    k1, k3 = (p.key for p in lv.points_of(steps))
+    runs = [run(k1, 0, 100.0, 1, {"pinned": 10, "other": 0}), run(k3, 0, 120.0, 2, {"pinned": 9, "other": 1}),
+            run(k3, 1, 110.0, 3, {"pinned": 9, "other": 0}), run(k1, 1, 90.0, 4, {"pinned": 9, "other": 0})]
+    doc = lv.summarize("t", steps, runs, rounds=2, launches=1, window_s=20.0)
+    assert (doc["live"], doc["launches"], doc["rounds"], doc["window_s"], doc["best"], doc["baseline"]) == (
+        True, 1, 2, 20.0, 1, None)
+    a, b = doc["points"]
+    assert (a["steps"], a["windows"], a["window_tokens_per_s"], a["tokens_per_s"]) == (
+        1, 2, [100.0, 90.0], {"median": 95.0, "min": 90.0, "max": 100.0})
+    assert a["spread"] == round(10 / 95, 4) and b["spread"] == round(10 / 115, 4)
+    assert b["cycles"] == {"pinned": 18, "other": 1} and a["runs"] == 2 and "repeat" not in doc
+    assert any("1 decode cycle(s) inside the windows did not run" in n for n in doc["notes"])
+    one = lv.summarize("t", steps, runs[:2], rounds=1, launches=0, window_s=2.0)
+    assert any(n.startswith("one window per point") for n in one["notes"])
+    assert not any("launch" in n for n in one["notes"])
+
+
+class _Gen(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    bodies: list = []
+    lock = threading.Lock()
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with self.lock:
+            self.bodies.append(body)
+        data = json.dumps({"text": "x", "meta_info": {"completion_tokens": body["sampling_params"]["max_new_tokens"],
+                                                      "spec_verify_ct": 2}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_a_window_sends_requests_until_its_time_is_up_each_with_its_own_id():
+    _Gen.bodies = []
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Gen)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        spec = LoadSpec(requests=1, concurrency=2, input_len=3, max_new_tokens=4, warmup=0)
+        res = run_window(f"http://127.0.0.1:{httpd.server_address[1]}", spec, 0.3, "eaglepatch-t-s3-w1-",
+                         offset=500, stream=False)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    rids = [b["rid"] for b in _Gen.bodies]
+    n = len(rids)
+    assert n == len(res.results) and n >= 2 and res.failed == 0
+    assert sorted(rids) == sorted(f"eaglepatch-t-s3-w1-{i}" for i in range(n))
+    by_rid = {b["rid"]: b["input_ids"] for b in _Gen.bodies}
+    assert by_rid["eaglepatch-t-s3-w1-1"] == spec.prompts(1, offset=501)[0]
+    assert res.to_json()["output_tokens"] == 4 * n and res.accept_len == 2.0
