@@ -35,7 +35,8 @@ The draft of known acceptance: ``LIVE_MODELS`` (a folder with ``target/`` and ``
 EAGLEWorkerV2 yields min(K + 1, 3.2) tokens a cycle, so the "construction" is that): it checks the script, not
 sglang.
 
-Usage: ``python3 live_story.py [STAGE]`` (STAGE: auto (default), live, restart, deploy). Env: OUT, T0, BUDGET
+Usage: ``python3 live_story.py [STAGE]`` (STAGE: auto (default), live, restart, deploy). Env: STAGES (the stages
+this call may run, in order: default live,restart,deploy; e.g. live,deploy leaves the restart sweep out), OUT, T0, BUDGET
 (seconds from T0, default 520), PREV, LIVE_MODELS, LIVE_P, LIVE_MAKE, LIVE_SHAPE, START, GRID (0,1,3,5), ROUNDS (3), WINDOW
 (12), CONC (4), MAX_NEW (128), REQUESTS (48: the restart sweep's and the deploy benches' requests, about as
 long as a window), REPEAT (3),
@@ -497,7 +498,7 @@ def main() -> int:
     finished = {"live": lambda: "doc" in story["live"], "restart": lambda: "doc" in story["restart"],
                 "deploy": lambda: {"adaptive", "best_static"} <= set(story["deploy"])}
     need = {"live": 0, "restart": 3 * LAUNCH_S, "deploy": 2 * LAUNCH_S}  # to begin it after another stage
-    order = list(run)
+    order = [s for s in os.environ.get("STAGES", "live,restart,deploy").split(",") if s in run]
     first = STAGE if STAGE in run else next((s for s in order if not finished[s]()), "deploy")
     call["ran"] = []
     for stage in order[order.index(first):]:
