@@ -20,6 +20,7 @@ from eaglepatch import __version__
 from eaglepatch.errors import EaglepatchError, ExitCode, UsageError
 from eaglepatch.ops import actions
 from eaglepatch.ops.core import FactsOptions, RuntimeOptions
+from eaglepatch.redact import shown
 
 EXIT_CODES = (
     "Exit codes: 0 done (or nothing to do); 1 internal error; 2 usage error (also: an install this user cannot "
@@ -74,6 +75,8 @@ class _Out:
         return not self.quiet and sys.stderr.isatty() and not os.environ.get("EAGLEPATCH_PLAIN")
 
     def __call__(self, msg: str) -> None:
+        # host-supplied text reaches the terminal with its control characters escaped (the lines stay lines)
+        msg = terminal_text(msg)
         text = msg.strip()
         transient = text.startswith(("waiting for sglang on", "run ")) or text.startswith("waiting up to")
         if self.quiet and not text.startswith(("note:", "warning:", "eaglepatch:")):
@@ -102,6 +105,13 @@ class _Out:
         if self.status is not None:
             self.status.stop()
             self.status = None
+
+
+def terminal_text(text: str) -> str:
+    """What eaglepatch writes for people (messages, tables): every control character escaped but the newlines
+    and tabs that lay it out (eaglepatch.redact.shown); the fields that come from a host are escaped whole where
+    they are rendered, so that a newline in one cannot forge a line."""
+    return shown(text, keep="\n\t")
 
 
 say = _Out()
@@ -160,8 +170,9 @@ def for_each_target(targets: List[str], fn: Callable[[str], Any]) -> list[Outcom
         return list(pool.map(one, targets))
 
 
-def finish(outcomes: list[Outcome], emit_json: bool, render: Callable[[Any], str] | None) -> None:
-    """Print each outcome (data to stdout, errors to stderr) and exit with the worst code."""
+def finish(outcomes: list[Outcome], emit_json: bool, render: Callable[[Any], str] | None, raw: bool = False) -> None:
+    """Print each outcome (data to stdout, errors to stderr) and exit with the worst code. ``raw``: the rendered
+    text is data to pass on byte for byte (a diff for patch(1)), not text for a terminal."""
     say.stop()
     values = []
     for o in outcomes:
@@ -175,6 +186,8 @@ def finish(outcomes: list[Outcome], emit_json: bool, render: Callable[[Any], str
             values.append(o.value)
         elif render is not None:
             text = render(o.value)
+            if text and not raw:
+                text = terminal_text(text)
             if text:
                 sys.stdout.write(text if text.endswith("\n") else text + "\n")
     if emit_json:
@@ -274,7 +287,7 @@ def diff(
         c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
         r = actions.load_recipe(recipe)
         ropts = RuntimeOptions(mode=mode.value)
-        finish(for_each_target([target], lambda t: actions.diff(t, c, r, ropts, say)), False, lambda v: v)
+        finish(for_each_target([target], lambda t: actions.diff(t, c, r, ropts, say)), False, lambda v: v, raw=True)
     _guard(go)
 
 
@@ -311,7 +324,7 @@ def apply(
         restart = None if no_restart else actions.restart_options(restart_cmd, systemd_unit, timeout)
         actions.check_targets(targets, c)
         outcomes = for_each_target(targets, lambda t: actions.apply(t, c, r, ropts, restart, dry_run, say))
-        finish(outcomes, json_out, actions.render_change)
+        finish(outcomes, json_out, actions.render_change, raw=dry_run)
     _guard(go)
 
 
@@ -444,7 +457,7 @@ def report(
         text = actions.report(sources, c, by=None if by is None else by.value, skip=skip, trace=trace, compare=compare, log_dir=log_dir,
                               fmt="json" if json_out else "csv" if csv_out else "table", say=say, runs=runs,
                               chart=chart)
-        sys.stdout.write(text)
+        sys.stdout.write(text if json_out else terminal_text(text))
     _guard(go)
 
 
@@ -558,7 +571,7 @@ def sweep(
         elif json_out:
             text = json.dumps(doc, indent=1) + "\n"
         else:
-            text = sw.render_table(doc) + "\n"
+            text = terminal_text(sw.render_table(doc)) + "\n"
         sys.stdout.write(text)
         sys.stdout.flush()
         restore = doc.get("restore") or {}

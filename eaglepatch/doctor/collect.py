@@ -28,6 +28,7 @@ from eaglepatch.doctor.facts import (
 )
 from eaglepatch.doctor.rules import Finding, diagnose
 from eaglepatch.doctor.facts import evidence
+from eaglepatch.redact import mask_argv
 
 Say = Callable[[str], None]
 # the server's environment variables that rules look at
@@ -90,36 +91,11 @@ def no_server_doc(name: str, version: str | None, package_dir: str) -> dict[str,
     return {"target": name, "sglang_version": version, "server": None, "findings": [f.to_json()], "sources": {}}
 
 
-_SECRET_WORDS = ("key", "token", "secret", "password", "passwd")
-
-
-def masked(argv: Sequence[str]) -> list[str]:
-    """``argv`` with the value of every option named like a secret (``--api-key``, ``--hf-token=...``) replaced by
-    ``***``, as the runtime masks it in its log headers (``_redacted``: a copy, since the runtime runs inside the
-    server without eaglepatch; a test holds the two equal): doctor's output is evidence people paste."""
-    out: list[str] = []
-    hide = False
-    for a in argv:
-        if hide and not a.startswith("--"):
-            out.append("***")
-            hide = False
-            continue
-        hide = False
-        if a.startswith("--") and any(w in a.lower() for w in _SECRET_WORDS):
-            name, eq, _ = a.partition("=")
-            if eq:
-                a = name + "=***"
-            else:
-                hide = True
-        out.append(a)
-    return out
-
-
 def document(name: str, version: str | None, srv: Any, findings: Sequence[Finding],
              sources: dict[str, Any]) -> dict[str, Any]:
     """``doctor --json`` for one server (docs/contract.md); secret option values masked."""
     return {"target": name, "sglang_version": version,
-            "server": {"pid": srv.pid, "argv": masked(srv.argv), "port": srv.port},
+            "server": {"pid": srv.pid, "argv": mask_argv(srv.argv), "port": srv.port},
             "findings": [f.to_json() for f in findings], "sources": sources}
 
 

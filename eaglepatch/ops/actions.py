@@ -20,6 +20,7 @@ from eaglepatch.failpoints import failpoint
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.local import LocalHost
 from eaglepatch.hosts.target import SSHOptions, TargetSpec, is_local_target, open_host, parse_target
+from eaglepatch.redact import shown, shown_argv
 from eaglepatch.ops.core import (
     AmbiguousInstall,
     FactsOptions,
@@ -124,10 +125,10 @@ def show(text: str, c: Connect, recipe: Recipe) -> dict[str, Any]:
 
 
 def render_show(doc: dict[str, Any]) -> str:
-    out = [f"{doc['target']}: sglang {doc['sglang_version'] or '?'} at {doc['package_dir']}"]
+    out = [f"{doc['target']}: sglang {shown(doc['sglang_version'] or '?')} at {shown(doc['package_dir'])}"]
     out.extend(_server_lines(doc))
     for f in doc["files"]:
-        out.append(f"\n{f['path']}  [{f['state']}]")
+        out.append(f"\n{shown(f['path'])}  [{f['state']}]")
         if f.get("refused"):
             out.append(f"  refused: {f['refused']}")
         for w in f["workers"]:
@@ -150,7 +151,7 @@ def render_show(doc: dict[str, Any]) -> str:
         for row in sl["source"]:
             tag = f"<- {row['phase']}" if row.get("phase") else ""
             where = f" [{row['method']}]" if row.get("method") else ""
-            out.append(f"{row['line']:>6}  {row['text']}{'  ' + tag + where if tag else ''}")
+            out.append(f"{row['line']:>6}  {shown(row['text'], keep=chr(9))}{'  ' + tag + where if tag else ''}")
     return "\n".join(out)
 
 
@@ -170,20 +171,23 @@ def _server_lines(doc: dict[str, Any]) -> list[str]:
         out.append("server: none running (of this install)")
     for srv in servers:
         head = f"server: pid {srv['pid']}" + (f" on :{srv['port']}" if srv.get("port") else "")
-        out.append(f"{head}: {' '.join(srv['argv'])}")
+        out.append(f"{head}: {shown_argv(srv['argv'])}")
         if srv.get("launched"):
-            out.append(f"  launched: {srv['launched']}" + (f"; in {srv['cwd']}" if srv.get("cwd") else ""))
+            out.append(f"  launched: {shown(srv['launched'])}" + (f"; in {shown(srv['cwd'])}" if srv.get("cwd") else ""))
         if srv.get("code"):
-            out.append(f"  {_CODE.get(srv['code'], srv['code'])}")
+            out.append(f"  {_CODE.get(srv['code'], shown(srv['code']))}")
     for other in doc.get("other_servers") or ():
         out.append(f"other server: pid {other['pid']} on :{other.get('port')} runs another install "
-                   f"({other.get('package_dir') or 'unknown'}): left alone")
+                   f"({shown(other.get('package_dir') or 'unknown')}): left alone")
     lock = doc.get("lock")
     if lock:
-        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(lock.get("time") or 0)))
-        out.append(f"lock: an eaglepatch {lock.get('what') or 'run'} of {lock.get('user')} from "
-                   f"{lock.get('client_host')} (pid {lock.get('client_pid')}) holds it since {since}; if that run "
-                   "was killed, the next apply or revert from that machine takes it over")
+        try:
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(lock.get("time") or 0)))
+        except (TypeError, ValueError, OverflowError, OSError):  # the lock file is the host's: any value at all
+            since = "an unknown time"
+        out.append(f"lock: an eaglepatch {shown(lock.get('what') or 'run')} of {shown(lock.get('user'))} from "
+                   f"{shown(lock.get('client_host'))} (pid {shown(lock.get('client_pid'))}) holds it since {since}; "
+                   "if that run was killed, the next apply or revert from that machine takes it over")
     return out
 
 
@@ -193,10 +197,10 @@ def status(text: str, c: Connect, recipe: Recipe) -> dict[str, Any]:
 
 
 def render_status(doc: dict[str, Any]) -> str:
-    rows = [f"{doc['target']}: sglang {doc['sglang_version'] or '?'} at {doc['package_dir']}"]
+    rows = [f"{doc['target']}: sglang {shown(doc['sglang_version'] or '?')} at {shown(doc['package_dir'])}"]
     for f in doc["files"]:
         phases = sorted({p for w in f["workers"] for p in w.get("phases", [])})
-        rows.append(f"  {f['state']:<9} {f['path']}  ({', '.join(phases) or 'no phases'})")
+        rows.append(f"  {f['state']:<9} {shown(f['path'])}  ({', '.join(phases) or 'no phases'})")
     runtime = doc.get("runtime") or {}
     if runtime and not runtime.get("present") and any(f["state"] == "patched" for f in doc["files"]):
         rows.append(f"  MISSING   {runtime['path']}: a patched file imports it, so a server started now fails; "

@@ -29,6 +29,7 @@ from eaglepatch import __version__
 from eaglepatch.errors import Conflict, ConnectionFailed, EaglepatchError, Unsupported, UsageError, ValidationFailed
 from eaglepatch.failpoints import failpoint, remote_fault
 from eaglepatch.hosts.base import Host, RemoteScriptError, run_python
+from eaglepatch.redact import mask_argv
 from eaglepatch.transform.marks import RUNTIME_MODULE, is_instrumented, strip_lines
 from eaglepatch.transform.recipe import Recipe
 
@@ -373,7 +374,8 @@ def servers_json(facts: HostFacts) -> list[dict[str, Any]]:
     out = []
     for item in facts.servers:
         srv = ServerProcess.from_scan(item)
-        out.append(dict(srv.to_json(), code=code_state(srv.started_at, facts)))
+        # what is printed of a command line: its secrets masked (eaglepatch.redact), in the JSON too
+        out.append(dict(srv.to_json(), argv=mask_argv(srv.argv), code=code_state(srv.started_at, facts)))
     return out
 
 

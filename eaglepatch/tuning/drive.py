@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 from eaglepatch.errors import ConnectionFailed, EaglepatchError, Unsupported, UsageError
 from eaglepatch.hosts.base import Host
+from eaglepatch.redact import shown_argv
 from eaglepatch.tuning.load import SHORT_LOAD_S, LoadFailed, LoadSpec, run_load, short_load_note
 from eaglepatch.failpoints import failpoint
 from eaglepatch.ops.actions import Connect, _facts, _launch_of, _Target, fetch_logs_from, logs_of
@@ -321,7 +322,7 @@ class _Owned:
         here = [s for s in servers if s.port == port]
         for srv in here:
             if not self._ours(srv):
-                raise Conflict(f"the server on :{port} (pid {srv.pid}: {' '.join(srv.argv)}) is not the one this "
+                raise Conflict(f"the server on :{port} (pid {srv.pid}: {shown_argv(srv.argv)}) is not the one this "
                                "sweep recorded or started: it was not stopped; to sweep the server that runs now, "
                                "run the sweep again with --fresh")
         for srv in servers:
@@ -370,7 +371,7 @@ def sweep(text: str, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]
             args_index = _remote.launcher_args_index(list(original.argv))
             if args_index < 0:
                 raise Unsupported(f"{name}: the server's command line is not one eaglepatch can rewrite: "
-                                  f"{' '.join(original.argv)}")
+                                  f"{shown_argv(original.argv)}")
         sw.check_speculation(original.argv[args_index:], flag_axes, flags)
         launches = []
         notes: list[str] = []
