@@ -53,7 +53,7 @@ class FakeHost:
         self.files: dict[str, FileStat] = files or {}
         self.calls: list[tuple[str, Any]] = []
 
-    def run(self, argv, *, stdin=None, timeout=None):
+    def run(self, argv, *, stdin=None, timeout=None, max_output=None):
         argv = list(argv)
         if len(argv) == 3 and argv[1] == "-c" and "eaglepatch-remote" in argv[2]:
             payload = json.loads(stdin)["payload"]
