@@ -61,3 +61,10 @@ class RestartFailed(EaglepatchError):
     """The server was not ready within the timeout; the message says what the rollback achieved."""
 
     exit_code = ExitCode.RESTART
+
+
+class BadAnswer(EaglepatchError):
+    """A host answered what eaglepatch refuses to act on (a log file name that is a path, an offset it never asked
+    for, more than the bounds); nothing of it was written or acted on."""
+
+    exit_code = ExitCode.INTERNAL

@@ -67,7 +67,8 @@ def doctor(text: str, c: Any, say: Say, log_dir: str | None = None) -> Any:
         folder, log_note = None, None
         if ldir and (patched or log_dir):
             try:
-                folder = fetch_logs_from(t.host, name, facts.python, ldir, lambda _m: None)
+                pids = {p for srv in servers for p in (srv.pid, *srv.children)}
+                folder = fetch_logs_from(t.host, name, facts.python, ldir, lambda _m: None, pids=pids)
             except EaglepatchError as exc:  # a refusal, or a host that did not answer in time: no records
                 log_note = str(exc)
         overlap = any(os.path.basename(f.path) == "eagle_worker_v2.py" for f in facts.files)
@@ -171,7 +172,8 @@ def load_records(folder: str, pids: set[int], launches: set[tuple[int, int]] | N
 
     from eaglepatch.ops.actions import logs_of
 
-    files = logs_of(sorted(glob.glob(os.path.join(folder, "*.jsonl"))), pids)
+    # every host folder the logs came from has a subfolder of the cache (the runtime's private one too)
+    files = logs_of(sorted(glob.glob(os.path.join(folder, "**", "*.jsonl"), recursive=True)), pids)
     if not files:
         return {}
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from eaglepatch.redact import shown as escaped
 from eaglepatch.report.aggregation import GroupStats, ReportResult, Stats
 
 #: The CSV columns of ``render_csv``, in order.
@@ -121,7 +122,7 @@ def render_table(result: ReportResult, *, tablefmt: str = "simple") -> str:
         shown: set[str] = set()
         for run in result.runs:
             shown.add(run.id)
-            out.append(run.title())
+            out.append(escaped(run.title()))  # its flags are the host's word: one line, escaped
             mine = result.run_groups(run.id)
             if not mine:
                 out.append("no timing records of this run" + (" (every cycle left out by --skip)" if run.records

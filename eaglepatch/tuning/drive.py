@@ -149,11 +149,12 @@ def collect_timings(host: Host, name: str, python: str, log_dir: str, pids: set[
         say(f"waiting {wait:g} s for the server to write its timing records")
         time.sleep(wait)
     try:
-        folder = fetch_logs_from(host, name, python, log_dir, lambda _m: None)
+        folder = fetch_logs_from(host, name, python, log_dir, lambda _m: None, pids=pids)
     except UsageError as exc:
         notes.append(f"no timing logs: {exc}")
         return None
-    files = logs_of(sorted(glob.glob(os.path.join(folder, "*.jsonl"))), pids)
+    # every host folder the logs came from has a subfolder of the cache (the runtime's private one too)
+    files = logs_of(sorted(glob.glob(os.path.join(folder, "**", "*.jsonl"), recursive=True)), pids)
     if not files:
         notes.append(f"no timing log of the server's processes in {log_dir}: is the running server the patched "
                      "one (restarted after apply)?")
