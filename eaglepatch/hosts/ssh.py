@@ -134,20 +134,33 @@ class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
         if policy.check == CHECK_YES:
             raise _UnknownHostKey(hostname, key)
         if policy.check == CHECK_ACCEPT_NEW and policy.save_to:
-            append_known_host(policy.save_to, hostname, key, hashed=policy.hash_names)
+            # with HostKeyAlias the key is saved under the alias alone, as OpenSSH saves it
+            append_known_host(policy.save_to, policy.alias or hostname, key, hashed=policy.hash_names)
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
-def _load_known_hosts(client: paramiko.SSHClient, path: str) -> None:
+def _load_known_hosts(client: paramiko.SSHClient, path: str, alias: str | None = None,
+                      address: str | None = None) -> None:
     """Add the entries of a known_hosts file to ``client``, skipping lines paramiko cannot read (as OpenSSH does,
     where paramiko's own loader would give up on the whole file). ``@cert-authority``/``@revoked`` lines are
-    skipped too (paramiko has no use for them)."""
+    skipped too (paramiko has no use for them). With ``alias`` (HostKeyAlias), only the keys known under the alias
+    are taken, as the keys of ``address`` (the name paramiko looks up): OpenSSH then looks up the alias alone."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
     except OSError:
         return
     keys = client.get_host_keys()
+    if alias is not None and address is not None:
+        known = paramiko.HostKeys()
+        _read_known_lines(known, lines)
+        for keytype, key in (known.lookup(alias) or {}).items():  # lookup matches hashed names too
+            keys.add(address, keytype, key)
+        return
+    _read_known_lines(keys, lines)
+
+
+def _read_known_lines(keys: paramiko.HostKeys, lines: list[str]) -> None:
     for lineno, line in enumerate(lines, 1):
         line = line.strip()
         if not line or line.startswith(("#", "@")):
@@ -334,8 +347,9 @@ class SSHHost:
         where = f"{role} {label}" if role != "target" else label
         # Known hosts are read now, not when the _Hop was made: a jump host's key accepted a moment ago
         # counts for the next hop.
+        alias = conn.resolved.host_keys.alias
         for path in conn.resolved.host_keys.known_hosts:
-            _load_known_hosts(conn.client, path)
+            _load_known_hosts(conn.client, path, alias, conn.resolved.address_name)
         try:
             conn.open()
         except _UnknownHostKey as exc:
