@@ -827,16 +827,55 @@ def _dirs_in_use(pids):
     return sorted(set(found))
 
 
+def _temp_dirs(pids):
+    """Where the runtime of ``pids`` makes its private folder: tempfile's folder as each process sees it (its
+    TMPDIR, TEMP or TMP when it has one), this helper's, and /tmp."""
+    import tempfile
+
+    found = [tempfile.gettempdir(), "/tmp"]
+    for pid in pids:
+        raw = _proc_bytes("/proc/%d/environ" % pid)  # noqa: F821 (server/_remote.py)
+        if not raw:
+            continue
+        env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+        for name in (b"TMPDIR", b"TEMP", b"TMP"):
+            value = env.get(name, b"").decode("utf-8", "surrogateescape")
+            if value.startswith("/"):
+                found.append(value)
+                break
+    return found
+
+
+def _fell_back_from(dfd, names, log_dir, owners):
+    """Whether a log in the folder ``dfd`` starts with the runtime's header saying it fell back from ``log_dir``:
+    a private folder of this install's runtime (another install's, configured with another folder, is not read)."""
+    for name in names:
+        try:
+            fd, _st = _open_log_file(dfd, name, owners)
+        except _Refused:
+            continue
+        with os.fdopen(fd, "rb") as f:
+            first = f.readline(65536)
+        try:
+            head = json.loads(first.decode("utf-8", "replace"))
+        except ValueError:
+            continue
+        origin = head.get("fallback_from") if isinstance(head, dict) and head.get("kind") == "run" else None
+        if isinstance(origin, str) and os.path.normpath(origin) == log_dir:
+            return True
+    return False
+
+
 def _fallback_dirs(owners, temps):
     """The private folders the runtime falls back to, ``eaglepatch-*`` in the temp folders ``temps``, that one of
     ``owners`` made (real folders, 0700 as mkdtemp makes them)."""
     found = []
-    for tmp in sorted(set(temps)):
+    for tmp in sorted(set(os.path.normpath(t) for t in temps)):
         try:
             names = os.listdir(tmp)
         except OSError:
             continue
-        for n in names:
+        for n in sorted(names):
             if not _FALLBACK_NAME.match(n):
                 continue
             path = os.path.join(tmp, n)
@@ -855,16 +894,17 @@ def op_logs(payload):
     the configured one (``log_dir``), the folders that the servers' processes (``pids``) have a log open in, and
     the private folders the runtime falls back to (``eaglepatch-*`` in the temp folder). For each file, what
     follows the size the client already has (``have``: "folder/name" -> size), whole lines only, at most
-    LOG_BATCH bytes in all (``more``: ask again). ``dirs`` lists each folder looked at, with why one was refused."""
-    import tempfile
-
+    LOG_BATCH bytes in all (``more``: ask again). A folder other than ``log_dir`` is read only when its logs start
+    with the runtime's header saying it fell back from ``log_dir`` (``fallback_from``). ``dirs`` lists each folder
+    read, and each refused with why."""
     pids = [int(p) for p in payload.get("pids") or ()]
     have = payload.get("have") or {}
     owners = _log_owners(pids)
     budget = int(payload.get("budget") or LOG_BATCH)
-    candidates = [(os.path.normpath(payload["log_dir"]), "configured")]
+    log_dir = os.path.normpath(payload["log_dir"])
+    candidates = [(log_dir, "configured")]
     candidates += [(d, "open") for d in _dirs_in_use(pids)]
-    candidates += [(d, "fallback") for d in _fallback_dirs(owners, [tempfile.gettempdir(), "/tmp"])]
+    candidates += [(d, "fallback") for d in _fallback_dirs(owners, _temp_dirs(pids))]
     dirs, files, names, seen, more = [], [], {}, set(), False
     for path, kind in candidates:
         if path in seen:
@@ -875,9 +915,11 @@ def op_logs(payload):
         except _Refused as exc:
             dirs.append({"path": path, "kind": kind, "refused": str(exc)})
             continue
-        dirs.append({"path": path, "kind": kind})
         try:
             listed = sorted(n for n in os.listdir(dfd) if LOG_NAME.match(n))
+            if kind != "configured" and not _fell_back_from(dfd, listed, log_dir, owners):
+                continue  # a runtime's private folder for another log dir (another install's, or not asked for)
+            dirs.append({"path": path, "kind": kind})
             names[path] = []
             for name in listed:
                 try:

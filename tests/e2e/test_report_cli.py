@@ -42,6 +42,15 @@ def write_log(folder: Path, name: str, lines: list[str]) -> Path:
     return p
 
 
+def bare_install(root: Path) -> str:
+    """An sglang package with no server, for --sglang-path: a TARGET names its install, so that the servers of
+    other installs that happen to run on this machine (other checkouts' tests) are not the report's "current"."""
+    pkg = root / "bare install" / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("__version__ = '0.0.0'\n")
+    return str(pkg)
+
+
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "eaglepatch", *args], capture_output=True, text=True, env=env,
                           timeout=120)
@@ -151,7 +160,8 @@ def test_target_logs_are_fetched_incrementally_over_ssh(sshd, ssh_env, tmp_path)
     remote = tmp_path / "remote logs"
     f0 = write_log(remote, "gpu1-10-rank0.jsonl", [record(100 + i * 0.01) for i in range(50)])
     env = dict(ssh_env, XDG_CACHE_HOME=str(tmp_path / "cache"))
-    args = ["report", "--json", "--log-dir", str(remote), "-i", sshd.client_key, sshd.target]
+    args = ["report", "--json", "--log-dir", str(remote), "-i", sshd.client_key, sshd.target,
+            "--sglang-path", bare_install(tmp_path)]
     r = run(*args, env=env)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["records"] == 50
@@ -185,7 +195,8 @@ def test_the_cache_is_per_log_dir_and_forgets_deleted_files(sshd, ssh_env, tmp_p
     fa = write_log(a, "gpu1-10-rank0.jsonl", [record(100 + i * 0.01) for i in range(4)])
     write_log(b, "gpu1-10-rank0.jsonl", [record(200 + i * 0.01) for i in range(9)])
     env = dict(ssh_env, XDG_CACHE_HOME=str(tmp_path / "cache"))
-    common = ["report", "--json", "--all-runs", "-i", sshd.client_key, sshd.target, "--log-dir"]
+    common = ["report", "--json", "--all-runs", "-i", sshd.client_key, sshd.target, "--sglang-path",
+              bare_install(tmp_path), "--log-dir"]
     assert json.loads(run(*common, str(a), env=env).stdout)["records"] == 4
     assert json.loads(run(*common, str(b), env=env).stdout)["records"] == 9
     write_log(a, "gpu1-11-rank1.jsonl", [record(100 + i * 0.01, pid=11, rank=1) for i in range(3)])
@@ -228,6 +239,7 @@ def test_a_local_install_is_a_source_like_a_remote_target(tmp_path):
 
 def test_target_without_logs_is_a_one_line_error(sshd, ssh_env, tmp_path):
     env = dict(ssh_env, XDG_CACHE_HOME=str(tmp_path / "cache"))
-    r = run("report", "--log-dir", str(tmp_path / "none"), "-i", sshd.client_key, sshd.target, env=env)
+    r = run("report", "--log-dir", str(tmp_path / "none"), "-i", sshd.client_key, sshd.target, "--sglang-path",
+            bare_install(tmp_path), env=env)
     assert r.returncode == 2
     assert "no timing logs" in r.stderr and len(r.stderr.strip().splitlines()) == 1
