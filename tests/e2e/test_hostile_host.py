@@ -102,12 +102,12 @@ def test_log_names_that_are_paths_are_refused_and_nothing_is_written(ssh, tmp_pa
     before = victim.read_bytes() if victim.exists() else None
     python = liar(tmp_path / "liar", ("names", how, str(victim)))
     r = ssh.run("report", bare_install(tmp_path), "--log-dir", str(remote), "--python", python)
+    assert (victim.read_bytes() if victim.exists() else None) == before, f"the host wrote {victim}"
+    cache = tmp_path / "client cache"
+    assert not list(cache.rglob("*.jsonl")), "a refused answer left bytes in the cache"
     assert r.rc == 1, r
     line = one_line_error(subprocess.CompletedProcess([], r.rc, r.out, r.err))
     assert "refused" in line and "not a plain <host>-<pid>-rank<r>.jsonl" in line, line
-    assert (victim.read_bytes() if victim.exists() else None) == before
-    cache = tmp_path / "client cache"
-    assert not list(cache.rglob("*.jsonl")), "a refused answer left bytes in the cache"
 
 
 # ----------------------------------------------------------------------------------------------------------------
