@@ -227,6 +227,19 @@ def facts_worker_files(pkg, spec, pattern):
     return files
 
 
+def facts_stale_temps(spec):
+    """The temp files of an apply or revert that was killed between writing and renaming them (``.NAME`` +
+    TMP_TAG + token), anywhere under the speculative folder and its backups: status names them; the next apply or
+    revert removes them."""
+    found = []
+    if not os.path.isdir(spec):
+        return found
+    for root, dirs, names in os.walk(spec):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        found += [os.path.join(root, n) for n in sorted(names) if _STALE_TMP.match(n)]
+    return found
+
+
 def facts_manifest(manifest_path):
     """The manifest ``apply`` left, or None when there is none (or it cannot be read or parsed)."""
     try:
@@ -309,6 +322,7 @@ def op_facts(payload):
     out["runtime_path"] = runtime
     out["lock_path"] = os.path.join(spec, LOCK_NAME)
     out["lock"] = _lock_info(out["lock_path"])
+    out["stale_temps"] = facts_stale_temps(spec)
     out.update(facts_writable(spec))
     return out
 
@@ -352,8 +366,20 @@ def op_lock(payload):
         except OSError as exc:
             return {"ok": False, "error": "cannot create %s: %s" % (path, exc.strerror),
                     "denied": exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)}
-        with os.fdopen(fd, "w") as f:
-            json.dump(dict(me, time=time.time()), f)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(dict(me, time=time.time()), f)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            # created but not written (a full disk): an empty lock would block every apply and revert until it
+            # is stale, so it goes at once
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+            return {"ok": False, "error": "cannot write the lock %s: %s (nothing changed; the lock is removed): "
+                                          "free some space there and run again" % (path, exc.strerror or exc)}
         return {"ok": True}
     return {"ok": False, "held": _lock_info(path) or {}, "path": path}
 
@@ -372,8 +398,16 @@ def op_unlock(payload):
 # carrying out a plan
 
 
+def _real(path):
+    """Where the bytes of ``path`` live: a symlink's target (its links resolved), else the path itself. A worker
+    file that is a symlink is patched through it: the link stays a link (docs/safety.md)."""
+    return os.path.realpath(path) if os.path.islink(path) else path
+
+
 def _tmp_name(path, token):
-    d, name = os.path.split(path)
+    """The temp file for ``path``: beside the file its bytes go to (a symlink's target), so that the rename stays
+    on one file system."""
+    d, name = os.path.split(_real(path))
     return os.path.join(d, "." + name + TMP_TAG + token)
 
 
@@ -395,7 +429,34 @@ def _write_new(path, data, like_stat=None, mode=0o644):
 
 
 def _replace(src_tmp, dst):
-    os.replace(src_tmp, dst)
+    """Put the bytes of the temp file ``src_tmp`` at ``dst``, keeping what ``dst`` is: a rename over it (atomic);
+    through a symlink, a rename over its target (the link untouched); into a file with other hard links, a write
+    into its own inode (every name keeps seeing the same file), after which the temp file goes."""
+    real = _real(dst)
+    try:
+        st = os.lstat(real)
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+        _write_into(real, _read(src_tmp))
+        os.remove(src_tmp)
+        return
+    os.replace(src_tmp, real)
+
+
+def _write_into(path, data):
+    """Overwrite the regular file ``path`` in place with ``data`` (one write from its start, then cut to length,
+    then fsync): its inode, links, mode and owner stay. Not atomic as a rename is (see docs/safety.md)."""
+    fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        done = 0
+        view = memoryview(data)
+        while done < len(data):
+            done += os.pwrite(fd, view[done:], done)
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _drop_bytecode(path):
@@ -494,6 +555,7 @@ def exec_dirs(payload):
     was killed may have left temp files."""
     man = payload.get("manifest") or {}
     dirs = [os.path.dirname(payload["lock_path"])] + [os.path.dirname(w["path"]) for w in payload["writes"]]
+    dirs += [os.path.dirname(_real(w["path"])) for w in payload["writes"]]  # a symlink's temp is beside its target
     dirs += [os.path.dirname(w["backup"]) for w in payload["writes"] if w.get("backup")]
     if man.get("path"):
         dirs.append(os.path.dirname(man["path"]))

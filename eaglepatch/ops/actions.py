@@ -179,6 +179,9 @@ def _server_lines(doc: dict[str, Any]) -> list[str]:
     for other in doc.get("other_servers") or ():
         out.append(f"other server: pid {other['pid']} on :{other.get('port')} runs another install "
                    f"({shown(other.get('package_dir') or 'unknown')}): left alone")
+    for path in doc.get("leftovers") or ():
+        out.append(f"leftover: {shown(path)}: a temp file of an apply or revert that was killed before it renamed it "
+                   "into place; the next apply or revert removes it")
     lock = doc.get("lock")
     if lock:
         try:

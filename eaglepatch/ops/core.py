@@ -189,6 +189,7 @@ class HostFacts:
     writable: bool = True
     runtime_mtime: float | None = None
     runtime_data: bytes | None = None
+    stale_temps: tuple[str, ...] = ()  # temp files a killed apply or revert left (the next one removes them)
 
     @property
     def code_mtime(self) -> float | None:
@@ -327,6 +328,7 @@ def gather(host: Host, opts: FactsOptions, entry_names: Sequence[str],
         owner=raw.get("owner"),
         writable=bool(raw.get("writable", True)),
         runtime_mtime=raw.get("runtime_mtime"),
+        stale_temps=tuple(t for t in raw.get("stale_temps") or () if isinstance(t, str)),
         runtime_data=base64.b64decode(raw["runtime_data"]) if raw.get("runtime_data") else None,
     )
 
@@ -427,7 +429,8 @@ def describe(facts: HostFacts, recipe: Recipe,
     return {"target": facts.target, "sglang_version": facts.version, "package_dir": facts.package_dir,
             "files": files, "runtime": {"path": facts.runtime_path, "present": facts.runtime_sha256 is not None},
             "server": servers[0] if servers else None, "servers": servers,
-            "other_servers": [dict(s) for s in facts.other_servers], "lock": interrupted_json(facts)}
+            "other_servers": [dict(s) for s in facts.other_servers], "lock": interrupted_json(facts),
+            "leftovers": list(facts.stale_temps)}
 
 
 def _short(path: str) -> str:
