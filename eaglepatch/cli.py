@@ -16,8 +16,13 @@ from typing import Any, Callable, List, Optional
 
 import typer
 
+from eaglepatch.failpoints import failpoint
+
+failpoint("startup:imports")  # the tests' Ctrl-C during start-up: typer is in, the ops are not yet
+
 from eaglepatch import __version__
-from eaglepatch.errors import EaglepatchError, ExitCode, UsageError
+from eaglepatch import progress
+from eaglepatch.errors import EaglepatchError, ExitCode, Interrupted, UsageError
 from eaglepatch.ops import actions
 from eaglepatch.ops.core import FactsOptions, RuntimeOptions
 from eaglepatch.redact import shown
@@ -27,7 +32,7 @@ EXIT_CODES = (
     "write); 3 connection or authentication failure, host key not trusted; 4 not supported (no sglang, no "
     "recognisable worker); 5 conflict (a file changed since it was read, a lock held by another run); 6 the "
     "patched file does not compile on the host; 7 restart failed (rolled back; the message says whether that "
-    "worked)."
+    "worked); 130 interrupted (Ctrl-C: one line per target says what state it is in)."
 )
 
 app = typer.Typer(
@@ -155,19 +160,28 @@ def for_each_target(targets: List[str], fn: Callable[[str], Any]) -> list[Outcom
     """Run ``fn`` per target, concurrently when several; one Outcome each, in the order given."""
 
     def one(t: str) -> Outcome:
+        progress.stage(t, progress.NOTHING_CHANGED)
         try:
             return Outcome(t, fn(t))
         except BaseException as exc:  # noqa: BLE001 - every error becomes an outcome with its exit code
-            if isinstance(exc, (SystemExit,)):
-                raise
+            if isinstance(exc, (SystemExit, Interrupted)):
+                raise  # Ctrl-C: eaglepatch.entry says what each target looks like and exits 130
             return Outcome(t, error=exc)
 
     if len(targets) == 1:
         return [one(targets[0])]
     import concurrent.futures  # here: its import (logging with it) costs every command 9 ms, and one target needs none
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
-        return list(pool.map(one, targets))
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(targets)))
+    try:
+        outcomes = list(pool.map(one, targets))
+    except BaseException:
+        # Ctrl-C: the other targets are not waited for (each is left as a killed client leaves it; the host
+        # finishes what it was asked): no shutdown(wait=True) here
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return outcomes
 
 
 def finish(outcomes: list[Outcome], emit_json: bool, render: Callable[[Any], str] | None, raw: bool = False) -> None:
@@ -233,7 +247,7 @@ def _guard(fn: Callable[[], None]) -> None:
     """Errors raised before any target is touched (bad options): one line, their exit code."""
     try:
         fn()
-    except typer.Exit:
+    except (typer.Exit, Interrupted):
         raise
     except BaseException as exc:  # noqa: BLE001
         say(f"eaglepatch: {_message(exc)}")
@@ -636,10 +650,14 @@ def _main(
         os.environ["EAGLEPATCH_DEBUG"] = "1"
 
 
+def run_app() -> None:
+    """The Typer app (``eaglepatch.entry.main`` runs it, with Ctrl-C handled). Usage errors from Click exit 2, as
+    docs/contract.md says."""
+    app(standalone_mode=True)
+
+
 def main() -> None:
-    """Console entry point. Usage errors from Click exit 2, as docs/contract.md says."""
-    try:
-        app(standalone_mode=True)
-    except KeyboardInterrupt:
-        say("eaglepatch: interrupted")
-        sys.exit(130)
+    """Console entry point (kept for scripts that name it): ``eaglepatch.entry.main``."""
+    from eaglepatch.entry import main as entry_main
+
+    entry_main()

@@ -19,6 +19,7 @@ class ExitCode(enum.IntEnum):
     CONFLICT = 5
     VALIDATION = 6
     RESTART = 7
+    INTERRUPTED = 130  # Ctrl-C (SIGINT): 128 + the signal's number, as shells report it
 
 
 class EaglepatchError(Exception):
@@ -68,3 +69,12 @@ class BadAnswer(EaglepatchError):
     for, more than the bounds); nothing of it was written or acted on."""
 
     exit_code = ExitCode.INTERNAL
+
+
+class Interrupted(BaseException):
+    """Ctrl-C (SIGINT), raised in the main thread by the handler ``eaglepatch.entry`` installs before anything is
+    imported. A ``BaseException``, not an ``EaglepatchError`` (nor a ``KeyboardInterrupt``, which click turns into
+    exit 1): it passes every ``except Exception`` on its way out; ``eaglepatch.entry`` says what state each target
+    is in (``eaglepatch.progress``) and exits 130."""
+
+    exit_code = ExitCode.INTERRUPTED

@@ -19,6 +19,8 @@ import time
 import zlib
 from typing import Any, NoReturn, Protocol, Sequence, runtime_checkable
 
+from eaglepatch import progress
+
 
 @dataclasses.dataclass(frozen=True)
 class CommandResult:
@@ -156,6 +158,9 @@ def run_python(host: Host, python: str, program: str, payload: Any = None, timeo
                           max_output=MAX_PREAMBLE + MAX_ANSWER + MAX_STDERR)
     except OutputLimit as exc:
         raise AnswerRefused(python, f"it printed {exc} (eaglepatch takes at most {_mib(MAX_ANSWER)})") from None
+    except BaseException:
+        progress.cut_short(host.name)  # Ctrl-C mid-request: the host may still be at it; ask it nothing more
+        raise
     out = result.stdout
     at = out.find(MARKER)
     if at > MAX_PREAMBLE:
@@ -216,6 +221,10 @@ class HostProcess(Protocol):
 
     def close(self) -> None:
         """Close its stdin (it ends by itself then) and let go of it; idempotent."""
+        ...
+
+    def abandon(self) -> None:
+        """Let go of it at once, never waiting or killing: it finishes what it was asked on its own."""
         ...
 
 
@@ -299,8 +308,9 @@ class PythonAgent:
             except BaseException:
                 # cut short mid-request (Ctrl-C, an error of ours): its answer may still come, and must never be
                 # read as the next request's; the process is let go, not killed (it finishes the request it has)
+                progress.cut_short(self.host.name)
                 if not self.dead:
-                    self.close()
+                    self.close(abandon=True)
                 raise
 
     def _call(self, payload: Any, timeout: float | None) -> Any:
@@ -431,12 +441,14 @@ class PythonAgent:
         except RemoteScriptError:
             return None
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
+        """Let the process go (idempotent): its stdin closed, so it ends after its last request; with ``abandon``
+        (a request cut short) nothing waits for it either."""
         with self._lock:
             self.dead = True
             if self.proc is not None:
                 try:
-                    self.proc.close()
+                    self.proc.abandon() if abandon else self.proc.close()
                 except Exception:
                     pass
 

@@ -32,8 +32,17 @@ class LocalHost:
                                     stderr=subprocess.PIPE, start_new_session=True)
         except FileNotFoundError as exc:
             return CommandResult(127, b"", str(exc).encode())
-        with proc:
+        try:
             return _communicate(proc, stdin or b"", timeout, max_output)
+        except BaseException:
+            # Ctrl-C mid-request: the helper (in its own session) finishes it, a relaunch included; never killed
+            # (a kill between a stop and a start would leave no server), never waited for
+            for f in (proc.stdout, proc.stderr):
+                try:
+                    f.close()  # type: ignore[union-attr]
+                except OSError:
+                    pass
+            raise
 
     def read_bytes(self, path: str) -> bytes:
         with open(path, "rb") as f:
@@ -184,6 +193,14 @@ class _LocalProcess:
             self.proc.kill()
         except OSError:
             pass
+
+    def abandon(self) -> None:
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
 
     def close(self) -> None:
         for f in (self.proc.stdin, self.proc.stdout):

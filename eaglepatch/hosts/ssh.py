@@ -824,6 +824,9 @@ class _SSHProcess:
         except Exception:
             pass
 
+    def abandon(self) -> None:
+        self.close()  # closing the channel waits for nothing; the helper's own signals decide the rest
+
 
 # --------------------------------------------------------------------------------------------------------------
 # helpers

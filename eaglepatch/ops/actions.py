@@ -15,6 +15,7 @@ import re
 import time
 from typing import Any, Callable, Collection, Sequence
 
+from eaglepatch import progress
 from eaglepatch.errors import BadAnswer, RestartFailed, Unsupported, UsageError
 from eaglepatch.failpoints import failpoint
 from eaglepatch.hosts.base import Host
@@ -302,6 +303,7 @@ def apply(text: str, c: Connect, recipe: Recipe, ropts: RuntimeOptions, restart:
                         + " started before the files were patched: restarting it")
                     lc.check_relaunchable(behind, restart)
                     restarted = _restart_after_apply(t, recipe, session, behind, restart, say)
+                    progress.stage(t.spec.text, "files patched, server restarted and ready")
                 return _change_doc(t.spec.name, plan, False, restarted, action="apply")
             if denied:
                 raise UsageError(denied)
@@ -310,8 +312,10 @@ def apply(text: str, c: Connect, recipe: Recipe, ropts: RuntimeOptions, restart:
             for cls, family_timer in plan.timers:
                 timer, why = worker_timer(ropts.mode, family_timer)
                 say(f"timer: {cls}: {timer} ({why})")
+            progress.stage(t.spec.text, "files being patched (the host finishes it, or puts every byte back)")
             # Without a restart, the lock is released by the same round trip that carries out the plan.
             session.execute(plan, release=restart is None)
+            progress.stage(t.spec.text, "files patched, server not restarted (it runs the original code)")
             failpoint("apply:after-execute")
             if plan.worker_writes:
                 say(f"{t.spec.name}: patched {plan.worker_writes} file(s); originals in {facts.backup_dir}")
@@ -320,6 +324,7 @@ def apply(text: str, c: Connect, recipe: Recipe, ropts: RuntimeOptions, restart:
             restarted = False
             if restart is not None:
                 restarted = _restart_after_apply(t, recipe, session, servers, restart, say)
+                progress.stage(t.spec.text, "files patched" + (", server restarted and ready" if restarted else ""))
                 for n in lc.left_alone_notes(everyone, servers, "apply"):
                     say(f"note: {n}")
             elif everyone:
@@ -341,19 +346,24 @@ def _restart_after_apply(t: _Target, recipe: Recipe, session: Session, servers: 
 
     lc = lifecycle()
     facts = session.facts
+    rolling_back = "the patched server did not come up: rolling back (the original files and server being put back)"
     if lc.custom(ropts):
         # the user's command or unit restarts what it restarts: run it once, watch the first server
+        progress.stage(t.spec.text, "files patched, server restarting")
         res = restart(t.host, current=servers[0] if servers else None, options=ropts, progress=say,
                       python=facts.python)
         if res.ready:
             return True
+        progress.stage(t.spec.text, rolling_back)
         raise lc.rollback(t, lambda: _facts(t, recipe), recipe, session, ropts, list(servers[:1]), res, say)
     if not servers:
         _no_server_note(say, t.spec.name, "patched")
         return False
+    progress.stage(t.spec.text, "files patched, server restarting")
     done, failed = lc.restart_each(t.host, servers, ropts, facts.python, say)
     if failed is None:
         return True
+    progress.stage(t.spec.text, rolling_back)
     raise lc.rollback(t, lambda: _facts(t, recipe), recipe, session, ropts,
                       [srv for srv, _ in done] + [failed[0]], failed[1], say)
 
@@ -391,18 +401,24 @@ def revert(text: str, c: Connect, recipe: Recipe, force: bool, restart: Any, say
             then = {"batch": [relaunch_payload(cur, spec, restart.grace, restart.port_timeout)
                               for cur, spec in pairs]} if pairs else None
             if plan.changed:
+                progress.stage(t.spec.text, "files being reverted (the host finishes it, or puts every byte back)"
+                               + (", then the server restarted, in the same request" if then else ""))
                 res = session.execute(plan, release=not wants, then=then,
                                       then_timeout=relaunch_timeout(restart.grace, restart.port_timeout, len(pairs))
                                       if pairs else 0.0)
+                progress.stage(t.spec.text, "files reverted" + (", server restarting" if wants else ""))
                 failpoint("revert:after-execute")
                 for n in plan.notes:
                     say(f"note: {n}")
                 say(f"{t.spec.name}: reverted {len(plan.files)} file(s)")
             else:  # nothing to write: the relaunches alone, in one request
+                progress.stage(t.spec.text, "server restarting")
                 res = {"then": call_relaunch(t.host, facts.python, then, restart)} if then else {}
             restarted = False
             if wants:
                 restarted = _restart_after_revert(t, facts, restart, pairs, units, res, say)
+                progress.stage(t.spec.text, ("files reverted" if plan.changed else "not patched")
+                               + (", server restarted and ready" if restarted else ""))
                 for n in lc.left_alone_notes(everyone, chosen, "revert"):
                     say(f"note: {n}")
             return _change_doc(t.spec.name, plan, plan.changed, restarted, action="revert")
@@ -489,8 +505,10 @@ def restart_target(text: str, c: Connect, ropts: Any, say: Say) -> dict[str, Any
                 jobs = jobs[:1] or [(None, None, ropts)]
             results = []
             for cur, launch, opts in jobs:
+                progress.stage(t.spec.text, "server restarting")
                 res = restart(t.host, current=cur, launch=launch, options=opts, progress=say, python=facts.python,
                               package_dir=facts.package_dir)
+                progress.stage(t.spec.text, "server restarted and ready" if res.ready else "server not ready")
                 if not res.ready:
                     raise RestartFailed(f"{t.spec.name}: not ready within {opts.timeout:.0f} s: {res.message}\n"
                                         f"{res.log_tail}".rstrip())

@@ -25,7 +25,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Sequence
 
-from eaglepatch import __version__
+from eaglepatch import __version__, progress
 from eaglepatch.errors import Conflict, ConnectionFailed, EaglepatchError, Unsupported, UsageError, ValidationFailed
 from eaglepatch.failpoints import failpoint, remote_fault
 from eaglepatch.hosts.base import Host, RemoteScriptError, run_python
@@ -695,7 +695,10 @@ class Session:
         self.token = owner["token"]
 
     def unlock(self) -> None:
-        if self.token is None:
+        """Release the lock when this session holds it. Not after a request to the host was cut short (Ctrl-C):
+        the host may still be carrying it out under that lock; it stays, named by status, and the next apply or
+        revert from this machine takes it over (its client is gone)."""
+        if self.token is None or progress.was_cut(self.host.name):
             return
         try:
             call(self.host, self.python, "unlock", lock_path=self.facts.lock_path, token=self.token)

@@ -21,7 +21,8 @@ import os
 import time
 from typing import Any, Callable, Sequence
 
-from eaglepatch.errors import ConnectionFailed, EaglepatchError, Unsupported, UsageError
+from eaglepatch import progress
+from eaglepatch.errors import ConnectionFailed, EaglepatchError, Interrupted, Unsupported, UsageError
 from eaglepatch.hosts.base import Host
 from eaglepatch.redact import shown_argv
 from eaglepatch.tuning.load import SHORT_LOAD_S, LoadFailed, LoadSpec, run_load, short_load_note
@@ -447,6 +448,8 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
     restore_doc: dict[str, Any] | None = None
     interrupted: BaseException | None = None
     took: list[float] = []  # seconds of each run of this invocation: the estimate of what is left
+    progress.stage(name, "a sweep under way: its server may run a sweep point: run the same sweep again to resume "
+                         "and put the original server back")
     try:
         for n, (i, rep) in enumerate(pending, 1):
             p, launch = points[i], launches[i]
@@ -474,7 +477,12 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
         else:
             notes.append("--keep-best: no point ran: the original command line is back")
     try:
+        if interrupted is not None:
+            progress.stage(name, "a sweep interrupted: its original server being put back (run the same sweep "
+                                 "again to resume)")
         restore_doc = _restore(host, python, target_launch, env_names, ropts, why, say, owned)
+        if restore_doc.get("ready"):
+            progress.stage(name, "the sweep's server put back and ready")
         if interrupted is None and restore_doc.get("ready"):
             state.add_restore(restore_doc)
     except BaseException as exc:  # noqa: BLE001
@@ -484,7 +492,7 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
     if interrupted is not None:
         hint = (f"{restore_doc.get('message', '')}; {len(state.runs)} run(s) are saved: run the same command again "
                 "to resume")
-        if isinstance(interrupted, KeyboardInterrupt):
+        if isinstance(interrupted, (KeyboardInterrupt, Interrupted)):
             say(f"{name}: interrupted; {hint}")
             raise interrupted
         if isinstance(interrupted, EaglepatchError):
