@@ -39,6 +39,7 @@ from typing import Any, Sequence
 import pytest
 
 import sglang_releases
+from logdir import with_log_dir
 
 # ------------------------------------------------------------------------------------------------------------
 # The installed command
@@ -272,7 +273,7 @@ class Via:
         raise NotImplementedError
 
     def argv(self, cmd: str, args: Sequence[str], target: Path | None) -> list[str]:
-        return [*EAGLEPATCH, cmd, *args, *(self.target_args(target) if target is not None else [])]
+        return [*EAGLEPATCH, cmd, *with_log_dir(cmd, args), *(self.target_args(target) if target is not None else [])]
 
     def run(self, cmd: str, *args: str, target: Path | None, env: dict[str, str] | None = None,
             timeout: float = 120) -> Result:
@@ -586,7 +587,9 @@ def scenario_diff(via: Via, tree: Tree) -> None:
             elif ln.startswith("+") and path != runtime_rel:
                 assert ln.endswith(MARK), f"{path}: an added line without the marker: {ln!r}"
 
-    via.run("apply", "--no-restart", target=tree.root).expect(0)
+    # diff renders the runtime for the default log folder: apply names it too (no server runs this tree: nothing
+    # is ever written there)
+    via.run("apply", "--no-restart", "--log-dir", "/tmp/eaglepatch", target=tree.root).expect(0)
     # the diff is exactly what apply did
     for n, orig in originals.items():
         rel = f"sglang/srt/speculative/{n}"
@@ -1006,7 +1009,7 @@ def scenario_many_targets(via: Via, workdir: Path) -> None:
     b1, b2 = snapshot(t1.root), snapshot(t2.root)
 
     def run(*args: str) -> Result:
-        argv = [*EAGLEPATCH, *args]
+        argv = [*EAGLEPATCH, args[0], *with_log_dir(args[0], args[1:])]
         p = subprocess.run(argv, env=via.env, cwd=via.cwd, capture_output=True, text=True, timeout=120,
                            stdin=subprocess.DEVNULL)
         return Result(argv, p.returncode, p.stdout, p.stderr)

@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from logdir import with_log_dir
+
 _spec = importlib.util.spec_from_file_location(
     "standin_harness", Path(__file__).resolve().parents[1] / "stubs" / "stand_in_sglang" / "standin_harness.py"
 )
@@ -69,7 +71,7 @@ class CLI:
             prefix: list[str] | None = None, cli: list[str] | None = None) -> Result:
         """Run ``eaglepatch CMD TARGET ARGS`` (``cli``: another command line for eaglepatch, e.g. ``cli_for_user``'s;
         ``prefix``: what runs it, e.g. setpriv)."""
-        argv = [*(prefix or []), *(cli or EAGLEPATCH), cmd, *self.target(pkg), *args]
+        argv = [*(prefix or []), *(cli or EAGLEPATCH), cmd, *self.target(pkg), *with_log_dir(cmd, args)]
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=dict(self.env, **(env or {})),
                            stdin=subprocess.DEVNULL)
         return Result(argv, p.returncode, p.stdout, p.stderr)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from logdir import with_log_dir
 from safety import CLI, EAGLEPATCH, H, cli_env, digest, make_install, servers, up
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -82,7 +83,7 @@ def test_ctrl_c_from_the_terminal_while_waiting_for_the_server(ssh, standins, tm
     install = make_install(standins, tmp_path / "install", "venv-by-path")
     port, proc = up(install, standins, tmp_path / "work", "--startup-delay", "6")
     before = digest(install.pkg)
-    argv = [*EAGLEPATCH, "apply", *ssh.target(install.pkg), "--timeout", "120"]
+    argv = [*EAGLEPATCH, "apply", *ssh.target(install.pkg), *with_log_dir("apply", ["--timeout", "120"])]
     p = subprocess.Popen(argv, env=dict(ssh.env, EAGLEPATCH_PLAIN="1"), stdin=subprocess.DEVNULL,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -115,7 +116,7 @@ def test_ctrl_c_with_several_targets_says_each(tmp_path):
     pkgs = [str(t / "sglang") for t in trees]
     before = [digest(t) for t in trees]
     env = dict(cli_env(tmp_path), EAGLEPATCH_FAILPOINT="apply:after-execute:sigint")
-    p = subprocess.run([*EAGLEPATCH, "apply", "--no-restart", *pkgs], env=env, capture_output=True, text=True,
+    p = subprocess.run([*EAGLEPATCH, "apply", *with_log_dir("apply", ["--no-restart"]), *pkgs], env=env, capture_output=True, text=True,
                        timeout=120, stdin=subprocess.DEVNULL)
     assert p.returncode == 130 and "Traceback" not in p.stderr, p.stderr
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("eaglepatch: interrupted: ")]
