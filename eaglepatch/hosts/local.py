@@ -203,12 +203,7 @@ class _LocalProcess:
                 pass
 
     def close(self) -> None:
-        for f in (self.proc.stdin, self.proc.stdout):
-            try:
-                if f is not None:
-                    f.close()
-            except OSError:
-                pass
+        self.abandon()
         try:
             self.proc.wait(5)  # it ends at the end of its input
         except subprocess.TimeoutExpired:

@@ -908,16 +908,23 @@ def _temp_dirs(pids):
     return found
 
 
-def _fell_back_from(dfd, names, log_dir, owners):
-    """Whether a log in the folder ``dfd`` starts with the runtime's header saying it fell back from ``log_dir``:
-    a private folder of this install's runtime (another install's, configured with another folder, is not read)."""
+def _log_files(dfd, names, owners):
+    """(name, open file, its stat) of each log in ``names`` that ``_open_log_file`` lets eaglepatch read; each file
+    is closed once the next is asked for."""
     for name in names:
         try:
-            fd, _st = _open_log_file(dfd, name, owners)
+            fd, st = _open_log_file(dfd, name, owners)
         except _Refused:
             continue
         with os.fdopen(fd, "rb") as f:
-            first = f.readline(65536)
+            yield name, f, st
+
+
+def _fell_back_from(dfd, names, log_dir, owners):
+    """Whether a log in the folder ``dfd`` starts with the runtime's header saying it fell back from ``log_dir``:
+    a private folder of this install's runtime (another install's, configured with another folder, is not read)."""
+    for _name, f, _st in _log_files(dfd, names, owners):
+        first = f.readline(65536)
         try:
             head = json.loads(first.decode("utf-8", "replace"))
         except ValueError:
@@ -983,32 +990,27 @@ def op_logs(payload):
                 continue  # a runtime's private folder for another log dir (another install's, or not asked for)
             dirs.append({"path": path, "kind": kind})
             names[path] = []
-            for name in listed:
-                try:
-                    fd, st = _open_log_file(dfd, name, owners)
-                except _Refused:
+            for name, f, st in _log_files(dfd, listed, owners):
+                names[path].append(name)
+                size = st.st_size
+                off = int(have.get(path + "/" + name, 0))
+                if off > size:
+                    off = 0  # the file was replaced: fetch it whole
+                if off == size:
                     continue
-                with os.fdopen(fd, "rb") as f:
-                    names[path].append(name)
-                    size = st.st_size
-                    off = int(have.get(path + "/" + name, 0))
-                    if off > size:
-                        off = 0  # the file was replaced: fetch it whole
-                    if off == size:
-                        continue
-                    if budget <= 0:
-                        more = True
-                        continue
-                    f.seek(off)
-                    data = f.read(min(size - off, budget))
-                    # Only whole lines: a record being written now is fetched next time.
-                    cut = data.rfind(b"\n") + 1
-                    if len(data) < size - off:
-                        more = True  # the budget ended inside this file
-                    if cut == 0:
-                        continue
-                    budget -= cut
-                    files.append({"dir": path, "name": name, "offset": off, "data": _b64(data[:cut])})
+                if budget <= 0:
+                    more = True
+                    continue
+                f.seek(off)
+                data = f.read(min(size - off, budget))
+                # Only whole lines: a record being written now is fetched next time.
+                cut = data.rfind(b"\n") + 1
+                if len(data) < size - off:
+                    more = True  # the budget ended inside this file
+                if cut == 0:
+                    continue
+                budget -= cut
+                files.append({"dir": path, "name": name, "offset": off, "data": _b64(data[:cut])})
         finally:
             os.close(dfd)
     if not names:
