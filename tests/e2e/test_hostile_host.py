@@ -302,3 +302,25 @@ def test_a_log_folder_this_user_may_not_read_is_one_line(sshd, tmp_path, other_u
     assert r.rc == 2, r
     line = one_line_error(subprocess.CompletedProcess([], r.rc, r.out, r.err))
     assert str(logs) in line and "Permission denied" in line, line
+
+
+def test_logs_larger_than_a_frame_come_in_batches(ssh, tmp_path):
+    """40 MB of timing logs, more than one answer may hold once base64'd (64 MiB a frame): the host sends them in
+    batches of 16 MB, each whole lines, and the client asks again until it has them all, its memory bounded;
+    the next report fetches nothing new."""
+    remote = tmp_path / "remote logs"
+    remote.mkdir()
+    line = record(100.0, 10, 1.0, "gpu1-10-1-a")
+    n = (40 << 20) // len(line) + 1
+    with open(remote / "gpu1-10-rank0.jsonl", "w") as f:
+        f.writelines(record(100 + i * 0.001, 10, 1.0, "gpu1-10-1-a") for i in range(n))
+    size = (remote / "gpu1-10-rank0.jsonl").stat().st_size
+    argv = [*EAGLEPATCH, "report", "--json", "--all-runs", *ssh.target(bare_install(tmp_path)), "--log-dir",
+            str(remote)]
+    p, rss = run_measured(argv, ssh.env, tmp_path)
+    print(f"{size} bytes of logs: client peak RSS {rss / 1024:.0f} MiB")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["records"] == n and f"{size} new bytes" in p.stderr, p.stderr[-500:]
+    assert rss < RSS_LIMIT_KIB, f"the client took {rss / 1024:.0f} MiB"
+    again = subprocess.run(argv, env=ssh.env, capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0 and " 0 new bytes" in again.stderr, again.stderr
