@@ -159,8 +159,10 @@ class Outcome:
 def for_each_target(targets: List[str], fn: Callable[[str], Any]) -> list[Outcome]:
     """Run ``fn`` per target, concurrently when several; one Outcome each, in the order given."""
 
-    def one(t: str) -> Outcome:
+    for t in targets:  # every target has a state from the start: Ctrl-C may come before its thread runs
         progress.stage(t, progress.NOTHING_CHANGED)
+
+    def one(t: str) -> Outcome:
         try:
             return Outcome(t, fn(t))
         except BaseException as exc:  # noqa: BLE001 - every error becomes an outcome with its exit code

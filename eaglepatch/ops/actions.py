@@ -181,8 +181,8 @@ def _server_lines(doc: dict[str, Any]) -> list[str]:
         out.append(f"other server: pid {other['pid']} on :{other.get('port')} runs another install "
                    f"({shown(other.get('package_dir') or 'unknown')}): left alone")
     for path in doc.get("leftovers") or ():
-        out.append(f"leftover: {shown(path)}: a temp file of an apply or revert that was killed before it renamed it "
-                   "into place; the next apply or revert removes it")
+        out.append(f"leftover: {shown(path)}: a temp file an apply or revert wrote; unless one runs now (the lock "
+                   "says), it was killed before renaming it into place, and the next apply or revert removes it")
     lock = doc.get("lock")
     if lock:
         try:
