@@ -1,3 +1,3 @@
-from eaglepatch.cli import main
+from eaglepatch.entry import main
 
 main()

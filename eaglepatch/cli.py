@@ -16,17 +16,23 @@ from typing import Any, Callable, List, Optional
 
 import typer
 
+from eaglepatch.failpoints import failpoint
+
+failpoint("startup:imports")  # the tests' Ctrl-C during start-up: typer is in, the ops are not yet
+
 from eaglepatch import __version__
-from eaglepatch.errors import EaglepatchError, ExitCode, UsageError
+from eaglepatch import progress
+from eaglepatch.errors import EaglepatchError, ExitCode, Interrupted, UsageError
 from eaglepatch.ops import actions
 from eaglepatch.ops.core import FactsOptions, RuntimeOptions
+from eaglepatch.redact import shown
 
 EXIT_CODES = (
     "Exit codes: 0 done (or nothing to do); 1 internal error; 2 usage error (also: an install this user cannot "
     "write); 3 connection or authentication failure, host key not trusted; 4 not supported (no sglang, no "
     "recognisable worker); 5 conflict (a file changed since it was read, a lock held by another run); 6 the "
     "patched file does not compile on the host; 7 restart failed (rolled back; the message says whether that "
-    "worked)."
+    "worked); 130 interrupted (Ctrl-C: one line per target says what state it is in)."
 )
 
 app = typer.Typer(
@@ -74,6 +80,8 @@ class _Out:
         return not self.quiet and sys.stderr.isatty() and not os.environ.get("EAGLEPATCH_PLAIN")
 
     def __call__(self, msg: str) -> None:
+        # host-supplied text reaches the terminal with its control characters escaped (the lines stay lines)
+        msg = terminal_text(msg)
         text = msg.strip()
         transient = text.startswith(("waiting for sglang on", "run ")) or text.startswith("waiting up to")
         if self.quiet and not text.startswith(("note:", "warning:", "eaglepatch:")):
@@ -102,6 +110,13 @@ class _Out:
         if self.status is not None:
             self.status.stop()
             self.status = None
+
+
+def terminal_text(text: str) -> str:
+    """What eaglepatch writes for people (messages, tables): every control character escaped but the newlines
+    and tabs that lay it out (eaglepatch.redact.shown); the fields that come from a host are escaped whole where
+    they are rendered, so that a newline in one cannot forge a line."""
+    return shown(text, keep="\n\t")
 
 
 say = _Out()
@@ -144,24 +159,36 @@ class Outcome:
 def for_each_target(targets: List[str], fn: Callable[[str], Any]) -> list[Outcome]:
     """Run ``fn`` per target, concurrently when several; one Outcome each, in the order given."""
 
+    for t in targets:  # every target has a state from the start: Ctrl-C may come before its thread runs
+        progress.stage(t, progress.NOTHING_CHANGED)
+
     def one(t: str) -> Outcome:
         try:
             return Outcome(t, fn(t))
         except BaseException as exc:  # noqa: BLE001 - every error becomes an outcome with its exit code
-            if isinstance(exc, (SystemExit,)):
-                raise
+            if isinstance(exc, (SystemExit, Interrupted)):
+                raise  # Ctrl-C: eaglepatch.entry says what each target looks like and exits 130
             return Outcome(t, error=exc)
 
     if len(targets) == 1:
         return [one(targets[0])]
     import concurrent.futures  # here: its import (logging with it) costs every command 9 ms, and one target needs none
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
-        return list(pool.map(one, targets))
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(targets)))
+    try:
+        outcomes = list(pool.map(one, targets))
+    except BaseException:
+        # Ctrl-C: the other targets are not waited for (each is left as a killed client leaves it; the host
+        # finishes what it was asked): no shutdown(wait=True) here
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return outcomes
 
 
-def finish(outcomes: list[Outcome], emit_json: bool, render: Callable[[Any], str] | None) -> None:
-    """Print each outcome (data to stdout, errors to stderr) and exit with the worst code."""
+def finish(outcomes: list[Outcome], emit_json: bool, render: Callable[[Any], str] | None, raw: bool = False) -> None:
+    """Print each outcome (data to stdout, errors to stderr) and exit with the worst code. ``raw``: the rendered
+    text is data to pass on byte for byte (a diff for patch(1)), not text for a terminal."""
     say.stop()
     values = []
     for o in outcomes:
@@ -175,6 +202,8 @@ def finish(outcomes: list[Outcome], emit_json: bool, render: Callable[[Any], str
             values.append(o.value)
         elif render is not None:
             text = render(o.value)
+            if text and not raw:
+                text = terminal_text(text)
             if text:
                 sys.stdout.write(text if text.endswith("\n") else text + "\n")
     if emit_json:
@@ -220,7 +249,7 @@ def _guard(fn: Callable[[], None]) -> None:
     """Errors raised before any target is touched (bad options): one line, their exit code."""
     try:
         fn()
-    except typer.Exit:
+    except (typer.Exit, Interrupted):
         raise
     except BaseException as exc:  # noqa: BLE001
         say(f"eaglepatch: {_message(exc)}")
@@ -274,7 +303,7 @@ def diff(
         c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
         r = actions.load_recipe(recipe)
         ropts = RuntimeOptions(mode=mode.value)
-        finish(for_each_target([target], lambda t: actions.diff(t, c, r, ropts, say)), False, lambda v: v)
+        finish(for_each_target([target], lambda t: actions.diff(t, c, r, ropts, say)), False, lambda v: v, raw=True)
     _guard(go)
 
 
@@ -311,7 +340,7 @@ def apply(
         restart = None if no_restart else actions.restart_options(restart_cmd, systemd_unit, timeout)
         actions.check_targets(targets, c)
         outcomes = for_each_target(targets, lambda t: actions.apply(t, c, r, ropts, restart, dry_run, say))
-        finish(outcomes, json_out, actions.render_change)
+        finish(outcomes, json_out, actions.render_change, raw=dry_run)
     _guard(go)
 
 
@@ -460,7 +489,7 @@ def report(
         text = actions.report(sources, c, by=None if by is None else by.value, skip=skip, trace=trace, compare=compare, log_dir=log_dir,
                               fmt="json" if json_out else "csv" if csv_out else "table", say=say, runs=runs,
                               chart=chart, predict=predict, steps=step_list)
-        sys.stdout.write(text)
+        sys.stdout.write(text if json_out else terminal_text(text))
     _guard(go)
 
 
@@ -604,7 +633,7 @@ def sweep(
         elif json_out:
             text = json.dumps(doc, indent=1) + "\n"
         else:
-            text = sw.render_table(doc) + "\n"
+            text = terminal_text(sw.render_table(doc)) + "\n"
         sys.stdout.write(text)
         sys.stdout.flush()
         restore = doc.get("restore") or {}
@@ -669,10 +698,14 @@ def _main(
         os.environ["EAGLEPATCH_DEBUG"] = "1"
 
 
+def run_app() -> None:
+    """The Typer app (``eaglepatch.entry.main`` runs it, with Ctrl-C handled). Usage errors from Click exit 2, as
+    docs/contract.md says."""
+    app(standalone_mode=True)
+
+
 def main() -> None:
-    """Console entry point. Usage errors from Click exit 2, as docs/contract.md says."""
-    try:
-        app(standalone_mode=True)
-    except KeyboardInterrupt:
-        say("eaglepatch: interrupted")
-        sys.exit(130)
+    """Console entry point (kept for scripts that name it): ``eaglepatch.entry.main``."""
+    from eaglepatch.entry import main as entry_main
+
+    entry_main()

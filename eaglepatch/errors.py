@@ -19,6 +19,7 @@ class ExitCode(enum.IntEnum):
     CONFLICT = 5
     VALIDATION = 6
     RESTART = 7
+    INTERRUPTED = 130  # Ctrl-C (SIGINT): 128 + the signal's number, as shells report it
 
 
 class EaglepatchError(Exception):
@@ -61,3 +62,19 @@ class RestartFailed(EaglepatchError):
     """The server was not ready within the timeout; the message says what the rollback achieved."""
 
     exit_code = ExitCode.RESTART
+
+
+class BadAnswer(EaglepatchError):
+    """A host answered what eaglepatch refuses to act on (a log file name that is a path, an offset it never asked
+    for, more than the bounds); nothing of it was written or acted on."""
+
+    exit_code = ExitCode.INTERNAL
+
+
+class Interrupted(BaseException):
+    """Ctrl-C (SIGINT), raised in the main thread by the handler ``eaglepatch.entry`` installs before anything is
+    imported. A ``BaseException``, not an ``EaglepatchError`` (nor a ``KeyboardInterrupt``, which click turns into
+    exit 1): it passes every ``except Exception`` on its way out; ``eaglepatch.entry`` says what state each target
+    is in (``eaglepatch.progress``) and exits 130."""
+
+    exit_code = ExitCode.INTERRUPTED

@@ -1,7 +1,9 @@
 """Failpoints: named places where the tests kill eaglepatch, to prove what a crash there leaves behind.
 
 ``EAGLEPATCH_FAILPOINT=NAME`` makes the client SIGKILL itself when it reaches ``failpoint(NAME)``: no ``finally``
-runs, no lock is released, nothing is cleaned up, exactly as a ``kill -9`` or a lost laptop would leave it. Names
+runs, no lock is released, nothing is cleaned up, exactly as a ``kill -9`` or a lost laptop would leave it.
+``EAGLEPATCH_FAILPOINT=NAME:sigint`` sends it SIGINT there instead: a Ctrl-C at exactly that step, handled as any
+Ctrl-C is (exit 130, the state of the target said). Names
 that happen on the target (``execute:after-backup``, ``execute:between-renames``, ``execute:after-upload``) are
 sent with the request: the helper program on the host dies there (``os._exit``), and the client, seeing that
 answer never come, kills itself too. Unset (always, outside the tests) this costs one dictionary lookup.
@@ -16,6 +18,7 @@ The names, in the order a command meets them:
 - ``revert:after-execute``, ``sweep:after-run`` (a sweep point measured and saved),
 - ``live:after-launch`` (a live sweep's one adaptive launch ready, no lease yet), ``live:after-lease`` (the lease
   written and answered by every rank, no window yet), ``live:after-window`` (a window measured and saved).
+- ``startup:imports`` (the command line's modules half imported; with ``:sigint`` only).
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ def remote_fault() -> str | None:
 
 
 def failpoint(name: str) -> None:
-    """SIGKILL this process when ``name`` is the armed failpoint."""
-    if os.environ.get(ENV) == name:
+    """SIGKILL this process when ``name`` is the armed failpoint; SIGINT it when ``name:sigint`` is."""
+    armed_name = os.environ.get(ENV)
+    if armed_name == name:
         os.kill(os.getpid(), signal.SIGKILL)
+    elif armed_name == name + ":sigint":
+        os.kill(os.getpid(), signal.SIGINT)  # its handler runs as this call returns: Ctrl-C right here

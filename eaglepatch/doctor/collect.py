@@ -28,6 +28,7 @@ from eaglepatch.doctor.facts import (
 )
 from eaglepatch.doctor.rules import Finding, diagnose
 from eaglepatch.doctor.facts import evidence
+from eaglepatch.redact import mask_argv
 
 Say = Callable[[str], None]
 # the server's environment variables that rules look at
@@ -66,7 +67,8 @@ def doctor(text: str, c: Any, say: Say, log_dir: str | None = None) -> Any:
         folder, log_note = None, None
         if ldir and (patched or log_dir):
             try:
-                folder = fetch_logs_from(t.host, name, facts.python, ldir, lambda _m: None)
+                pids = {p for srv in servers for p in (srv.pid, *srv.children)}
+                folder = fetch_logs_from(t.host, name, facts.python, ldir, lambda _m: None, pids=pids)
             except EaglepatchError as exc:  # a refusal, or a host that did not answer in time: no records
                 log_note = str(exc)
         overlap = any(os.path.basename(f.path) == "eagle_worker_v2.py" for f in facts.files)
@@ -90,37 +92,12 @@ def no_server_doc(name: str, version: str | None, package_dir: str) -> dict[str,
     return {"target": name, "sglang_version": version, "server": None, "findings": [f.to_json()], "sources": {}}
 
 
-_SECRET_WORDS = ("key", "token", "secret", "password", "passwd")
-
-
-def masked(argv: Sequence[str]) -> list[str]:
-    """``argv`` with the value of every option named like a secret (``--api-key``, ``--hf-token=...``) replaced by
-    ``***``, as the runtime masks it in its log headers (``_redacted``: a copy, since the runtime runs inside the
-    server without eaglepatch; a test holds the two equal): doctor's output is evidence people paste."""
-    out: list[str] = []
-    hide = False
-    for a in argv:
-        if hide and not a.startswith("--"):
-            out.append("***")
-            hide = False
-            continue
-        hide = False
-        if a.startswith("--") and any(w in a.lower() for w in _SECRET_WORDS):
-            name, eq, _ = a.partition("=")
-            if eq:
-                a = name + "=***"
-            else:
-                hide = True
-        out.append(a)
-    return out
-
-
 def document(name: str, version: str | None, srv: Any, findings: Sequence[Finding],
              sources: dict[str, Any], model: dict[str, Any] | None = None) -> dict[str, Any]:
     """``doctor --json`` for one server (docs/contract.md); secret option values masked; ``model``: the
     prediction from its timing records (``model_of``), when there are some."""
     doc = {"target": name, "sglang_version": version,
-           "server": {"pid": srv.pid, "argv": masked(srv.argv), "port": srv.port},
+           "server": {"pid": srv.pid, "argv": mask_argv(srv.argv), "port": srv.port},
            "findings": [f.to_json() for f in findings], "sources": sources}
     if model is not None:
         doc["model"] = model
@@ -201,7 +178,8 @@ def load_records(folder: str, pids: set[int], launches: set[tuple[int, int]] | N
 
     from eaglepatch.ops.actions import logs_of
 
-    files = logs_of(sorted(glob.glob(os.path.join(folder, "*.jsonl"))), pids)
+    # every host folder the logs came from has a subfolder of the cache (the runtime's private one too)
+    files = logs_of(sorted(glob.glob(os.path.join(folder, "**", "*.jsonl"), recursive=True)), pids)
     if not files:
         return {}
 

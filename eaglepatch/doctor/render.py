@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from eaglepatch.redact import shown, shown_argv
+
 _SEV = {"high": "HIGH", "medium": "MEDIUM", "low": "LOW", "info": "INFO"}
 
 
@@ -13,21 +15,21 @@ def render(doc: Any) -> str:
     if isinstance(doc, list):
         return "\n\n".join(render(d) for d in doc)
     srv = doc.get("server")
-    head = f"{doc['target']}: sglang {doc.get('sglang_version') or '?'}"
+    head = f"{doc['target']}: sglang {shown(doc.get('sglang_version') or '?')}"
     if srv:
         head += f", server pid {srv['pid']}" + (f" on :{srv['port']}" if srv.get("port") else "")
     n = len(doc["findings"])
     out = [f"{head}: {n} finding{'s' if n != 1 else ''}"]
     if srv:
-        out.append("  " + " ".join(srv["argv"]))
+        out.append("  " + shown_argv(srv["argv"]))
     for f in doc["findings"]:
         out.append("")
-        out.append(f"{_SEV.get(f['severity'], f['severity'].upper()):<7}{f['id']}: {f['title']}")
+        out.append(f"{_SEV.get(f['severity'], f['severity'].upper()):<7}{f['id']}: {shown(f['title'])}")
         for e in f["evidence"]:
-            where = f" [{e['path']}]" if e.get("path") else ""
-            out.append(f"         {e['source']}: {e['text']}{where}")
+            where = f" [{shown(e['path'])}]" if e.get("path") else ""
+            out.append(f"         {e['source']}: {shown(e['text'])}{where}")
             if e.get("line"):
-                out.append(f"           | {e['line']}")
+                out.append(f"           | {shown(e['line'])}")
         out.append(f"       next: {f['next']}")
     src = doc.get("sources") or {}
     if src:
@@ -36,5 +38,5 @@ def render(doc: Any) -> str:
         for k, v in src.items():
             if isinstance(v, dict):
                 v = ", ".join(f"{a} {b}" for a, b in v.items())
-            out.append(f"  {k}: {v}")
+            out.append(f"  {k}: {shown(v)}")
     return "\n".join(out)

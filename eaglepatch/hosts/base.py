@@ -19,6 +19,8 @@ import time
 import zlib
 from typing import Any, NoReturn, Protocol, Sequence, runtime_checkable
 
+from eaglepatch import progress
+
 
 @dataclasses.dataclass(frozen=True)
 class CommandResult:
@@ -56,9 +58,12 @@ class Host(Protocol):
     is_local: bool
 
     def run(
-        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
+        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None,
+        max_output: int | None = None,
     ) -> CommandResult:
-        """Run ``argv`` (no shell; quoting is the implementation's job) and return its result; never raises on rc != 0."""
+        """Run ``argv`` (no shell; quoting is the implementation's job) and return its result; never raises on rc != 0.
+        ``max_output``: the most bytes of stdout and stderr together to take in; past it the command is killed and
+        ``OutputLimit`` raised (what a host sends is bounded: docs/safety.md)."""
         ...
 
     def read_bytes(self, path: str) -> bytes:
@@ -99,6 +104,39 @@ class Host(Protocol):
 # before the interpreter starts (a banner in ~/.bashrc, a ForceCommand's echo) come before it and are skipped.
 MARKER = b"\x1eeaglepatch\x1e\n"
 
+# What a host's helper may send, at most (everything a host sends is data from a stranger: docs/safety.md, "Trust
+# boundaries"). The largest real answers are the facts of an install (every worker file, base64: a few MB) and a
+# batch of timing logs (``ops/_remote.py``'s LOG_BATCH, 16 MB before base64); these leave room for both.
+MAX_PREAMBLE = 1 << 20  # what a login shell prints before the marker
+MAX_FRAME = 64 << 20  # one frame of the agent protocol on the wire, compressed or not
+MAX_ANSWER = 64 << 20  # one answer, decompressed
+MAX_STDERR = 64 << 10  # the tail of a helper's stderr that is kept (for messages)
+_MAX_HEADER = 24  # b"z67108864\n" and the like
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB" if n >= 1 << 20 else f"{n} bytes"
+
+
+class OutputLimit(Exception):
+    """A command printed more than the ``max_output`` it was given; it was killed."""
+
+    def __init__(self, limit: int):
+        super().__init__(f"more than {_mib(limit)} of output")
+        self.limit = limit
+
+
+def inflate(data: bytes, limit: int = MAX_ANSWER) -> bytes:
+    """``zlib.decompress(data)``, never more than ``limit`` bytes of it (a zip bomb is refused, not inflated);
+    raises ``ValueError`` saying which bound was passed, ``zlib.error`` for bytes that are not zlib's."""
+    d = zlib.decompressobj()
+    out = d.decompress(data, limit + 1)
+    if len(out) > limit or d.unconsumed_tail:
+        raise ValueError(f"a frame that inflates to more than {_mib(limit)} ({len(data)} bytes compressed)")
+    if not d.eof:
+        raise zlib.error("truncated zlib stream")
+    return out
+
 
 def run_python(host: Host, python: str, program: str, payload: Any = None, timeout: float | None = None) -> Any:
     """Run ``program`` (Python source) with ``python`` on ``host``, payload as JSON on stdin; return its JSON stdout.
@@ -115,9 +153,18 @@ def run_python(host: Host, python: str, program: str, payload: Any = None, timeo
         "exec(compile(_d['program'],'<eaglepatch-remote>','exec'),_g)"
     )
     data = json.dumps({"program": program, "payload": payload}).encode()
-    result = host.run([python, "-c", wrapper], stdin=data, timeout=timeout)
+    try:
+        result = host.run([python, "-c", wrapper], stdin=data, timeout=timeout,
+                          max_output=MAX_PREAMBLE + MAX_ANSWER + MAX_STDERR)
+    except OutputLimit as exc:
+        raise AnswerRefused(python, f"it printed {exc} (eaglepatch takes at most {_mib(MAX_ANSWER)})") from None
+    except BaseException:
+        progress.cut_short(host.name)  # Ctrl-C mid-request: the host may still be at it; ask it nothing more
+        raise
     out = result.stdout
     at = out.find(MARKER)
+    if at > MAX_PREAMBLE:
+        raise AnswerRefused(python, f"{at} bytes came before its marker (at most {_mib(MAX_PREAMBLE)})")
     if result.rc != 0:
         raise RemoteScriptError(python, result, started=at >= 0)
     try:
@@ -135,6 +182,17 @@ class RemoteScriptError(Exception):
         self.result = result
         # the interpreter ran eaglepatch's code (its marker came): a failure is the program's, not a missing python
         self.started = started
+
+
+class AnswerRefused(RemoteScriptError):
+    """What a host's helper sent is refused unread: past a bound (``MAX_PREAMBLE``, ``MAX_FRAME``, ``MAX_ANSWER``),
+    or not a frame at all. ``str()`` is one line saying which."""
+
+    def __init__(self, python: str, why: str):
+        Exception.__init__(self, f"the answer of {python} on the host was refused: {why}: is --python an "
+                                 "interpreter that runs eaglepatch's helper as it is?")
+        self.result = CommandResult(1, b"", why.encode())
+        self.started = True
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -163,6 +221,10 @@ class HostProcess(Protocol):
 
     def close(self) -> None:
         """Close its stdin (it ends by itself then) and let go of it; idempotent."""
+        ...
+
+    def abandon(self) -> None:
+        """Let go of it at once, never waiting or killing: it finishes what it was asked on its own."""
         ...
 
 
@@ -239,7 +301,17 @@ class PythonAgent:
 
     def call(self, payload: Any, timeout: float | None = None) -> Any:
         with self._lock:
-            return self._call(payload, timeout)
+            try:
+                return self._call(payload, timeout)
+            except RemoteScriptError:
+                raise  # answered (an error of the program), or the process is already gone
+            except BaseException:
+                # cut short mid-request (Ctrl-C, an error of ours): its answer may still come, and must never be
+                # read as the next request's; the process is let go, not killed (it finishes the request it has)
+                progress.cut_short(self.host.name)
+                if not self.dead:
+                    self.close(abandon=True)
+                raise
 
     def _call(self, payload: Any, timeout: float | None) -> Any:
         if self.dead:
@@ -282,6 +354,8 @@ class PythonAgent:
                 del self._buf[: at + len(MARKER)]
                 self._started = True
                 return
+            if len(self._buf) > MAX_PREAMBLE + len(MARKER):
+                self._refuse(f"more than {_mib(MAX_PREAMBLE)} came before its marker")
             chunk = self.proc.read(deadline)
             if chunk is None:
                 self._fail_timeout()
@@ -295,21 +369,32 @@ class PythonAgent:
     def _read_frame(self, deadline: float | None) -> dict[str, Any]:
         assert self.proc is not None
         while True:
-            nl = self._buf.find(b"\n")
+            nl = self._buf.find(b"\n", 0, _MAX_HEADER)
+            if nl < 0 and len(self._buf) >= _MAX_HEADER:
+                self._refuse(f"a frame header longer than {_MAX_HEADER} bytes ({bytes(self._buf[:_MAX_HEADER])!r})")
             if nl >= 0:
                 packed = self._buf[:1] == b"z"
-                try:
-                    size = int(self._buf[1 if packed else 0 : nl])
-                except ValueError:
-                    self._fail_protocol()
+                head = bytes(self._buf[1 if packed else 0 : nl])
+                if not head.isdigit():  # int() would take "+5", " 5", "5_0"
+                    self._refuse(f"a frame header that is no length ({bytes(self._buf[:nl])!r})")
+                size = int(head)
+                if size > MAX_FRAME:
+                    # refused before its bytes are read: the length alone is the host's word
+                    self._refuse(f"a frame of {size} bytes (at most {_mib(MAX_FRAME)})")
                 if len(self._buf) >= nl + 1 + size:
                     data = bytes(self._buf[nl + 1 : nl + 1 + size])
                     del self._buf[: nl + 1 + size]
                     try:
                         if packed:
-                            data = zlib.decompress(data)
+                            data = inflate(data)
+                        elif size > MAX_ANSWER:
+                            raise ValueError(f"an answer of {size} bytes (at most {_mib(MAX_ANSWER)})")
                         doc = json.loads(data.decode("utf-8", "replace"))
-                    except (ValueError, zlib.error):
+                    except ValueError as exc:  # JSONDecodeError is one
+                        if isinstance(exc, json.JSONDecodeError):
+                            self._fail_protocol()
+                        self._refuse(str(exc))
+                    except (zlib.error, RecursionError):
                         self._fail_protocol()
                     if not isinstance(doc, dict):
                         self._fail_protocol()
@@ -341,6 +426,12 @@ class PythonAgent:
         err = self._kill()
         raise self._error(CommandResult(1, bytes(self._buf[:2000]), err or b"garbled answer"))
 
+    def _refuse(self, why: str) -> NoReturn:
+        """Past a bound: the process is killed, what it sent dropped, and the answer refused in one line."""
+        self._kill()
+        self._buf = bytearray()
+        raise AnswerRefused(self.python, why)
+
     def realpath(self, path: str, timeout: float | None = 30) -> str | None:
         """``os.path.realpath(path)`` as the host sees it, asked of this (already started) process."""
         if self.info is None or self.dead:
@@ -350,12 +441,14 @@ class PythonAgent:
         except RemoteScriptError:
             return None
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
+        """Let the process go (idempotent): its stdin closed, so it ends after its last request; with ``abandon``
+        (a request cut short) nothing waits for it either."""
         with self._lock:
             self.dead = True
             if self.proc is not None:
                 try:
-                    self.proc.close()
+                    self.proc.abandon() if abandon else self.proc.close()
                 except Exception:
                     pass
 

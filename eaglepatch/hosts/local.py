@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Sequence
 
-from eaglepatch.hosts.base import Agents, CommandResult, FileStat
+from eaglepatch.hosts.base import MAX_STDERR, Agents, CommandResult, FileStat, OutputLimit
 
 
 class LocalHost:
@@ -22,23 +22,27 @@ class LocalHost:
         self.agents = Agents(self)
 
     def run(
-        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
+        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None,
+        max_output: int | None = None,
     ) -> CommandResult:
         try:
             # its own session: a Ctrl-C in the terminal, or a signal to eaglepatch's process group (timeout(1),
             # a cancelled CI job), must not stop a helper halfway through its request (a relaunch, a plan)
-            proc = subprocess.run(
-                list(argv),
-                input=stdin if stdin is not None else b"",
-                capture_output=True,
-                timeout=timeout,
-                start_new_session=True,
-            )
+            proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True)
         except FileNotFoundError as exc:
             return CommandResult(127, b"", str(exc).encode())
-        except subprocess.TimeoutExpired as exc:
-            return CommandResult(124, exc.stdout or b"", (exc.stderr or b"") + b"\ntimed out")
-        return CommandResult(proc.returncode, proc.stdout, proc.stderr)
+        try:
+            return _communicate(proc, stdin or b"", timeout, max_output)
+        except BaseException:
+            # Ctrl-C mid-request: the helper (in its own session) finishes it, a relaunch included; never killed
+            # (a kill between a stop and a start would leave no server), never waited for
+            for f in (proc.stdout, proc.stderr):
+                try:
+                    f.close()  # type: ignore[union-attr]
+                except OSError:
+                    pass
+            raise
 
     def read_bytes(self, path: str) -> bytes:
         with open(path, "rb") as f:
@@ -90,6 +94,56 @@ class LocalHost:
         self.agents.close()
 
 
+def _communicate(proc: subprocess.Popen, data: bytes, timeout: float | None,
+                 limit: int | None) -> CommandResult:
+    """``Popen.communicate`` with a bound: stdin fed from a thread, stdout and stderr read as they come; rc 124
+    (killed) at the timeout; ``OutputLimit`` (killed) past ``limit`` bytes of output."""
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    stdin = proc.stdin
+
+    def feed() -> None:
+        try:
+            stdin.write(data)
+        except (BrokenPipeError, OSError, ValueError):
+            pass  # it exited (or closed its stdin) before reading it all
+        finally:
+            try:
+                stdin.close()
+            except OSError:
+                pass
+
+    writer = threading.Thread(target=feed, daemon=True, name="eaglepatch-local-stdin")
+    writer.start()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    out, err = bufs[proc.stdout.fileno()], bufs[proc.stderr.fileno()]
+    open_fds = list(bufs)
+    why = ""
+    while open_fds:
+        wait = None if deadline is None else deadline - time.monotonic()
+        if wait is not None and wait <= 0:
+            why = "timeout"
+            break
+        ready, _, _ = select.select(open_fds, [], [], wait)
+        for fd in ready:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                open_fds.remove(fd)
+            bufs[fd].extend(chunk)
+        if limit is not None and len(out) + len(err) > limit:
+            why = "limit"
+            break
+    if why:
+        proc.kill()
+    rc = proc.wait()
+    writer.join(5)
+    if why == "limit":
+        raise OutputLimit(limit or 0)
+    if why == "timeout":
+        return CommandResult(124, bytes(out), bytes(err) + b"\ntimed out")
+    return CommandResult(rc, bytes(out), bytes(err))
+
+
 class _LocalProcess:
     """``LocalHost.spawn``: a child with three pipes; its stderr is collected by a thread."""
 
@@ -105,6 +159,8 @@ class _LocalProcess:
         assert self.proc.stderr is not None
         for chunk in iter(lambda: self.proc.stderr.read1(1 << 16), b""):  # type: ignore[union-attr]
             self.err.extend(chunk)
+            if len(self.err) > MAX_STDERR:  # only its tail is ever shown: a helper may print without end
+                del self.err[: len(self.err) - MAX_STDERR]
 
     def send(self, data: bytes, deadline: float | None) -> bool:
         try:
@@ -138,13 +194,16 @@ class _LocalProcess:
         except OSError:
             pass
 
-    def close(self) -> None:
+    def abandon(self) -> None:
         for f in (self.proc.stdin, self.proc.stdout):
             try:
                 if f is not None:
                     f.close()
             except OSError:
                 pass
+
+    def close(self) -> None:
+        self.abandon()
         try:
             self.proc.wait(5)  # it ends at the end of its input
         except subprocess.TimeoutExpired:

@@ -75,7 +75,7 @@ from paramiko.ssh_exception import (  # noqa: E402
 )
 
 from eaglepatch.errors import ConnectionFailed  # noqa: E402
-from eaglepatch.hosts.base import Agents, CommandResult, FileStat  # noqa: E402
+from eaglepatch.hosts.base import MAX_STDERR, Agents, CommandResult, FileStat, OutputLimit  # noqa: E402
 from eaglepatch.hosts.spec import DEFAULT_CONNECT_TIMEOUT, TargetSpec, format_destination  # noqa: E402
 from eaglepatch.hosts.ssh_config import (  # noqa: E402
     CHECK_ACCEPT_NEW,
@@ -134,20 +134,33 @@ class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
         if policy.check == CHECK_YES:
             raise _UnknownHostKey(hostname, key)
         if policy.check == CHECK_ACCEPT_NEW and policy.save_to:
-            append_known_host(policy.save_to, hostname, key, hashed=policy.hash_names)
+            # with HostKeyAlias the key is saved under the alias alone, as OpenSSH saves it
+            append_known_host(policy.save_to, policy.alias or hostname, key, hashed=policy.hash_names)
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
-def _load_known_hosts(client: paramiko.SSHClient, path: str) -> None:
+def _load_known_hosts(client: paramiko.SSHClient, path: str, alias: str | None = None,
+                      address: str | None = None) -> None:
     """Add the entries of a known_hosts file to ``client``, skipping lines paramiko cannot read (as OpenSSH does,
     where paramiko's own loader would give up on the whole file). ``@cert-authority``/``@revoked`` lines are
-    skipped too (paramiko has no use for them)."""
+    skipped too (paramiko has no use for them). With ``alias`` (HostKeyAlias), only the keys known under the alias
+    are taken, as the keys of ``address`` (the name paramiko looks up): OpenSSH then looks up the alias alone."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
     except OSError:
         return
     keys = client.get_host_keys()
+    if alias is not None and address is not None:
+        known = paramiko.HostKeys()
+        _read_known_lines(known, lines)
+        for keytype, key in (known.lookup(alias) or {}).items():  # lookup matches hashed names too
+            keys.add(address, keytype, key)
+        return
+    _read_known_lines(keys, lines)
+
+
+def _read_known_lines(keys: paramiko.HostKeys, lines: list[str]) -> None:
     for lineno, line in enumerate(lines, 1):
         line = line.strip()
         if not line or line.startswith(("#", "@")):
@@ -334,8 +347,9 @@ class SSHHost:
         where = f"{role} {label}" if role != "target" else label
         # Known hosts are read now, not when the _Hop was made: a jump host's key accepted a moment ago
         # counts for the next hop.
+        alias = conn.resolved.host_keys.alias
         for path in conn.resolved.host_keys.known_hosts:
-            _load_known_hosts(conn.client, path)
+            _load_known_hosts(conn.client, path, alias, conn.resolved.address_name)
         try:
             conn.open()
         except _UnknownHostKey as exc:
@@ -421,13 +435,14 @@ class SSHHost:
     # ---------------------------------------------------------------------------------------------- commands
 
     def run(
-        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
+        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None,
+        max_output: int | None = None,
     ) -> CommandResult:
         """Run ``argv`` through the remote login shell (quoted with ``shlex.join``; POSIX shells).
 
         Like ``LocalHost.run``: rc 127 when the program does not exist; rc 124 on timeout (the process is killed
         with SIGKILL, as ``subprocess.run`` does); rc -1 when it died from a signal (SSH reports no status then).
-        Never raises on rc != 0.
+        Never raises on rc != 0; raises ``OutputLimit`` (the process killed) past ``max_output`` bytes of output.
         """
         if isinstance(argv, (str, bytes)):
             raise TypeError("argv must be a sequence of arguments, not a string")
@@ -437,7 +452,9 @@ class SSHHost:
         # The shell prints its pid (which `exec` hands to the program) so that a timeout can kill the program.
         command = f"echo {_PID_MARKER.decode()}$$; exec {shlex.join(argv)}"
         deadline = None if timeout is None else time.monotonic() + timeout
-        rc, out, err, timed_out = self._exec(command, stdin, deadline)
+        rc, out, err, timed_out = self._exec(command, stdin, deadline, max_output)
+        over = max_output is not None and len(out) + len(err) > max_output
+        timed_out = timed_out or over
         pid = None
         at = out.find(_PID_MARKER)
         if at >= 0:
@@ -454,6 +471,8 @@ class SSHHost:
                     self._exec(f"kill -KILL {int(pid)} 2>/dev/null; true", None, time.monotonic() + 10)
                 except ConnectionFailed:
                     pass
+            if over:
+                raise OutputLimit(max_output or 0)
             return CommandResult(124, bytes(out), bytes(err) + b"\ntimed out")
         return CommandResult(rc, bytes(out), bytes(err))
 
@@ -484,13 +503,14 @@ class SSHHost:
         return _SSHProcess(self, chan, transport)
 
     def _exec(
-        self, command: str, stdin: bytes | None, deadline: float | None
+        self, command: str, stdin: bytes | None, deadline: float | None, limit: int | None = None
     ) -> tuple[int, bytearray, bytearray, bool]:
         """One session channel: run ``command`` (a shell command line), feed ``stdin``, collect both outputs;
-        returns (rc, stdout, stderr, timed_out)."""
+        returns (rc, stdout, stderr, timed_out). Past ``limit`` bytes of output it stops reading, as at a
+        timeout (the caller tells the two apart by the size)."""
         transport, chan = self._open_session()
         try:
-            return self._exec_channel(chan, transport, command, stdin, deadline)
+            return self._exec_channel(chan, transport, command, stdin, deadline, limit)
         finally:
             try:
                 chan.close()
@@ -504,6 +524,7 @@ class SSHHost:
         command: str,
         stdin: bytes | None,
         deadline: float | None,
+        limit: int | None = None,
     ) -> tuple[int, bytearray, bytearray, bool]:
         try:
             chan.exec_command(command)
@@ -544,6 +565,8 @@ class SSHHost:
         while True:
             done = chan.eof_received or chan.closed
             drain()
+            if limit is not None and len(out) + len(err) > limit:
+                return 124, out, err, True  # the host says too much: stop reading (run() kills and raises)
             if done:
                 break
             if not transport.is_active():
@@ -743,11 +766,16 @@ class _SSHProcess:
         finally:
             self.chan.settimeout(None)
 
+    def _take_err(self) -> None:
+        while self.chan.recv_stderr_ready():
+            self.err.extend(self.chan.recv_stderr(1 << 16))
+            if len(self.err) > MAX_STDERR:  # only its tail is ever shown: a helper may print without end
+                del self.err[: len(self.err) - MAX_STDERR]
+
     def read(self, deadline: float | None) -> bytes | None:
         chan = self.chan
         while True:
-            while chan.recv_stderr_ready():
-                self.err.extend(chan.recv_stderr(1 << 16))
+            self._take_err()
             if chan.recv_ready():
                 return chan.recv(1 << 16)
             if chan.eof_received or chan.closed:
@@ -771,8 +799,7 @@ class _SSHProcess:
             chan.status_event.wait(wait)
             if not chan.exit_status_ready():
                 self._check()
-        while chan.recv_stderr_ready():
-            self.err.extend(chan.recv_stderr(1 << 16))
+        self._take_err()
         status = chan.recv_exit_status()
         if status == -1:
             self._check()
@@ -796,6 +823,9 @@ class _SSHProcess:
             self.chan.close()
         except Exception:
             pass
+
+    def abandon(self) -> None:
+        self.close()  # closing the channel waits for nothing; the helper's own signals decide the rest
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ From its output, per hop: ``hostname``, ``user``, ``port``, every ``identityfile
 ``${VAR}`` expanded here, as ssh would when it loads them; files that do not exist are skipped, as ssh does),
 ``identitiesonly``, ``connecttimeout`` (``none``: not set), ``proxyjump``, ``proxycommand`` (tokens expanded; run as
 ssh runs it: ``$SHELL -c 'exec COMMAND'``), ``stricthostkeychecking``, ``userknownhostsfile`` (all read; the first is
-where a new key is saved), ``globalknownhostsfile`` (read), ``hashknownhosts``.
+where a new key is saved), ``globalknownhostsfile`` (read), ``hashknownhosts``, ``hostkeyalias`` (the name the host
+key is known under).
 
 Jump hosts: each ``ProxyJump`` hop is resolved with ``ssh -G HOP`` too (its ``user@``/``:port`` as ``-l``/``-p``;
 ``-i`` and ``--connect-timeout`` apply to every hop, as they always have in eaglepatch). As with OpenSSH, which
@@ -92,13 +93,15 @@ class HostKeyPolicy:
     Whatever ``check`` says, a key that differs from the one a file knows for that host (a CHANGED key) is always
     refused by eaglepatch, where OpenSSH with ``no`` would connect anyway (with password and forwarding off).
     ``known_hosts``: every file read, the user's then the global ones. ``save_to``: the first ``UserKnownHostsFile``
-    (None with ``UserKnownHostsFile none``: nothing is saved).
+    (None with ``UserKnownHostsFile none``: nothing is saved). ``alias``: ``HostKeyAlias``: as with OpenSSH, the key
+    is looked up under that name alone (not ``[host]:port``, no port added) and a new one saved under it.
     """
 
     check: str = CHECK_YES
     known_hosts: tuple[str, ...] = ()
     save_to: str | None = None
     hash_names: bool = False
+    alias: str | None = None  # HostKeyAlias: the name the key is looked up and saved under, instead of the address
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +124,15 @@ class ResolvedHop:
 
     @property
     def known_hosts_name(self) -> str:
-        """How known_hosts names this host: ``host``, or ``[host]:port`` on a port other than 22."""
+        """How known_hosts names this host: its ``HostKeyAlias``, else ``host``, or ``[host]:port`` on a port other
+        than 22."""
+        if self.host_keys.alias:
+            return self.host_keys.alias
+        return self.address_name
+
+    @property
+    def address_name(self) -> str:
+        """How paramiko looks the host up: ``host``, or ``[host]:port`` on a port other than 22."""
         return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
 
 
@@ -193,8 +204,10 @@ class _Resolver:
         config's (-J; ``()`` for none)."""
         target = self.finish(self.start(hop, jump))
         if jump is None:  # the config's ProxyJump
-            # a hop named after the host it leads to (a wildcard ProxyJump): no host is its own jump host
-            jumps = tuple(j for j in target.proxy_jump if j.host not in (hop.host, target.hostname))
+            # a hop that is the very destination it leads to (a wildcard ProxyJump applied to the jump host itself):
+            # no host is its own jump host. Only the same host AND port AND user: a jump given by address to
+            # another port of the same machine (root@127.0.0.1:2222, the form ssh -G prints) is a real hop.
+            jumps = tuple(j for j in target.proxy_jump if not _same_destination(j, hop, target))
             seen = seen + (hop.host,)
         else:  # -J: taken as given
             jumps = jump
@@ -349,6 +362,7 @@ class _Resolver:
             known_hosts=tuple(dict.fromkeys(user_files + global_files)),
             save_to=user_files[0] if user_files else None,
             hash_names=_yes(first("hashknownhosts")),
+            alias=first("hostkeyalias") or None,
         )
         return ResolvedHop(
             name=name, hostname=hostname, user=user, port=port, identity_files=tuple(identities),
@@ -458,6 +472,19 @@ def expand_includes(path: str, base: str, depth: int = 0) -> str:
 
 # --------------------------------------------------------------------------------------------------------------
 # helpers
+
+
+def _same_destination(jump: Hop, hop: Hop, target: ResolvedHop) -> bool:
+    """Whether the ProxyJump hop ``jump`` names the destination ``hop`` itself (resolved as ``target``): the same
+    name (the alias, whose own config gives the same port and user when ``jump`` names none) or the same address
+    and port (22 when ``jump`` names none), and the same user when ``jump`` names one."""
+    if jump.user is not None and jump.user != target.user:
+        return False
+    if jump.host == hop.host:
+        return jump.port is None or jump.port == target.port
+    if jump.host == target.hostname:
+        return (jump.port or 22) == target.port
+    return False
 
 
 def _parse_ssh_g(text: str) -> dict[str, list[str]]:

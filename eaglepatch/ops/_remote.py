@@ -227,6 +227,19 @@ def facts_worker_files(pkg, spec, pattern):
     return files
 
 
+def facts_stale_temps(spec):
+    """The temp files of an apply or revert that was killed between writing and renaming them (``.NAME`` +
+    TMP_TAG + token), anywhere under the speculative folder and its backups: status names them; the next apply or
+    revert removes them."""
+    found = []
+    if not os.path.isdir(spec):
+        return found
+    for root, dirs, names in os.walk(spec):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        found += [os.path.join(root, n) for n in sorted(names) if _STALE_TMP.match(n)]
+    return found
+
+
 def facts_manifest(manifest_path):
     """The manifest ``apply`` left, or None when there is none (or it cannot be read or parsed)."""
     try:
@@ -309,6 +322,7 @@ def op_facts(payload):
     out["runtime_path"] = runtime
     out["lock_path"] = os.path.join(spec, LOCK_NAME)
     out["lock"] = _lock_info(out["lock_path"])
+    out["stale_temps"] = facts_stale_temps(spec)
     out.update(facts_writable(spec))
     return out
 
@@ -352,8 +366,20 @@ def op_lock(payload):
         except OSError as exc:
             return {"ok": False, "error": "cannot create %s: %s" % (path, exc.strerror),
                     "denied": exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)}
-        with os.fdopen(fd, "w") as f:
-            json.dump(dict(me, time=time.time()), f)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(dict(me, time=time.time()), f)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            # created but not written (a full disk): an empty lock would block every apply and revert until it
+            # is stale, so it goes at once
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+            return {"ok": False, "error": "cannot write the lock %s: %s (nothing changed; the lock is removed): "
+                                          "free some space there and run again" % (path, exc.strerror or exc)}
         return {"ok": True}
     return {"ok": False, "held": _lock_info(path) or {}, "path": path}
 
@@ -372,8 +398,16 @@ def op_unlock(payload):
 # carrying out a plan
 
 
+def _real(path):
+    """Where the bytes of ``path`` live: a symlink's target (its links resolved), else the path itself. A worker
+    file that is a symlink is patched through it: the link stays a link (docs/safety.md)."""
+    return os.path.realpath(path) if os.path.islink(path) else path
+
+
 def _tmp_name(path, token):
-    d, name = os.path.split(path)
+    """The temp file for ``path``: beside the file its bytes go to (a symlink's target), so that the rename stays
+    on one file system."""
+    d, name = os.path.split(_real(path))
     return os.path.join(d, "." + name + TMP_TAG + token)
 
 
@@ -395,7 +429,34 @@ def _write_new(path, data, like_stat=None, mode=0o644):
 
 
 def _replace(src_tmp, dst):
-    os.replace(src_tmp, dst)
+    """Put the bytes of the temp file ``src_tmp`` at ``dst``, keeping what ``dst`` is: a rename over it (atomic);
+    through a symlink, a rename over its target (the link untouched); into a file with other hard links, a write
+    into its own inode (every name keeps seeing the same file), after which the temp file goes."""
+    real = _real(dst)
+    try:
+        st = os.lstat(real)
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+        _write_into(real, _read(src_tmp))
+        os.remove(src_tmp)
+        return
+    os.replace(src_tmp, real)
+
+
+def _write_into(path, data):
+    """Overwrite the regular file ``path`` in place with ``data`` (one write from its start, then cut to length,
+    then fsync): its inode, links, mode and owner stay. Not atomic as a rename is (see docs/safety.md)."""
+    fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        done = 0
+        view = memoryview(data)
+        while done < len(data):
+            done += os.pwrite(fd, view[done:], done)
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _drop_bytecode(path):
@@ -494,6 +555,7 @@ def exec_dirs(payload):
     was killed may have left temp files."""
     man = payload.get("manifest") or {}
     dirs = [os.path.dirname(payload["lock_path"])] + [os.path.dirname(w["path"]) for w in payload["writes"]]
+    dirs += [os.path.dirname(_real(w["path"])) for w in payload["writes"]]  # a symlink's temp is beside its target
     dirs += [os.path.dirname(w["backup"]) for w in payload["writes"] if w.get("backup")]
     if man.get("path"):
         dirs.append(os.path.dirname(man["path"]))
@@ -735,34 +797,227 @@ def _execute(payload):
     return {"ok": True, "bytecode_removed": exec_drop_bytecode(writes), "stale_temps_removed": stale}
 
 
-def op_logs(payload):
-    """New bytes of the timing logs: for each *.jsonl, what follows the size the client already has."""
-    d = payload["log_dir"]
-    have = payload.get("have") or {}
-    if not os.path.isdir(d):
-        return {"error": "no timing logs at %s: apply first (or give --log-dir), then put load on the server" % d}
-    files = []
-    names = sorted(n for n in os.listdir(d) if n.endswith(".jsonl"))
-    for name in names:
-        path = os.path.join(d, name)
+# ---------------------------------------------------------------------------------------------------------------
+# timing logs: read with the runtime's own rules, wherever the runtime really wrote them
+
+# A timing log's name, as the runtime makes it: <host>-<pid>-rank<r>.jsonl
+LOG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*-[0-9]+-rank[0-9]+[.]jsonl$")
+# The private folders the runtime falls back to (tempfile.mkdtemp(prefix="eaglepatch-")) in a temp folder
+_FALLBACK_NAME = re.compile(r"^eaglepatch-[A-Za-z0-9_]+$")
+# Bytes of log data in one answer at most; the client asks again for the rest (its memory stays bounded).
+LOG_BATCH = 16 << 20
+
+
+class _Refused(Exception):
+    """A log folder or file that the runtime's rules do not let eaglepatch read; str() says why."""
+
+
+def _owner_name(uid):
+    name = _user_name(uid)
+    return "uid %d" % uid if name == str(uid) else "uid %d (%s)" % (uid, name)
+
+
+def _log_owners(pids):
+    """Who may own a log folder eaglepatch reads: this user, and the (effective) user of each server process
+    (the runtime writes only to a folder of its own user's)."""
+    owners = {os.geteuid()}
+    for pid in pids:
+        ids = _ids(pid)  # noqa: F821 (server/_remote.py)
+        if ids is not None:
+            owners.add(ids[0])
+    return owners
+
+
+def _open_log_dir(path, owners):
+    """A descriptor of the folder ``path`` when the runtime's rules hold for it (a real folder, not a link; owned by
+    one of ``owners``; not writable by group or others): (fd, its stat). Raises _Refused."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _Refused("a link or not a folder")
+        if exc.errno == errno.ENOENT:
+            raise _Refused("no such folder")
+        raise _Refused("cannot open it: %s" % (exc.strerror or exc))
+    st = os.fstat(fd)
+    why = None
+    if not stat.S_ISDIR(st.st_mode):
+        why = "not a folder"
+    elif st.st_uid not in owners:
+        why = "owned by %s, not by %s" % (_owner_name(st.st_uid), " or ".join(_owner_name(u) for u in sorted(owners)))
+    elif st.st_mode & 0o022:
+        why = "writable by group or others (mode %o)" % stat.S_IMODE(st.st_mode)
+    if why is not None:
+        os.close(fd)
+        raise _Refused(why)
+    return fd, st
+
+
+def _open_log_file(dfd, name, owners):
+    """A descriptor for reading the log ``name`` in the folder ``dfd``: never through a link, never a FIFO or a
+    device, only a regular file of one of ``owners``. Raises _Refused."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(name, flags, dir_fd=dfd)
+    except OSError as exc:
+        raise _Refused("a link" if exc.errno == errno.ELOOP else (exc.strerror or str(exc)))
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid not in owners:
+        os.close(fd)
+        raise _Refused("not a regular file of the folder's user")
+    return fd, st
+
+
+def _dirs_in_use(pids):
+    """The folders of the timing logs that ``pids`` (the servers' processes) have open now: where the runtime
+    really writes, whatever folder it was configured with."""
+    found = []
+    for pid in pids:
+        base = "/proc/%d/fd" % pid
         try:
-            size = os.path.getsize(path)
+            fds = os.listdir(base)
         except OSError:
             continue
-        off = int(have.get(name, 0))
-        if off > size:
-            off = 0  # the file was replaced: fetch it whole
-        if off == size:
+        for fd in fds:
+            try:
+                target = os.readlink(os.path.join(base, fd))
+            except OSError:
+                continue
+            if target.startswith("/") and LOG_NAME.match(os.path.basename(target)):
+                found.append(os.path.dirname(target))
+    return sorted(set(found))
+
+
+def _temp_dirs(pids):
+    """Where the runtime of ``pids`` makes its private folder: tempfile's folder as each process sees it (its
+    TMPDIR, TEMP or TMP when it has one), this helper's, and /tmp."""
+    import tempfile
+
+    found = [tempfile.gettempdir(), "/tmp"]
+    for pid in pids:
+        raw = _proc_bytes("/proc/%d/environ" % pid)  # noqa: F821 (server/_remote.py)
+        if not raw:
             continue
-        with open(path, "rb") as f:
-            f.seek(off)
-            data = f.read(size - off)
-        # Only whole lines: a record being written now is fetched next time.
-        cut = data.rfind(b"\n") + 1
-        if cut == 0:
+        env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+        for name in (b"TMPDIR", b"TEMP", b"TMP"):
+            value = env.get(name, b"").decode("utf-8", "surrogateescape")
+            if value.startswith("/"):
+                found.append(value)
+                break
+    return found
+
+
+def _log_files(dfd, names, owners):
+    """(name, open file, its stat) of each log in ``names`` that ``_open_log_file`` lets eaglepatch read; each file
+    is closed once the next is asked for."""
+    for name in names:
+        try:
+            fd, st = _open_log_file(dfd, name, owners)
+        except _Refused:
             continue
-        files.append({"name": name, "offset": off, "data": _b64(data[:cut])})
-    return {"files": files, "names": names}
+        with os.fdopen(fd, "rb") as f:
+            yield name, f, st
+
+
+def _fell_back_from(dfd, names, log_dir, owners):
+    """Whether a log in the folder ``dfd`` starts with the runtime's header saying it fell back from ``log_dir``:
+    a private folder of this install's runtime (another install's, configured with another folder, is not read)."""
+    for _name, f, _st in _log_files(dfd, names, owners):
+        first = f.readline(65536)
+        try:
+            head = json.loads(first.decode("utf-8", "replace"))
+        except ValueError:
+            continue
+        origin = head.get("fallback_from") if isinstance(head, dict) and head.get("kind") == "run" else None
+        if isinstance(origin, str) and os.path.normpath(origin) == log_dir:
+            return True
+    return False
+
+
+def _fallback_dirs(owners, temps):
+    """The private folders the runtime falls back to, ``eaglepatch-*`` in the temp folders ``temps``, that one of
+    ``owners`` made (real folders, 0700 as mkdtemp makes them)."""
+    found = []
+    for tmp in sorted(set(os.path.normpath(t) for t in temps)):
+        try:
+            names = os.listdir(tmp)
+        except OSError:
+            continue
+        for n in sorted(names):
+            if not _FALLBACK_NAME.match(n):
+                continue
+            path = os.path.join(tmp, n)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode) and st.st_uid in owners and not st.st_mode & 0o077:
+                found.append(path)
+    return found
+
+
+def op_logs(payload):
+    """New bytes of the timing logs, read by the runtime's own rules (real folders and regular files of this user
+    or the servers' users, no links followed, nothing others may write), from every folder the runtime writes to:
+    the configured one (``log_dir``), the folders that the servers' processes (``pids``) have a log open in, and
+    the private folders the runtime falls back to (``eaglepatch-*`` in the temp folder). For each file, what
+    follows the size the client already has (``have``: "folder/name" -> size), whole lines only, at most
+    LOG_BATCH bytes in all (``more``: ask again). A folder other than ``log_dir`` is read only when its logs start
+    with the runtime's header saying it fell back from ``log_dir`` (``fallback_from``). ``dirs`` lists each folder
+    read, and each refused with why."""
+    pids = [int(p) for p in payload.get("pids") or ()]
+    have = payload.get("have") or {}
+    owners = _log_owners(pids)
+    budget = int(payload.get("budget") or LOG_BATCH)
+    log_dir = os.path.normpath(payload["log_dir"])
+    candidates = [(log_dir, "configured")]
+    candidates += [(d, "open") for d in _dirs_in_use(pids)]
+    candidates += [(d, "fallback") for d in _fallback_dirs(owners, _temp_dirs(pids))]
+    dirs, files, names, seen, more = [], [], {}, set(), False
+    for path, kind in candidates:
+        if path in seen:
+            continue
+        seen.add(path)
+        try:
+            dfd, _st = _open_log_dir(path, owners)
+        except _Refused as exc:
+            dirs.append({"path": path, "kind": kind, "refused": str(exc)})
+            continue
+        try:
+            listed = sorted(n for n in os.listdir(dfd) if LOG_NAME.match(n))
+            if kind != "configured" and not _fell_back_from(dfd, listed, log_dir, owners):
+                continue  # a runtime's private folder for another log dir (another install's, or not asked for)
+            dirs.append({"path": path, "kind": kind})
+            names[path] = []
+            for name, f, st in _log_files(dfd, listed, owners):
+                names[path].append(name)
+                size = st.st_size
+                off = int(have.get(path + "/" + name, 0))
+                if off > size:
+                    off = 0  # the file was replaced: fetch it whole
+                if off == size:
+                    continue
+                if budget <= 0:
+                    more = True
+                    continue
+                f.seek(off)
+                data = f.read(min(size - off, budget))
+                # Only whole lines: a record being written now is fetched next time.
+                cut = data.rfind(b"\n") + 1
+                if len(data) < size - off:
+                    more = True  # the budget ended inside this file
+                if cut == 0:
+                    continue
+                budget -= cut
+                files.append({"dir": path, "name": name, "offset": off, "data": _b64(data[:cut])})
+        finally:
+            os.close(dfd)
+    if not names:
+        why = "; ".join("%s: %s" % (d["path"], d["refused"]) for d in dirs if d.get("refused"))
+        return {"error": "no timing logs eaglepatch may read (%s): apply first (or give --log-dir), then put load "
+                         "on the server" % why, "dirs": dirs}
+    return {"dirs": dirs, "files": files, "names": names, "more": more}
 
 
 def op_read(payload):

@@ -15,11 +15,13 @@ import re
 import time
 from typing import Any, Callable, Collection, Sequence
 
-from eaglepatch.errors import RestartFailed, Unsupported, UsageError
+from eaglepatch import progress
+from eaglepatch.errors import BadAnswer, RestartFailed, Unsupported, UsageError
 from eaglepatch.failpoints import failpoint
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.local import LocalHost
 from eaglepatch.hosts.target import SSHOptions, TargetSpec, is_local_target, open_host, parse_target
+from eaglepatch.redact import shown, shown_argv
 from eaglepatch.ops.core import (
     AmbiguousInstall,
     FactsOptions,
@@ -124,10 +126,10 @@ def show(text: str, c: Connect, recipe: Recipe) -> dict[str, Any]:
 
 
 def render_show(doc: dict[str, Any]) -> str:
-    out = [f"{doc['target']}: sglang {doc['sglang_version'] or '?'} at {doc['package_dir']}"]
+    out = [f"{doc['target']}: sglang {shown(doc['sglang_version'] or '?')} at {shown(doc['package_dir'])}"]
     out.extend(_server_lines(doc))
     for f in doc["files"]:
-        out.append(f"\n{f['path']}  [{f['state']}]")
+        out.append(f"\n{shown(f['path'])}  [{f['state']}]")
         if f.get("refused"):
             out.append(f"  refused: {f['refused']}")
         for w in f["workers"]:
@@ -150,7 +152,7 @@ def render_show(doc: dict[str, Any]) -> str:
         for row in sl["source"]:
             tag = f"<- {row['phase']}" if row.get("phase") else ""
             where = f" [{row['method']}]" if row.get("method") else ""
-            out.append(f"{row['line']:>6}  {row['text']}{'  ' + tag + where if tag else ''}")
+            out.append(f"{row['line']:>6}  {shown(row['text'], keep=chr(9))}{'  ' + tag + where if tag else ''}")
     return "\n".join(out)
 
 
@@ -170,20 +172,26 @@ def _server_lines(doc: dict[str, Any]) -> list[str]:
         out.append("server: none running (of this install)")
     for srv in servers:
         head = f"server: pid {srv['pid']}" + (f" on :{srv['port']}" if srv.get("port") else "")
-        out.append(f"{head}: {' '.join(srv['argv'])}")
+        out.append(f"{head}: {shown_argv(srv['argv'])}")
         if srv.get("launched"):
-            out.append(f"  launched: {srv['launched']}" + (f"; in {srv['cwd']}" if srv.get("cwd") else ""))
+            out.append(f"  launched: {shown(srv['launched'])}" + (f"; in {shown(srv['cwd'])}" if srv.get("cwd") else ""))
         if srv.get("code"):
-            out.append(f"  {_CODE.get(srv['code'], srv['code'])}")
+            out.append(f"  {_CODE.get(srv['code'], shown(srv['code']))}")
     for other in doc.get("other_servers") or ():
         out.append(f"other server: pid {other['pid']} on :{other.get('port')} runs another install "
-                   f"({other.get('package_dir') or 'unknown'}): left alone")
+                   f"({shown(other.get('package_dir') or 'unknown')}): left alone")
+    for path in doc.get("leftovers") or ():
+        out.append(f"leftover: {shown(path)}: a temp file an apply or revert wrote; unless one runs now (the lock "
+                   "says), it was killed before renaming it into place, and the next apply or revert removes it")
     lock = doc.get("lock")
     if lock:
-        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(lock.get("time") or 0)))
-        out.append(f"lock: an eaglepatch {lock.get('what') or 'run'} of {lock.get('user')} from "
-                   f"{lock.get('client_host')} (pid {lock.get('client_pid')}) holds it since {since}; if that run "
-                   "was killed, the next apply or revert from that machine takes it over")
+        try:
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(lock.get("time") or 0)))
+        except (TypeError, ValueError, OverflowError, OSError):  # the lock file is the host's: any value at all
+            since = "an unknown time"
+        out.append(f"lock: an eaglepatch {shown(lock.get('what') or 'run')} of {shown(lock.get('user'))} from "
+                   f"{shown(lock.get('client_host'))} (pid {shown(lock.get('client_pid'))}) holds it since {since}; "
+                   "if that run was killed, the next apply or revert from that machine takes it over")
     return out
 
 
@@ -193,10 +201,10 @@ def status(text: str, c: Connect, recipe: Recipe) -> dict[str, Any]:
 
 
 def render_status(doc: dict[str, Any]) -> str:
-    rows = [f"{doc['target']}: sglang {doc['sglang_version'] or '?'} at {doc['package_dir']}"]
+    rows = [f"{doc['target']}: sglang {shown(doc['sglang_version'] or '?')} at {shown(doc['package_dir'])}"]
     for f in doc["files"]:
         phases = sorted({p for w in f["workers"] for p in w.get("phases", [])})
-        rows.append(f"  {f['state']:<9} {f['path']}  ({', '.join(phases) or 'no phases'})")
+        rows.append(f"  {f['state']:<9} {shown(f['path'])}  ({', '.join(phases) or 'no phases'})")
     runtime = doc.get("runtime") or {}
     if runtime and not runtime.get("present") and any(f["state"] == "patched" for f in doc["files"]):
         rows.append(f"  MISSING   {runtime['path']}: a patched file imports it, so a server started now fails; "
@@ -295,6 +303,7 @@ def apply(text: str, c: Connect, recipe: Recipe, ropts: RuntimeOptions, restart:
                         + " started before the files were patched: restarting it")
                     lc.check_relaunchable(behind, restart)
                     restarted = _restart_after_apply(t, recipe, session, behind, restart, say)
+                    progress.stage(t.spec.text, "files patched, server restarted and ready")
                 return _change_doc(t.spec.name, plan, False, restarted, action="apply")
             if denied:
                 raise UsageError(denied)
@@ -303,8 +312,10 @@ def apply(text: str, c: Connect, recipe: Recipe, ropts: RuntimeOptions, restart:
             for cls, family_timer in plan.timers:
                 timer, why = worker_timer(ropts.mode, family_timer)
                 say(f"timer: {cls}: {timer} ({why})")
+            progress.stage(t.spec.text, "files being patched (the host finishes it, or puts every byte back)")
             # Without a restart, the lock is released by the same round trip that carries out the plan.
             session.execute(plan, release=restart is None)
+            progress.stage(t.spec.text, "files patched, server not restarted (it runs the original code)")
             failpoint("apply:after-execute")
             if plan.worker_writes:
                 say(f"{t.spec.name}: patched {plan.worker_writes} file(s); originals in {facts.backup_dir}")
@@ -313,6 +324,7 @@ def apply(text: str, c: Connect, recipe: Recipe, ropts: RuntimeOptions, restart:
             restarted = False
             if restart is not None:
                 restarted = _restart_after_apply(t, recipe, session, servers, restart, say)
+                progress.stage(t.spec.text, "files patched" + (", server restarted and ready" if restarted else ""))
                 for n in lc.left_alone_notes(everyone, servers, "apply"):
                     say(f"note: {n}")
             elif everyone:
@@ -334,19 +346,24 @@ def _restart_after_apply(t: _Target, recipe: Recipe, session: Session, servers: 
 
     lc = lifecycle()
     facts = session.facts
+    rolling_back = "the patched server did not come up: rolling back (the original files and server being put back)"
     if lc.custom(ropts):
         # the user's command or unit restarts what it restarts: run it once, watch the first server
+        progress.stage(t.spec.text, "files patched, server restarting")
         res = restart(t.host, current=servers[0] if servers else None, options=ropts, progress=say,
                       python=facts.python)
         if res.ready:
             return True
+        progress.stage(t.spec.text, rolling_back)
         raise lc.rollback(t, lambda: _facts(t, recipe), recipe, session, ropts, list(servers[:1]), res, say)
     if not servers:
         _no_server_note(say, t.spec.name, "patched")
         return False
+    progress.stage(t.spec.text, "files patched, server restarting")
     done, failed = lc.restart_each(t.host, servers, ropts, facts.python, say)
     if failed is None:
         return True
+    progress.stage(t.spec.text, rolling_back)
     raise lc.rollback(t, lambda: _facts(t, recipe), recipe, session, ropts,
                       [srv for srv, _ in done] + [failed[0]], failed[1], say)
 
@@ -384,18 +401,24 @@ def revert(text: str, c: Connect, recipe: Recipe, force: bool, restart: Any, say
             then = {"batch": [relaunch_payload(cur, spec, restart.grace, restart.port_timeout)
                               for cur, spec in pairs]} if pairs else None
             if plan.changed:
+                progress.stage(t.spec.text, "files being reverted (the host finishes it, or puts every byte back)"
+                               + (", then the server restarted, in the same request" if then else ""))
                 res = session.execute(plan, release=not wants, then=then,
                                       then_timeout=relaunch_timeout(restart.grace, restart.port_timeout, len(pairs))
                                       if pairs else 0.0)
+                progress.stage(t.spec.text, "files reverted" + (", server restarting" if wants else ""))
                 failpoint("revert:after-execute")
                 for n in plan.notes:
                     say(f"note: {n}")
                 say(f"{t.spec.name}: reverted {len(plan.files)} file(s)")
             else:  # nothing to write: the relaunches alone, in one request
+                progress.stage(t.spec.text, "server restarting")
                 res = {"then": call_relaunch(t.host, facts.python, then, restart)} if then else {}
             restarted = False
             if wants:
                 restarted = _restart_after_revert(t, facts, restart, pairs, units, res, say)
+                progress.stage(t.spec.text, ("files reverted" if plan.changed else "not patched")
+                               + (", server restarted and ready" if restarted else ""))
                 for n in lc.left_alone_notes(everyone, chosen, "revert"):
                     say(f"note: {n}")
             return _change_doc(t.spec.name, plan, plan.changed, restarted, action="revert")
@@ -482,8 +505,10 @@ def restart_target(text: str, c: Connect, ropts: Any, say: Say) -> dict[str, Any
                 jobs = jobs[:1] or [(None, None, ropts)]
             results = []
             for cur, launch, opts in jobs:
+                progress.stage(t.spec.text, "server restarting")
                 res = restart(t.host, current=cur, launch=launch, options=opts, progress=say, python=facts.python,
                               package_dir=facts.package_dir)
+                progress.stage(t.spec.text, "server restarted and ready" if res.ready else "server not ready")
                 if not res.ready:
                     raise RestartFailed(f"{t.spec.name}: not ready within {opts.timeout:.0f} s: {res.message}\n"
                                         f"{res.log_tail}".rstrip())
@@ -518,6 +543,8 @@ class FetchedLogs:
     folder: str
     current: frozenset[int] = frozenset()
     launches: frozenset[tuple[int, int]] = frozenset()  # (pid, start ticks) of those servers: their runs' ids
+    package: str | None = None  # the install's sglang package: its runs' headers name a runtime inside it
+    servers: tuple[tuple[int, int | None], ...] = ()  # (pid, port) of the servers that run now
     name: str = ""  # the target's name (as sweeps and the cache know it)
 
 
@@ -527,47 +554,181 @@ def fetch_logs(text: str, c: Connect, log_dir: str | None, say: Say) -> FetchedL
         python = c.facts.python or "python3"
         current: frozenset[int] = frozenset()
         launches: frozenset[tuple[int, int]] = frozenset()
+        package: str | None = None
+        servers: tuple[tuple[int, int | None], ...] = ()
         try:
             facts = _facts(t, builtin_recipe(), transform=False)
             log_dir = log_dir or ((facts.manifest or {}).get("runtime") or {}).get("log_dir")
             python = facts.python
+            package = facts.package_dir
             current = frozenset(p for s in facts.servers for p in (s["pid"], *(s.get("children") or ())))
             launches = frozenset((s["pid"], s["start"]) for s in facts.servers if s.get("start") is not None)
+            servers = tuple((s["pid"], _port_of_scan(s)) for s in facts.servers)
         except (Unsupported, AmbiguousInstall):
             pass  # the logs can still be read (--log-dir, or the default folder); which run is current is unknown
-        folder = fetch_logs_from(t.host, t.spec.name, python, log_dir or "/tmp/eaglepatch", say)
-        return FetchedLogs(folder, current, launches, t.spec.name)
+        folder = fetch_logs_from(t.host, t.spec.name, python, log_dir or "/tmp/eaglepatch", say, pids=current)
+        return FetchedLogs(folder, current, launches, package, servers, t.spec.name)
 
 
-def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say) -> str:
-    """``fetch_logs`` on an open host: copy the new bytes of ``log_dir``'s timing logs into the local cache
-    folder of the target ``name`` and that log dir (another ``--log-dir`` has a folder of its own), dropping
-    the cached copies of files that are no longer on the host; return that folder."""
+def _port_of_scan(item: dict[str, Any]) -> int | None:
+    from eaglepatch.server.process import ServerProcess
+
+    try:
+        return ServerProcess.from_scan(item).port
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+# A timing log's name, as the runtime makes it (the host's ops/_remote.py checks the same): <host>-<pid>-rank<r>.jsonl
+_LOG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*-[0-9]+-rank[0-9]+\.jsonl")
+_DIR_FILE = ".host-folder"  # in each cache subfolder: the host folder it copies
+_MAX_ROUNDS = 4096  # log batches fetched in one command at most (LOG_BATCH each)
+
+
+def _cache_folder(root: pathlib.Path, host_dir: str) -> pathlib.Path:
+    """The cache subfolder for one folder of the host: named by a digest of its path (the path itself is the
+    host's word, never a path here)."""
+    return root / hashlib.sha256(host_dir.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def _refuse(name: str, why: str) -> BadAnswer:
+    return BadAnswer(f"{name}: the host's answer to the log request is refused: {why}: nothing of it was written "
+                     "(is the host's python the real one? see docs/safety.md, trust boundaries)")
+
+
+def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say,
+                    pids: Collection[int] = ()) -> str:
+    """``fetch_logs`` on an open host: copy the new bytes of the timing logs into the local cache folder of the
+    target ``name`` and ``log_dir`` (another ``--log-dir`` has a folder of its own), dropping the cached copies of
+    files that are no longer on the host; return that folder. The host reads by the runtime's own rules, from
+    ``log_dir`` and from wherever the runtime of ``pids`` (the servers' processes) really writes (its private
+    fallback folder); each host folder has a subfolder of its own here.
+
+    Everything in the answer is the host's word (docs/safety.md): a file name is a plain basename of the log
+    pattern, an offset is 0 or the size of the copy here, the data is base64 of whole lines; anything else raises
+    ``BadAnswer`` before a byte is written. Raises ``UsageError`` when the host has no log it may read."""
     safe = "".join(ch if ch.isalnum() or ch in "-_.@" else "_" for ch in name)
     dest = _cache_root() / safe / hashlib.sha256(log_dir.encode("utf-8", "surrogateescape")).hexdigest()[:16]
     dest.mkdir(parents=True, exist_ok=True, mode=0o700)
-    have = {p.name: p.stat().st_size for p in dest.glob("*.jsonl")}
-    res = call(host, python, "logs", log_dir=log_dir, have=have)
-    if res.get("error"):
-        raise UsageError(f"{name}: {res['error']}")
-    for gone in set(have) - set(res.get("names") or ()):
-        (dest / gone).unlink(missing_ok=True)  # deleted on the host: never reported again
-    fetched = 0
-    import base64
-
-    for f in res["files"]:
-        p = dest / f["name"]
-        data = base64.b64decode(f["data"])
-        if f["offset"] == 0:
-            p.write_bytes(data)
-        else:
-            with open(p, "ab") as fh:
-                fh.write(data)
-        fetched += len(data)
-    names = res.get("names") or ()
-    say(f"{name}: {len(names)} log file(s) in {log_dir}, {fetched} new bytes from {len(res['files'])} of them "
-        f"-> {dest}")
+    for old in dest.glob("*.jsonl"):  # the flat layout of earlier versions: fetched again into subfolders
+        old.unlink(missing_ok=True)
+    said: set[str] = set()
+    fetched = files_with_data = 0
+    listed: dict[str, list[str]] = {}
+    for _round in range(_MAX_ROUNDS):
+        known = _cached(dest)
+        have = {f"{d}/{n}": size for d, (_sub, sizes) in known.items() for n, size in sizes.items()}
+        res = call(host, python, "logs", log_dir=log_dir, have=have, pids=sorted(pids))
+        if not isinstance(res, dict):
+            raise _refuse(name, "not an object")
+        accepted = _check_dirs(name, res.get("dirs"))
+        if res.get("error"):
+            raise UsageError(f"{name}: {shown(res['error'])}")  # it names each folder refused, and why
+        for d in accepted.values():
+            if d.get("refused") and d["path"] not in said and d["kind"] in ("configured", "open"):
+                said.add(d["path"])
+                say(f"note: {name}: not reading {shown(d['path'])}: {shown(d['refused'])}")
+        listed = _check_names(name, res.get("names"), accepted)
+        writes = _check_files(name, res.get("files"), accepted, known)
+        for host_dir in listed:
+            sub = _cache_folder(dest, host_dir)
+            sub.mkdir(exist_ok=True, mode=0o700)
+            (sub / _DIR_FILE).write_text(host_dir, encoding="utf-8", errors="surrogateescape")
+            if host_dir != os.path.normpath(log_dir) and host_dir not in said and listed[host_dir]:
+                said.add(host_dir)
+                say(f"{name}: reading the timing logs in {shown(host_dir)} too (where the runtime writes them)")
+        for host_dir, file_name, offset, data in writes:
+            _write_log(_cache_folder(dest, host_dir) / file_name, offset, data)
+            fetched += len(data)
+            files_with_data += 1
+        if not res.get("more") or not writes:
+            break
+    # what is no longer on the host is never reported again
+    for host_dir, (sub, sizes) in _cached(dest).items():
+        keep = set(listed.get(host_dir, ()))
+        for gone in set(sizes) - keep:
+            (sub / gone).unlink(missing_ok=True)
+    n = sum(len(v) for v in listed.values())
+    where = ", ".join(shown(d) for d in listed) or shown(log_dir)
+    say(f"{name}: {n} log file(s) in {where}, {fetched} new bytes from {files_with_data} of them -> {dest}")
     return str(dest)
+
+
+def _cached(dest: pathlib.Path) -> dict[str, tuple[pathlib.Path, dict[str, int]]]:
+    """host folder -> (its cache subfolder, {log name: size here})."""
+    out: dict[str, tuple[pathlib.Path, dict[str, int]]] = {}
+    for sub in dest.iterdir():
+        marker = sub / _DIR_FILE
+        if not sub.is_dir() or sub.is_symlink() or not marker.is_file():
+            continue
+        host_dir = marker.read_text(encoding="utf-8", errors="surrogateescape")
+        out[host_dir] = (sub, {p.name: p.stat().st_size for p in sub.glob("*.jsonl") if p.is_file()})
+    return out
+
+
+def _check_dirs(name: str, dirs: Any) -> dict[str, dict[str, Any]]:
+    if not isinstance(dirs, list):
+        raise _refuse(name, "no list of folders")
+    out = {}
+    for d in dirs:
+        if not (isinstance(d, dict) and isinstance(d.get("path"), str) and d["path"].startswith("/")
+                and "\0" not in d["path"] and d.get("kind") in ("configured", "open", "fallback")
+                and (d.get("refused") is None or isinstance(d["refused"], str))):
+            raise _refuse(name, f"a folder entry that is not one ({shown(str(d)[:200])})")
+        out[d["path"]] = d
+    return out
+
+
+def _check_name(name: str, file_name: Any) -> str:
+    if not (isinstance(file_name, str) and _LOG_NAME.fullmatch(file_name) and ".." not in file_name):
+        raise _refuse(name, f"a log file name that is not a plain <host>-<pid>-rank<r>.jsonl "
+                            f"({shown(repr(file_name)[:200])})")
+    return file_name
+
+
+def _check_names(name: str, names: Any, dirs: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    if not isinstance(names, dict):
+        raise _refuse(name, "no list of log files")
+    out = {}
+    for host_dir, files in names.items():
+        if host_dir not in dirs or dirs[host_dir].get("refused") or not isinstance(files, list):
+            raise _refuse(name, f"log files of a folder it did not read ({shown(repr(host_dir)[:200])})")
+        out[host_dir] = [_check_name(name, f) for f in files]
+    return out
+
+
+def _check_files(name: str, files: Any, dirs: dict[str, dict[str, Any]],
+                 known: dict[str, tuple[pathlib.Path, dict[str, int]]]) -> list[tuple[str, str, int, bytes]]:
+    """(host folder, name, offset, bytes) of each file in the answer, every one checked first."""
+    import base64
+    import binascii
+
+    if not isinstance(files, list):
+        raise _refuse(name, "no list of files")
+    out = []
+    for f in files:
+        if not isinstance(f, dict) or f.get("dir") not in dirs or dirs[f["dir"]].get("refused"):
+            raise _refuse(name, "bytes of a folder it did not read")
+        file_name = _check_name(name, f.get("name"))
+        offset = f.get("offset")
+        here = known.get(f["dir"], (None, {}))[1].get(file_name, 0)
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset not in (0, here):
+            raise _refuse(name, f"bytes of {file_name} at offset {shown(repr(offset)[:40])}, where the copy here "
+                                f"has {here} (only 0 or {here} are asked for)")
+        try:
+            data = base64.b64decode(f.get("data") or "", validate=True)
+        except (binascii.Error, TypeError, ValueError):
+            raise _refuse(name, f"bytes of {file_name} that are not base64") from None
+        out.append((f["dir"], file_name, offset, data))
+    return out
+
+
+def _write_log(path: pathlib.Path, offset: int, data: bytes) -> None:
+    """Write one batch into the cache: the whole file at offset 0, else appended; never through a link."""
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | (os.O_TRUNC if offset == 0 else os.O_APPEND)
+    fd = os.open(path, flags, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -655,10 +816,14 @@ def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, tra
             mine = logs_of(files, fetched.current)
             if mine:
                 files, sel = mine, {"launches": fetched.launches}
+            elif fetched.current:
+                # the server runs and has timed nothing: another server's numbers in its place would mislead
+                raise UsageError(f"{s}: {_no_records(fetched)}")
             else:
-                sel = {"latest": True}
-                say(f"note: {s}: no timing log of the server that runs now: the newest run is shown (--all-runs "
-                    "for every run)")
+                # no server of the install runs: its newest run, never one that another install's runtime wrote
+                sel = {"latest": True, "install": fetched.package}
+                say(f"note: {s}: no server of this install runs: its newest run is shown (--all-runs for every "
+                    "run)")
         per_source.append(files)
         own.append(sel)
         if predict and sweep is None:
@@ -695,8 +860,10 @@ def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, tra
         own = [{}]
         if not picked:
             files = []
-    result = rep.aggregate(files, by=by, skip=skip, trace_path=trace, **select, **own[0]) if files else \
-        rep.aggregate([], by=by, skip=skip)
+    # several sources in one report: each run's table says which SOURCE it came from
+    origins = [src for fs, src in zip(per_source, sources) for _f in fs] if len(sources) > 1 else None
+    result = rep.aggregate(files, by=by, skip=skip, trace_path=trace, origins=origins, **select, **own[0]) \
+        if files else rep.aggregate([], by=by, skip=skip)
     if trace:
         say(f"trace written to {trace}: open it in https://ui.perfetto.dev")
     preds = None
@@ -720,6 +887,14 @@ def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, tra
     if fmt == "csv":
         return rep.render_csv(result)
     return rep.render_table(result, predictions=preds) + "\n"
+
+
+def _no_records(fetched: FetchedLogs) -> str:
+    """Why ``report TARGET`` shows nothing: the servers that run now have written no timing record."""
+    which = ", ".join(f"pid {pid}" + (f" on :{port}" if port else "") for pid, port in fetched.servers)
+    return (f"the server that runs now ({which or 'pid ' + ', '.join(map(str, sorted(fetched.current)))}) has "
+            "written no timing record yet: it is not patched, or has had no load since it started (eaglepatch "
+            "status says which; eaglepatch bench puts load on it); --all-runs shows the earlier runs")
 
 
 # a timing log's name: <host>-<pid>-rank<r>.jsonl

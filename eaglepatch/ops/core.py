@@ -25,10 +25,11 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Sequence
 
-from eaglepatch import __version__
+from eaglepatch import __version__, progress
 from eaglepatch.errors import Conflict, ConnectionFailed, EaglepatchError, Unsupported, UsageError, ValidationFailed
 from eaglepatch.failpoints import failpoint, remote_fault
 from eaglepatch.hosts.base import Host, RemoteScriptError, run_python
+from eaglepatch.redact import mask_argv
 from eaglepatch.transform.marks import RUNTIME_MODULE, is_instrumented, strip_lines
 from eaglepatch.transform.recipe import Recipe
 
@@ -188,6 +189,7 @@ class HostFacts:
     writable: bool = True
     runtime_mtime: float | None = None
     runtime_data: bytes | None = None
+    stale_temps: tuple[str, ...] = ()  # temp files a killed apply or revert left (the next one removes them)
 
     @property
     def code_mtime(self) -> float | None:
@@ -326,6 +328,7 @@ def gather(host: Host, opts: FactsOptions, entry_names: Sequence[str],
         owner=raw.get("owner"),
         writable=bool(raw.get("writable", True)),
         runtime_mtime=raw.get("runtime_mtime"),
+        stale_temps=tuple(t for t in raw.get("stale_temps") or () if isinstance(t, str)),
         runtime_data=base64.b64decode(raw["runtime_data"]) if raw.get("runtime_data") else None,
     )
 
@@ -373,7 +376,8 @@ def servers_json(facts: HostFacts) -> list[dict[str, Any]]:
     out = []
     for item in facts.servers:
         srv = ServerProcess.from_scan(item)
-        out.append(dict(srv.to_json(), code=code_state(srv.started_at, facts)))
+        # what is printed of a command line: its secrets masked (eaglepatch.redact), in the JSON too
+        out.append(dict(srv.to_json(), argv=mask_argv(srv.argv), code=code_state(srv.started_at, facts)))
     return out
 
 
@@ -425,7 +429,8 @@ def describe(facts: HostFacts, recipe: Recipe,
     return {"target": facts.target, "sglang_version": facts.version, "package_dir": facts.package_dir,
             "files": files, "runtime": {"path": facts.runtime_path, "present": facts.runtime_sha256 is not None},
             "server": servers[0] if servers else None, "servers": servers,
-            "other_servers": [dict(s) for s in facts.other_servers], "lock": interrupted_json(facts)}
+            "other_servers": [dict(s) for s in facts.other_servers], "lock": interrupted_json(facts),
+            "leftovers": list(facts.stale_temps)}
 
 
 def _short(path: str) -> str:
@@ -690,7 +695,10 @@ class Session:
         self.token = owner["token"]
 
     def unlock(self) -> None:
-        if self.token is None:
+        """Release the lock when this session holds it. Not after a request to the host was cut short (Ctrl-C):
+        the host may still be carrying it out under that lock; it stays, named by status, and the next apply or
+        revert from this machine takes it over (its client is gone)."""
+        if self.token is None or progress.was_cut(self.host.name):
             return
         try:
             call(self.host, self.python, "unlock", lock_path=self.facts.lock_path, token=self.token)

@@ -274,6 +274,8 @@ class RunInfo:
     timer: str | None = None
     flags: tuple[tuple[str, Any], ...] = ()
     records: int = 0
+    runtime: str | None = None  # its header's "runtime": the runtime module that wrote it, inside its install
+    sources: tuple[str, ...] = ()  # the SOURCEs its lines came from, when the report reads several
 
     def flags_dict(self) -> dict[str, Any]:
         """The flags as a dict."""
@@ -292,6 +294,8 @@ class RunInfo:
             parts.append(flags)
         parts.append(f"timer={self.timer or '?'}")
         parts.append(f"(id {self.id})")
+        if self.sources:
+            parts.append(f"from {', '.join(self.sources)}")
         return "  ".join(parts)
 
     def short(self) -> str:
@@ -300,15 +304,20 @@ class RunInfo:
         return f"{self.id} ({self.start_label()}, timer={self.timer or '?'}{', ' + flags if flags else ''})"
 
     def to_json(self) -> dict[str, Any]:
-        """``{"id", "start", "timer", "flags", "records"}`` (``records`` is an extra key)."""
-        return {"id": self.id, "start": self.start, "timer": self.timer, "flags": self.flags_dict(),
-                "records": self.records}
+        """``{"id", "start", "timer", "flags", "records"}`` (``records`` is an extra key), and ``"sources"`` when
+        the report read several."""
+        doc = {"id": self.id, "start": self.start, "timer": self.timer, "flags": self.flags_dict(),
+               "records": self.records}
+        if self.sources:
+            doc["sources"] = list(self.sources)
+        return doc
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> "RunInfo":
         """The inverse of ``to_json``."""
         return RunInfo(id=d["id"], start=d.get("start"), timer=d.get("timer"),
-                       flags=tuple((d.get("flags") or {}).items()), records=d.get("records", 0))
+                       flags=tuple((d.get("flags") or {}).items()), records=d.get("records", 0),
+                       sources=tuple(d.get("sources") or ()))
 
 
 @dataclass(frozen=True)
@@ -724,9 +733,12 @@ def spec_label(spec: dict[str, Any]) -> str | None:
 class _Run:
     """What the scan learns of one run (mutable; never leaves this module)."""
 
-    __slots__ = ("id", "start", "timers", "header_timers", "flags", "headers", "skipped", "traced")
+    __slots__ = ("id", "start", "timers", "header_timers", "flags", "headers", "skipped", "traced", "runtime",
+                 "files")
 
     def __init__(self, rid: str, traced: bool):
+        self.runtime: str | None = None
+        self.files: set[int] = set()  # indexes of the files its lines came from
         self.id = rid
         self.start = math.inf
         self.timers: set[str] = set()  # named by records
@@ -857,8 +869,13 @@ def _scan(
         if type(flags) is dict:
             for k, v in flags.items():
                 r.flags.setdefault(str(k), v)
+        runtime = h.get("runtime")
+        if type(runtime) is str and runtime and r.runtime is None:
+            r.runtime = runtime
+        r.files.add(file_index)
 
-    for path, file_run in zip(files, _file_run_ids(files)):
+    file_index = 0
+    for file_index, (path, file_run) in enumerate(zip(files, _file_run_ids(files))):
         try:
             f = open(path, encoding="utf-8", errors="replace")
         except OSError as exc:
@@ -943,6 +960,7 @@ def _scan(
                                 if len(spec_cache) < 4096:
                                     spec_cache[skey] = spec
                         R = runs.get(rid) or new_run(rid)
+                        R.files.add(file_index)
                         if t < R.start:
                             R.start = float(t)
                         timer = d.get("timer")
@@ -1324,6 +1342,8 @@ def aggregate(
     since: float | None = None,
     latest: bool = False,
     launches: Collection[tuple[int, int]] | None = None,
+    install: str | None = None,
+    origins: Sequence[str] | None = None,
 ) -> ReportResult:
     """Read the timing logs ``files`` (local paths, read in the given order) and return their statistics.
 
@@ -1342,7 +1362,10 @@ def aggregate(
     more than one run selected each group's key holds ``"run"``. Selection, applied in this order:
     ``run_ids`` (only these runs; an unambiguous prefix of an id is enough), ``since`` (only runs whose start is
     at or after this epoch time), ``launches`` (only the runs of these server launches, ``(launcher pid, start
-    ticks)``, and runs of logs without run ids), ``latest`` (only the newest of what is left, by start).
+    ticks)``, and runs of logs without run ids), ``install`` (leave out the runs whose header names a runtime
+    outside this sglang package folder: another install's; runs whose headers name none stay), ``latest`` (only
+    the newest of what is left, by start). ``origins``: a label per file (the SOURCE it came from), for each
+    run's ``sources`` (a report of several SOURCEs says whose each run is).
     ``merge_runs``: the selected runs' records together, as one run (the result's ``merged`` is true when that put
     several runs together, and the renderers warn).
 
@@ -1400,8 +1423,9 @@ def aggregate(
         n = counts[rid] + r.skipped
         if n == 0 and (windowed or not r.headers):
             continue  # only rejected records, or (in a window) a header alone
+        labels = tuple(dict.fromkeys(origins[i] for i in sorted(r.files))) if origins is not None else ()
         infos.append(RunInfo(id=rid, start=r.start if math.isfinite(r.start) else None, timer=r.timer(),
-                             flags=tuple(r.flags.items()), records=n))
+                             flags=tuple(r.flags.items()), records=n, runtime=r.runtime, sources=labels))
     infos.sort(key=lambda r: (r.start is not None, r.start or 0.0, r.id))
 
     chosen = infos
@@ -1416,6 +1440,10 @@ def aggregate(
         # launch's run in the same file (a pid used again, in a container or after a reboot).
         want = set(launches)
         chosen = [r for r in chosen if launch_of(r.id) in want or launch_of(r.id) is None]
+    if install is not None:
+        # another install's runs are not this one's, whatever their time (a shared /tmp/eaglepatch)
+        inside = install.rstrip("/") + "/"
+        chosen = [r for r in chosen if r.runtime is None or r.runtime.startswith(inside)]
     if latest and chosen:
         # the newest, even one that has written only its header (a launch that timed nothing yet): never an
         # earlier launch's numbers in its place

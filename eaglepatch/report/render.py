@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from tabulate import tabulate
 
+from eaglepatch.redact import shown as escaped
 from eaglepatch.report.aggregation import Acceptance, GroupStats, ReportResult, Stats
 
 if TYPE_CHECKING:
@@ -169,7 +170,7 @@ def render_table(result: ReportResult, *, tablefmt: str = "simple",
         shown: set[str] = set()
         for run in result.runs:
             shown.add(run.id)
-            out.append(run.title())
+            out.append(escaped(run.title()))  # its flags are the host's word: one line, escaped
             mine = result.run_groups(run.id)
             if not mine:
                 out.append("no timing records of this run" + (" (every cycle left out by --skip)" if run.records

@@ -55,6 +55,7 @@ import errno
 import functools
 import json
 import os
+import re
 import socket
 import stat
 import sys
@@ -1339,8 +1340,16 @@ def _detect_rank():
 
 # --- which launch this process belongs to ----------------------------------------------------------------
 _PROC = "/proc"     # tests point it elsewhere
-# Flags of the launcher's command line whose values are never written to a log (an API key in a header line).
-_SECRET_WORDS = ("key", "token", "secret", "password", "passwd")
+try:
+    _MODULE_PATH = os.path.realpath(__file__)   # the install this runtime belongs to, named in the run header
+except NameError:                               # exec'd without a file (tests)
+    _MODULE_PATH = None
+# Options (and NAME=value words) of the launcher's command line whose values are never written to a log (an API
+# key in a header line): names ending in one of these, lower-cased, "_" read as "-". eaglepatch/redact.py holds
+# the same rule for what eaglepatch prints; tests/real/test_secret_names.py holds the two equal.
+_SECRET_SUFFIXES = ("key", "token", "secret", "password", "passwd", "credential", "credentials")
+_NOT_SECRET_SUFFIXES = ("-per-token", "-first-token")     # a measure per token is no secret
+_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=")    # NAME=value as one word (env's form)
 
 
 def _proc_cmdline(pid):
@@ -1414,8 +1423,16 @@ def _flags_of(argv):
     return flags
 
 
+def _secret_name(name):
+    """Whether an option (`--api-key`) or variable (`HF_TOKEN`) holds a secret: its name, without leading dashes,
+    lower-cased, `_` read as `-`, ends in one of `_SECRET_SUFFIXES` (`--speculative-num-draft-tokens` does not)."""
+    norm = name.lstrip("-").lower().replace("_", "-")
+    return bool(norm) and norm.endswith(_SECRET_SUFFIXES) and not norm.endswith(_NOT_SECRET_SUFFIXES)
+
+
 def _redacted(argv):
-    """`argv` with the value of every option named like a secret replaced by "***"."""
+    """`argv` with the value of every secret option (`--api-key V`, `--api-key=V`) and secret `NAME=V` word
+    replaced by "***"."""
     out = []
     hide = False
     for a in argv:
@@ -1424,12 +1441,17 @@ def _redacted(argv):
             hide = False
             continue
         hide = False
-        if a.startswith("--") and any(w in a.lower() for w in _SECRET_WORDS):
+        if a.startswith("--"):
             name, eq, _ = a.partition("=")
-            if eq:
-                a = name + "=***"
-            else:
-                hide = True
+            if _secret_name(name):
+                if eq:
+                    a = name + "=***"
+                else:
+                    hide = True
+        else:
+            m = _ASSIGNMENT.match(a)
+            if m and _secret_name(m.group(1)):
+                a = m.group(0) + "***"
         out.append(a)
     return out
 
@@ -1450,10 +1472,16 @@ def _run_of():
 
 
 def _header_line(pid, rank):
-    """The run header written first whenever this process opens its log file."""
+    """The run header written first whenever this process opens its log file: the run and its fields, where the
+    records go ("log_dir": the configured directory, or the private one it fell back to, with "fallback_from"
+    then) and which install wrote them ("runtime": this module's real path, inside the sglang package)."""
     rid, fields = _run_of()
     h = {"v": 1, "kind": "run", "run": rid, "t": round(_wall(), 6), "host": _host, "pid": pid, "rank": rank}
     h.update(fields)
+    h["log_dir"] = _dir_in_use
+    if _fallback is not None and _dir_in_use == _fallback:
+        h["fallback_from"] = _log_dir
+    h["runtime"] = _MODULE_PATH
     return json.dumps(h) + "\n"
 
 

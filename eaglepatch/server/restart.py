@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import posixpath
-import shlex
 import time
 from typing import Any, Callable
 
 from eaglepatch.errors import RestartFailed, UsageError
 from eaglepatch.hosts.base import Host
+from eaglepatch.redact import shown, shown_argv
 from eaglepatch.server.control import (
     Started,
     read_log_tail,
@@ -243,7 +243,7 @@ class _Run:
                 f"stopping sglang (pid {current.pid}) on :{current.port}: SIGTERM, SIGKILL after "
                 f"{self.options.grace:.0f} s; then starting it again"
             )
-        self.say(f"starting sglang on :{spec.port}: {shlex.join(spec.argv)} (in {spec.cwd}; log: {spec.log_path})")
+        self.say(f"starting sglang on :{spec.port}: {shown_argv(spec.argv)} (in {shown(spec.cwd)})")
         # The stop and the start are one request: nothing between them waits on this client.
         answer = call_remote(self.host, self.python, "relaunch",
                              relaunch_payload(current, spec, self.options.grace, self.options.port_timeout),
@@ -300,6 +300,8 @@ class _Run:
             )
         if self.on_started is not None:
             self.on_started(started)
+        # the log the host really opened (a private folder when /tmp/eaglepatch is not this user's alone)
+        self.say(f"started sglang (pid {started.pid}) on :{spec.port}; its log: {shown(log_path)}")
         readiness = self.wait(
             spec.port,
             spec.host,

@@ -22,8 +22,10 @@ import os
 import time
 from typing import Any, Callable, Iterator, Sequence
 
-from eaglepatch.errors import ConnectionFailed, EaglepatchError, Unsupported, UsageError
+from eaglepatch import progress
+from eaglepatch.errors import ConnectionFailed, EaglepatchError, Interrupted, Unsupported, UsageError
 from eaglepatch.hosts.base import Host
+from eaglepatch.redact import shown_argv
 from eaglepatch.tuning.load import SHORT_LOAD_S, LoadFailed, LoadSpec, run_load, short_load_note
 from eaglepatch.failpoints import failpoint
 from eaglepatch.ops.actions import Connect, _facts, _launch_of, _Target, fetch_logs_from, logs_of
@@ -153,11 +155,12 @@ def collect_timings(host: Host, name: str, python: str, log_dir: str, pids: set[
         say(f"waiting {wait:g} s for the server to write its timing records")
         time.sleep(wait)
     try:
-        folder = fetch_logs_from(host, name, python, log_dir, lambda _m: None)
+        folder = fetch_logs_from(host, name, python, log_dir, lambda _m: None, pids=pids)
     except UsageError as exc:
         notes.append(f"no timing logs: {exc}")
         return None
-    files = logs_of(sorted(glob.glob(os.path.join(folder, "*.jsonl"))), pids)
+    # every host folder the logs came from has a subfolder of the cache (the runtime's private one too)
+    files = logs_of(sorted(glob.glob(os.path.join(folder, "**", "*.jsonl"), recursive=True)), pids)
     if not files:
         notes.append(f"no timing log of the server's processes in {log_dir}: is the running server the patched "
                      "one (restarted after apply)?")
@@ -344,7 +347,7 @@ class _Owned:
         here = [s for s in servers if s.port == port]
         for srv in here:
             if not self._ours(srv):
-                raise Conflict(f"the server on :{port} (pid {srv.pid}: {' '.join(srv.argv)}) is not the one this "
+                raise Conflict(f"the server on :{port} (pid {srv.pid}: {shown_argv(srv.argv)}) is not the one this "
                                "sweep recorded or started: it was not stopped; to sweep the server that runs now, "
                                "run the sweep again with --fresh")
         for srv in servers:
@@ -393,7 +396,7 @@ def sweep(text: str, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]
             args_index = _remote.launcher_args_index(list(original.argv))
             if args_index < 0:
                 raise Unsupported(f"{name}: the server's command line is not one eaglepatch can rewrite: "
-                                  f"{' '.join(original.argv)}")
+                                  f"{shown_argv(original.argv)}")
         sw.check_speculation(original.argv[args_index:], flag_axes, flags)
         launches = []
         notes: list[str] = []
@@ -482,6 +485,8 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
     restore_doc: dict[str, Any] | None = None
     interrupted: BaseException | None = None
     took: list[float] = []  # seconds of each run of this invocation: the estimate of what is left
+    progress.stage(name, "a sweep under way: its server may run a sweep point: run the same sweep again to resume "
+                         "and put the original server back")
     try:
         for n, (i, rep) in enumerate(pending, 1):
             p, launch = points[i], launches[i]
@@ -509,7 +514,12 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
         else:
             notes.append("--keep-best: no point ran: the original command line is back")
     try:
+        if interrupted is not None:
+            progress.stage(name, "a sweep interrupted: its original server being put back (run the same sweep "
+                                 "again to resume)")
         restore_doc = _restore(host, python, target_launch, env_names, ropts, why, say, owned)
+        if restore_doc.get("ready"):
+            progress.stage(name, "the sweep's server put back and ready")
         if interrupted is None and restore_doc.get("ready"):
             state.add_restore(restore_doc)
     except BaseException as exc:  # noqa: BLE001
@@ -519,7 +529,7 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
     if interrupted is not None:
         hint = (f"{restore_doc.get('message', '')}; {len(state.runs)} run(s) are saved: run the same command again "
                 "to resume")
-        if isinstance(interrupted, KeyboardInterrupt):
+        if isinstance(interrupted, (KeyboardInterrupt, Interrupted)):
             say(f"{name}: interrupted; {hint}")
             raise interrupted
         if isinstance(interrupted, EaglepatchError):

@@ -31,6 +31,7 @@ import statistics
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
+from eaglepatch.redact import MASK, is_secret_name, mask_env
 from eaglepatch.errors import Conflict, UsageError
 from eaglepatch.tuning.load import SHORT_LOAD_S
 
@@ -215,11 +216,13 @@ class Point:
     def label(self) -> str:
         if self.baseline:
             return "baseline (no speculation)"
-        parts = [f"{k}={v}" for k, v in self.flags] + [f"{k}={v}" for k, v in self.env]
+        # what is printed of a command line or an environment: its secrets masked (eaglepatch.redact)
+        parts = [f"{k}={MASK if is_secret_name(k) else v}" for k, v in (*self.flags, *self.env)]
         return " ".join(parts) or "as launched"
 
     def to_json(self) -> dict[str, Any]:
-        return {"flags": dict(self.flags), "env": dict(self.env)}
+        """The point as ``sweep --json`` prints it: its flags and environment, secrets masked (eaglepatch.redact)."""
+        return {"flags": mask_env(dict(self.flags)), "env": mask_env(dict(self.env))}
 
 
 def make_points(flag_axes: Sequence[Axis], env_axes: Sequence[Axis], baseline: bool) -> list[Point]:

@@ -39,6 +39,7 @@ from typing import Any, Sequence
 import pytest
 
 import sglang_releases
+from logdir import with_log_dir
 
 # ------------------------------------------------------------------------------------------------------------
 # The installed command
@@ -272,7 +273,7 @@ class Via:
         raise NotImplementedError
 
     def argv(self, cmd: str, args: Sequence[str], target: Path | None) -> list[str]:
-        return [*EAGLEPATCH, cmd, *args, *(self.target_args(target) if target is not None else [])]
+        return [*EAGLEPATCH, cmd, *with_log_dir(cmd, args), *(self.target_args(target) if target is not None else [])]
 
     def run(self, cmd: str, *args: str, target: Path | None, env: dict[str, str] | None = None,
             timeout: float = 120) -> Result:
@@ -586,7 +587,9 @@ def scenario_diff(via: Via, tree: Tree) -> None:
             elif ln.startswith("+") and path != runtime_rel:
                 assert ln.endswith(MARK), f"{path}: an added line without the marker: {ln!r}"
 
-    via.run("apply", "--no-restart", target=tree.root).expect(0)
+    # diff renders the runtime for the default log folder: apply names it too (no server runs this tree: nothing
+    # is ever written there)
+    via.run("apply", "--no-restart", "--log-dir", "/tmp/eaglepatch", target=tree.root).expect(0)
     # the diff is exactly what apply did
     for n, orig in originals.items():
         rel = f"sglang/srt/speculative/{n}"
@@ -736,6 +739,10 @@ def scenario_cut_connection(via: Via, tree: Tree, workdir: Path) -> None:
     doc = via.run("status", "--json", target=tree.root).expect(0).json()
     assert doc["lock"]["client_pid"] == held["client_pid"] and doc["lock"]["what"] == "apply", doc["lock"]
     assert {f["state"] for f in doc["files"]} == {"pristine"}
+    # the staged temp files are named too, in the JSON and in the text (the next apply or revert removes them)
+    assert sorted(os.path.realpath(p) for p in doc["leftovers"]) == sorted(os.path.realpath(p) for p in temps)
+    text = via.run("status", target=tree.root).expect(0).out
+    assert sum(1 for ln in text.splitlines() if ln.strip().startswith("leftover: ")) == len(temps), text
     only_originals = {k: v for k, v in snapshot(tree.root).items() if TMP_TAG not in k and not k.endswith(LOCK)}
     assert_same(only_originals, before, "after the interrupted apply (temp files and lock aside)")
 
@@ -816,6 +823,89 @@ def scenario_concurrent(via: Via, tree: Tree, workdir: Path) -> None:
         if codes == [0, 5]:
             return
     pytest.fail(f"the two applies never overlapped in three tries: exits {outcomes}", pytrace=False)
+
+
+def scenario_links(via: Via, tree: Tree, workdir: Path) -> None:
+    """A worker file that is a symlink (to a file outside the package) and one that has a second hard link: apply
+    patches through the link (the link stays a link, to the same file, whose bytes are the clean apply's) and
+    into the hard-linked inode (both names see the patched bytes); revert puts back every original byte the same
+    way. Before, each came back from revert as a regular file of its own: the link was gone."""
+    linked, hard = tree.main_file, tree.worker("ngram_worker.py")
+    elsewhere = workdir / "checkout elsewhere" / linked.name
+    elsewhere.parent.mkdir(parents=True)
+    shutil.move(str(linked), elsewhere)
+    linked.symlink_to(elsewhere)
+    twin = workdir / "a second name.py"
+    os.link(hard, twin)
+    original = {p: p.read_bytes() for p in (elsewhere, hard)}
+    inode = hard.stat().st_ino
+
+    def check(expect: dict[Path, bytes], what: str) -> None:
+        assert linked.is_symlink() and os.readlink(linked) == str(elsewhere), f"{what}: the symlink is gone"
+        assert elsewhere.read_bytes() == expect[elsewhere], f"{what}: the link's target"
+        assert hard.stat().st_ino == inode == twin.stat().st_ino and hard.stat().st_nlink == 2, \
+            f"{what}: the hard link is broken"
+        assert hard.read_bytes() == twin.read_bytes() == expect[hard], f"{what}: the hard-linked file"
+        assert leftovers(tree.root) == [] and not [p for p in elsewhere.parent.iterdir() if TMP_TAG in p.name]
+
+    via.run("apply", "--no-restart", target=tree.root).expect(0)
+    patched = {p: p.read_bytes() for p in (elsewhere, hard)}
+    for p in patched:
+        only_added_marked_lines(original[p], patched[p])
+    check(patched, "after apply")
+    states = {f["path"].rsplit("/", 1)[-1]: f["state"] for f in via.run("status", "--json", target=tree.root)
+              .expect(0).json()["files"]}
+    assert states[linked.name] == states[hard.name] == "patched", states
+    via.run("revert", "--no-restart", target=tree.root).expect(0)
+    check(original, "after revert")
+
+
+def scenario_full_disk(via: Via, tree: Tree) -> None:
+    """The speculative folder on a file system with no space left (a tmpfs filled up): creating the lock works,
+    writing it does not. apply and revert fail in one line, the lock is removed at once and nothing changed;
+    with space again, apply and revert work at once. Before: a 0-byte lock blocked every apply and revert for
+    two hours (and the error was a traceback's last line)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounts a small tmpfs: run as root (CI does)")
+    spec = tree.spec
+    held = spec.with_name(spec.name + ".held")
+    spec.rename(held)
+    spec.mkdir()
+    if not _try(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(spec)]):
+        held.rename(spec)
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        for p in held.iterdir():
+            if p.is_dir():
+                shutil.copytree(p, spec / p.name, symlinks=True)
+            else:
+                shutil.copy2(p, spec / p.name)
+        before = snapshot(tree.root)
+        filler = spec / ".filler"
+        with open(filler, "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * (1 << 16))
+                    f.flush()
+            except OSError:
+                pass
+        full = snapshot(tree.root)
+        for cmd in ("apply", "revert"):
+            r = via.run(cmd, "--no-restart", target=tree.root)
+            assert r.rc == 1, f"{cmd} on a full disk:\n{r}"
+            line = r.error_line()
+            assert "cannot write the lock" in line and "No space left" in line and "removed" in line, line
+            assert not tree.lock.exists(), f"{cmd} left its lock behind"
+            assert_same(snapshot(tree.root), full, f"{cmd} on a full disk")
+        filler.unlink()
+        assert_same(snapshot(tree.root), before, "the tree with space again")
+        via.run("apply", "--no-restart", target=tree.root).expect(0)
+        via.run("revert", "--no-restart", target=tree.root).expect(0)
+        assert_same(snapshot(tree.root), before, "apply and revert with space again")
+    finally:
+        _try(["umount", str(spec)])
+        spec.rmdir()
+        held.rename(spec)
 
 
 def weird_root(workdir: Path) -> Path:
@@ -919,7 +1009,7 @@ def scenario_many_targets(via: Via, workdir: Path) -> None:
     b1, b2 = snapshot(t1.root), snapshot(t2.root)
 
     def run(*args: str) -> Result:
-        argv = [*EAGLEPATCH, *args]
+        argv = [*EAGLEPATCH, args[0], *with_log_dir(args[0], args[1:])]
         p = subprocess.run(argv, env=via.env, cwd=via.cwd, capture_output=True, text=True, timeout=120,
                            stdin=subprocess.DEVNULL)
         return Result(argv, p.returncode, p.stdout, p.stderr)

@@ -278,6 +278,21 @@ def ssh_env(sshd: SSHServer) -> dict[str, str]:
     return env_for(sshd)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_timing_logs(tmp_path_factory: pytest.TempPathFactory):
+    """The session's timing log folder for every apply that names none (logdir.py): never the shared
+    /tmp/eaglepatch."""
+    import logdir
+
+    folder = tmp_path_factory.mktemp("timing-logs")
+    os.chmod(folder, 0o700)
+    os.environ[logdir.ENV] = str(folder)
+    try:
+        yield str(folder)
+    finally:
+        os.environ.pop(logdir.ENV, None)
+
+
 @pytest.fixture
 def standins():
     """Stand-in sglang servers (tests/stubs/stand_in_sglang) that this test starts; cleanup stops only those (by

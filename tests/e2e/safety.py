@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from logdir import with_log_dir
+
 _spec = importlib.util.spec_from_file_location(
     "standin_harness", Path(__file__).resolve().parents[1] / "stubs" / "stand_in_sglang" / "standin_harness.py"
 )
@@ -69,11 +71,69 @@ class CLI:
         return [str(pkg)] if self.ssh is None else [*self.ssh, "--sglang-path", str(pkg)]
 
     def run(self, cmd: str, pkg: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 200,
-            prefix: list[str] | None = None) -> Result:
-        argv = [*(prefix or []), *EAGLEPATCH, cmd, *self.target(pkg), *args]
+            prefix: list[str] | None = None, cli: list[str] | None = None) -> Result:
+        """Run ``eaglepatch CMD TARGET ARGS`` (``cli``: another command line for eaglepatch, e.g. ``cli_for_user``'s;
+        ``prefix``: what runs it, e.g. setpriv)."""
+        argv = [*(prefix or []), *(cli or EAGLEPATCH), cmd, *self.target(pkg), *with_log_dir(cmd, args)]
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=dict(self.env, **(env or {})),
                            stdin=subprocess.DEVNULL)
         return Result(argv, p.returncode, p.stdout, p.stderr)
+
+
+def cli_for_user(dest: Path, uid: int, gid: int) -> list[str]:
+    """The CLI as another user can run it, wherever this checkout sits (under /root, inside a 0700 ``mktemp -d``):
+    the eaglepatch package and the installed distributions it needs copied to ``dest`` (made readable by all), run
+    by an interpreter of this one's Python version that ``uid`` can run (the system's, or this one's base when that
+    user may reach it). Returns the command line (``python -m eaglepatch``, with its PYTHONPATH on it); the test
+    FAILS, naming what is missing, when no such interpreter exists."""
+    import importlib.metadata as md
+    import shutil
+
+    from packaging.requirements import Requirement
+
+    site = dest / "site"
+    site.mkdir(parents=True)
+    repo = Path(__file__).resolve().parents[2]
+    shutil.copytree(repo / "eaglepatch", site / "eaglepatch", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(repo / "patches", site / "eaglepatch" / "patches", ignore=shutil.ignore_patterns("__pycache__"))
+    todo, seen = ["eaglepatch"], set()
+    while todo:
+        name = todo.pop().lower().replace("_", "-")
+        if name in seen:
+            continue
+        seen.add(name)
+        dist = md.distribution(name)
+        for text in dist.requires or ():
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):  # no extras, this Python's markers
+                todo.append(req.name)
+        if name == "eaglepatch":
+            continue  # copied from the checkout above (an editable install's files are its finder)
+        for f in dist.files or ():
+            if ".." in f.parts or "__pycache__" in f.parts:
+                continue
+            src = Path(dist.locate_file(f))
+            if src.is_file():
+                (site / f).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, site / f)
+    for p in [dest, *dest.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    drop = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    for cand in (f"/usr/bin/python{version}", f"/usr/local/bin/python{version}", base):
+        probe = [*drop, cand, "-c", "import json, select, ssl, zlib, sys; print('%d.%d' % sys.version_info[:2])"]
+        try:
+            r = subprocess.run(probe, capture_output=True, text=True, timeout=30, cwd=dest,
+                               stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if r.returncode == 0 and r.stdout.strip() == version:
+            return ["env", f"PYTHONPATH={site}", cand, "-s", "-m", "eaglepatch"]
+    import pytest
+
+    pytest.fail(f"no Python {version} that uid {uid} may run (tried /usr/bin/python{version}, "
+                f"/usr/local/bin/python{version}, {base}): install python{version} (Debian: python3)", pytrace=False)
 
 
 def cli_env(tmp_path: Path, base: dict[str, str] | None = None) -> dict[str, str]:

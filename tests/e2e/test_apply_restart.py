@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from logdir import with_log_dir
+
 pytestmark = pytest.mark.e2e
 
 _spec = importlib.util.spec_from_file_location(
@@ -43,8 +45,8 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 
 def eaglepatch(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "eaglepatch", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "eaglepatch", args[0], *with_log_dir(args[0], args[1:])],
+                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture

@@ -444,10 +444,13 @@ def test_ctrl_c_puts_the_server_back_and_keeps_the_runs(standins, tmp_path, loca
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-    assert proc.returncode == 1, err
-    assert out == ""
+    assert proc.returncode == 130, err  # docs/contract.md: 130 for Ctrl-C
+    assert out == "" and "Traceback" not in err
     assert "putting the server back: the original command line" in err
-    assert "run the same command again to resume" in err and err.rstrip().endswith("sglang: interrupted")
+    assert "run the same command again to resume" in err
+    [target] = local.target(srv.tree)
+    assert err.rstrip().splitlines()[-1] == (f"eaglepatch: interrupted: {target}: the sweep's server put back and "
+                                             f"ready: run `eaglepatch status {target}`"), err
     assert srv.running()[1] == before_argv
     r = local.run("sweep", srv.tree, *args, "--json")
     assert "resuming: " in r.stderr

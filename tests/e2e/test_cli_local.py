@@ -55,6 +55,14 @@ def test_no_sglang_exit_4(via, tmp_path):
     h.scenario_no_sglang(via, tmp_path)
 
 
+def test_symlinked_and_hard_linked_worker_files_stay_links(via, tree, tmp_path):
+    h.scenario_links(via, tree, tmp_path)
+
+
+def test_a_full_disk_leaves_no_lock(via, tree):
+    h.scenario_full_disk(via, tree)
+
+
 def test_patched_file_that_does_not_compile_on_the_host(via, tree):
     h.scenario_compile_fails(via, tree)
 

@@ -42,6 +42,15 @@ def write_log(folder: Path, name: str, lines: list[str]) -> Path:
     return p
 
 
+def bare_install(root: Path) -> str:
+    """An sglang package with no server, for --sglang-path: a TARGET names its install, so that the servers of
+    other installs that happen to run on this machine (other checkouts' tests) are not the report's "current"."""
+    pkg = root / "bare install" / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("__version__ = '0.0.0'\n")
+    return str(pkg)
+
+
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "eaglepatch", *args], capture_output=True, text=True, env=env,
                           timeout=120)
@@ -189,7 +198,8 @@ def test_target_logs_are_fetched_incrementally_over_ssh(sshd, ssh_env, tmp_path)
     remote = tmp_path / "remote logs"
     f0 = write_log(remote, "gpu1-10-rank0.jsonl", [record(100 + i * 0.01) for i in range(50)])
     env = dict(ssh_env, XDG_CACHE_HOME=str(tmp_path / "cache"))
-    args = ["report", "--json", "--log-dir", str(remote), "-i", sshd.client_key, sshd.target]
+    args = ["report", "--json", "--log-dir", str(remote), "-i", sshd.client_key, sshd.target,
+            "--sglang-path", bare_install(tmp_path)]
     r = run(*args, env=env)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["records"] == 50
@@ -223,7 +233,8 @@ def test_the_cache_is_per_log_dir_and_forgets_deleted_files(sshd, ssh_env, tmp_p
     fa = write_log(a, "gpu1-10-rank0.jsonl", [record(100 + i * 0.01) for i in range(4)])
     write_log(b, "gpu1-10-rank0.jsonl", [record(200 + i * 0.01) for i in range(9)])
     env = dict(ssh_env, XDG_CACHE_HOME=str(tmp_path / "cache"))
-    common = ["report", "--json", "--all-runs", "-i", sshd.client_key, sshd.target, "--log-dir"]
+    common = ["report", "--json", "--all-runs", "-i", sshd.client_key, sshd.target, "--sglang-path",
+              bare_install(tmp_path), "--log-dir"]
     assert json.loads(run(*common, str(a), env=env).stdout)["records"] == 4
     assert json.loads(run(*common, str(b), env=env).stdout)["records"] == 9
     write_log(a, "gpu1-11-rank1.jsonl", [record(100 + i * 0.01, pid=11, rank=1) for i in range(3)])
@@ -235,12 +246,7 @@ def test_the_cache_is_per_log_dir_and_forgets_deleted_files(sshd, ssh_env, tmp_p
 def test_a_local_install_is_a_source_like_a_remote_target(tmp_path):
     """report PATH of an sglang install (not a folder of logs) reads its timing logs as `report TARGET` does:
     --log-dir, else the folder its manifest names."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "standin_harness", Path(__file__).resolve().parents[1] / "stubs" / "stand_in_sglang" / "standin_harness.py")
-    harness = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(harness)
+    harness = _harness()
     tree = harness.make_tree(tmp_path / "site", harness.V1_WORKER)
     logs = tmp_path / "logs"
     write_log(logs, "gpu1-10-rank0.jsonl", [record(100 + i * 0.01) for i in range(6)])
@@ -266,6 +272,80 @@ def test_a_local_install_is_a_source_like_a_remote_target(tmp_path):
 
 def test_target_without_logs_is_a_one_line_error(sshd, ssh_env, tmp_path):
     env = dict(ssh_env, XDG_CACHE_HOME=str(tmp_path / "cache"))
-    r = run("report", "--log-dir", str(tmp_path / "none"), "-i", sshd.client_key, sshd.target, env=env)
+    r = run("report", "--log-dir", str(tmp_path / "none"), "-i", sshd.client_key, sshd.target, "--sglang-path",
+            bare_install(tmp_path), env=env)
     assert r.returncode == 2
     assert "no timing logs" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def runtime_header(run: str, t: float, pid: int, runtime: str) -> str:
+    """A run header as the runtime writes it since issue 24: it names the runtime module (inside its install)."""
+    return json.dumps({"v": 1, "kind": "run", "run": run, "t": t, "host": "gpu1", "pid": pid, "rank": 0,
+                       "timer": "sync", "flags": {}, "runtime": runtime}) + "\n"
+
+
+def test_the_server_that_runs_now_without_records_is_said_not_another_servers_run(sshd, ssh_env, standins, tmp_path):
+    """A server of the install runs and has timed nothing; the log folder holds another server's run: report says
+    so in one line (exit 2) and shows nothing. Before: "the newest run is shown", another server's numbers as if
+    they were this one's."""
+    harness = _harness()
+    tree = harness.make_tree(tmp_path / "site", harness.V1_WORKER)
+    port = standins.port()
+    standins.launch(tree, tmp_path / "work", port, "--startup-delay", "0.2", "--tp", "1")
+    harness.wait_http(port, timeout=30)
+    logs = tmp_path / "logs"
+    write_log(logs, "gpu1-777-rank0.jsonl", [record(100 + i * 0.01, pid=777, run="gpu1-777-1-other")
+                                             for i in range(5)])
+    env = dict(ssh_env, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    r = run("report", "--log-dir", str(logs), "-i", sshd.client_key, sshd.target, "--sglang-path",
+            str(tree / "sglang"), env=env)
+    assert r.returncode == 2 and r.stdout == "", r
+    last = r.stderr.strip().splitlines()[-1]
+    assert "the server that runs now (pid" in last and f"on :{port}" in last and "no timing record" in last, last
+    assert "--all-runs" in last and "Traceback" not in r.stderr
+    doc = json.loads(run("report", "--json", "--all-runs", "--log-dir", str(logs), "-i", sshd.client_key, sshd.target,
+                         "--sglang-path", str(tree / "sglang"), env=env).stdout)
+    assert [x["id"] for x in doc["runs"]] == ["gpu1-777-1-other"]  # still there when asked for
+
+
+def test_with_no_server_the_newest_run_is_this_installs(tmp_path):
+    """No server of the install runs: its newest run is shown, never a newer one whose header names another
+    install's runtime (two installs' servers share the default log folder)."""
+    harness = _harness()
+    tree = harness.make_tree(tmp_path / "site", harness.V1_WORKER)
+    pkg = (tree / "sglang").resolve()
+    mine = str(pkg / "srt" / "speculative" / "_eaglepatch_runtime.py")
+    theirs = str(tmp_path / "other" / "sglang" / "srt" / "speculative" / "_eaglepatch_runtime.py")
+    logs = tmp_path / "logs"
+    write_log(logs, "gpu1-10-rank0.jsonl", [runtime_header("gpu1-10-1-mine", 100, 10, mine)]
+              + [record(100 + i * 0.01, pid=10, run="gpu1-10-1-mine") for i in range(4)])
+    write_log(logs, "gpu1-20-rank0.jsonl", [runtime_header("gpu1-20-1-theirs", 200, 20, theirs)]
+              + [record(200 + i * 0.01, pid=20, run="gpu1-20-1-theirs", draft=900.0) for i in range(6)])
+    env = dict(__import__("os").environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    r = run("report", "--json", "--log-dir", str(logs), str(pkg), env=env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [x["id"] for x in doc["runs"]] == ["gpu1-10-1-mine"] and doc["records"] == 4, doc["runs"]
+
+
+def test_several_sources_say_whose_each_run_is(tmp_path):
+    """Two folders in one report: each run's table says which SOURCE it came from, and so does its JSON."""
+    a, b = tmp_path / "host a", tmp_path / "host b"
+    write_log(a, "gpu1-1-rank0.jsonl", [record(100 + i * 0.01, pid=1, run="gpu1-1-1-x") for i in range(3)])
+    write_log(b, "gpu2-2-rank0.jsonl", [record(200 + i * 0.01, pid=2, run="gpu2-2-2-y") for i in range(3)])
+    r = run("report", str(a), str(b))
+    assert r.returncode == 0, r.stderr
+    titles = [ln for ln in r.stdout.splitlines() if ln.startswith("run ")]
+    assert len(titles) == 2 and titles[0].endswith(f"from {a}") and titles[1].endswith(f"from {b}"), titles
+    doc = json.loads(run("report", "--json", str(a), str(b)).stdout)
+    assert [x["sources"] for x in doc["runs"]] == [[str(a)], [str(b)]]
+
+
+def _harness():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "standin_harness", Path(__file__).resolve().parents[1] / "stubs" / "stand_in_sglang" / "standin_harness.py")
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    return harness

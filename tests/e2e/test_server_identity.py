@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from safety import CLI, PY, REJECTS_PATCH, WORKER, H, cli_env, digest, identity, make_install, servers, up
+from safety import (CLI, PY, REJECTS_PATCH, WORKER, H, cli_env, cli_for_user, digest, identity, make_install,
+                    servers, up)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -295,11 +296,14 @@ def test_permission_problems_are_one_line_and_change_nothing(sshd, tmp_path):
         home.mkdir()
         os.chown(home, 65534, 65534)
         drop = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+        # what nobody runs is copied where nobody may read it: the checkout may sit anywhere (under /root, in a
+        # 0700 mktemp -d), and the CLI must not depend on it
+        as_nobody = cli_for_user(root / "cli", 65534, 65534)
         local = CLI("local", dict(cli_env(tmp_path), HOME=str(home), XDG_CACHE_HOME=str(home / "cache")))
-        r = local.run("apply", pkg, "--no-restart", prefix=drop)
+        r = local.run("apply", pkg, "--no-restart", prefix=drop, cli=as_nobody)
         assert r.rc == 2 and len(r.err.strip().splitlines()) == 1, r
         assert "user nobody cannot write" in r.err and "run eaglepatch as root" in r.err, r
-        r = local.run("revert", pkg, "--no-restart", prefix=drop).expect(0)
+        r = local.run("revert", pkg, "--no-restart", prefix=drop, cli=as_nobody).expect(0)
         assert "nothing to revert" in r.err
 
         proc, srv = _start(sshd, 'ForceCommand exec setpriv --reuid=65534 --regid=65534 --clear-groups '

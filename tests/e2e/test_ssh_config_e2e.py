@@ -9,6 +9,7 @@ through ``ssh -G`` unless they take ssh off PATH; each asserts which way it went
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -130,6 +131,75 @@ def test_proxyjump_loop_is_refused(sshd, tmp_path, monkeypatch):
     _home(sshd, tmp_path, monkeypatch, _box(sshd, "loopa", "ProxyJump loopb") + _box(sshd, "loopb", "ProxyJump loopa"))
     with pytest.raises(UsageError, match=r"loop \(loopa -> loopb -> loopa\)"):
         _open("loopa")
+
+
+def test_proxyjump_given_by_address_goes_through_that_jump(sshd, tmp_path, monkeypatch):
+    """``ProxyJump USER@127.0.0.1:JPORT`` in the config (a jump given by address, the form ``ssh -G`` prints), to a
+    second sshd on the same machine: the command goes through it (the jump's own log shows the login and the
+    forward to the target's port); with the jump gone it fails, exit 3, rather than connecting straight to the
+    target. Before, the hop was dropped as "the target itself" (same address) and eaglepatch connected directly."""
+    from test_login_shells import _start, _stop
+
+    (tmp_path / "jump").mkdir()
+    proc, jump = _start(sshd, "", tmp_path / "jump")
+    try:
+        config = _box(sshd, "viaaddr", f"ProxyJump {sshd.user}@127.0.0.1:{jump.port}")
+        config += f"Host 127.0.0.1\n    IdentityFile {sshd.client_key}\n"
+        home = _home(sshd, tmp_path, monkeypatch, config)
+        with open(home / ".ssh" / "known_hosts", "a") as f:
+            f.write(jump.known_hosts_line())
+        log = Path(tmp_path / "jump" / "sshd.log")
+        before = log.read_text(errors="replace")
+        tree = h.make_tree(tmp_path / "host", full=False)
+        r, _ = _cli(sshd, home, "viaaddr", "--sglang-path", str(tree.root), "--json")
+        assert r.rc == 0, r
+        seen = log.read_text(errors="replace")[len(before):]
+        assert f"Accepted publickey for {sshd.user}" in seen, seen
+        # the whole session went through it (the facts of an install are tens of kB)
+        sent = [int(m) for m in re.findall(r"Transferred: sent (\d+)", seen)]
+        assert sent and max(sent) > 10_000, seen
+    finally:
+        _stop(proc)
+    r, _ = _cli(sshd, home, "viaaddr", "--sglang-path", str(tree.root))
+    assert r.rc == 3, r
+    line = r.error_line()
+    assert f"127.0.0.1:{jump.port}" in line and "jump host" in line, line
+
+
+def _alias_home(sshd, tmp_path, monkeypatch, known: str) -> Path:
+    """A HOME whose config reaches the server as ``kabox`` with ``HostKeyAlias gpu-alias``, and whose known_hosts is
+    ``known``."""
+    home = _home(sshd, tmp_path, monkeypatch, _box(sshd, "kabox", "HostKeyAlias gpu-alias"), known="none")
+    (home / ".ssh" / "known_hosts").write_text(known)
+    return home
+
+
+def test_host_key_alias_is_the_name_the_key_is_known_under(sshd, tmp_path, monkeypatch):
+    """known_hosts holds the key under the alias alone (``gpu-alias ssh-ed25519 ...``, as ssh saves it with
+    ``HostKeyAlias``): the command connects. Before, the alias was ignored, the key looked up under
+    ``[127.0.0.1]:PORT`` and refused as unknown."""
+    home = _alias_home(sshd, tmp_path, monkeypatch, f"gpu-alias {sshd.host_pub_key}\n")
+    tree = h.make_tree(tmp_path / "host", full=False)
+    r, _ = _cli(sshd, home, "kabox", "--sglang-path", str(tree.root))
+    assert r.rc == 0, r
+    # OpenSSH looks the alias up alone: the address's own (right) key does not let a wrong alias key through
+    (home / ".ssh" / "known_hosts").write_text(f"gpu-alias {sshd.wrong_host_pub_key}\n" + sshd.known_hosts_line())
+    with pytest.raises(ConnectionFailed, match=r"CHANGED.*ssh-keygen -R 'gpu-alias'"):
+        _open("kabox")
+
+
+def test_accept_new_host_key_saves_under_the_alias(sshd, tmp_path, monkeypatch):
+    """--accept-new-host-key with ``HostKeyAlias``: the key is saved once, under the alias, and not under the
+    address (before: a second entry under ``[127.0.0.1]:PORT``, and the alias never known)."""
+    home = _alias_home(sshd, tmp_path, monkeypatch, "")
+    known = home / ".ssh" / "known_hosts"
+    tree = h.make_tree(tmp_path / "host", full=False)
+    r, _ = _cli(sshd, home, "kabox", "--sglang-path", str(tree.root), "--accept-new-host-key")
+    assert r.rc == 0, r
+    assert _known_keys(known, "gpu-alias") == [sshd.host_pub_key]
+    assert _known_keys(known, sshd.known_hosts_name) == [] and len(known.read_text().splitlines()) == 1
+    r, _ = _cli(sshd, home, "kabox", "--sglang-path", str(tree.root))  # known now: no flag needed, nothing added
+    assert r.rc == 0 and len(known.read_text().splitlines()) == 1, r
 
 
 # ------------------------------------------------------------------------------------------------------ ConnectTimeout

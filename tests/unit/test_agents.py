@@ -194,7 +194,7 @@ def test_what_a_login_shell_prints_before_the_interpreter_is_skipped():
     from eaglepatch.hosts.base import MARKER, CommandResult, run_python
 
     class Chatty(LocalHost):
-        def run(self, argv, stdin=None, timeout=None):
+        def run(self, argv, stdin=None, timeout=None, max_output=None):
             r = super().run(argv, stdin=stdin, timeout=timeout)
             return CommandResult(r.rc, b"welcome to gpu1\n42\n{not json\n" + r.stdout, r.stderr)
 

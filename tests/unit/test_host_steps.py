@@ -309,7 +309,7 @@ def test_op_facts_answers_from_its_steps(remote: Remote, inst: Install) -> None:
     assert list(answer) == ["hostname", "self_python", "servers", "user", "euid", "other_servers", "python",
                             "package_dir", "version", "spec_dir", "lock_result", "files", "backup_dir",
                             "manifest_path", "manifest", "backups", "runtime_sha256", "runtime_path", "lock_path",
-                            "lock", "writable", "owner"]
+                            "lock", "stale_temps", "writable", "owner"]
     assert answer["hostname"] == socket.gethostname() and answer["python"] == sys.executable
     assert answer["version"] == "0.5.3" and answer["spec_dir"] == spec
     assert [f["path"] for f in answer["files"]] == ["sglang/srt/speculative/eagle_worker.py"]

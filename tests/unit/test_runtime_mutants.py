@@ -364,8 +364,24 @@ def test_the_header_line_has_exactly_its_fields(rt, logs, proc, monkeypatch):
     assert json.loads(first) == {
         "v": 1, "kind": "run", "run": first and json.loads(first)["run"], "t": 1234.56789, "host": rt._host,
         "pid": os.getpid(), "rank": 0, "timer": "cpu", "flags": {"speculative-num-steps": "3"}, "launcher": 100,
-        "argv": LAUNCH}
+        "argv": LAUNCH, "log_dir": str(logs), "runtime": os.path.realpath(rt.__file__)}
     assert first.endswith("}\n")
+
+
+def test_the_header_of_a_fallback_names_the_private_dir_and_the_one_refused(load, logs, private_tmp, capsys):
+    """Where the records really go is in the header: the private directory the runtime made, and the configured
+    one it did not use (a folder that others may write)."""
+    logs.mkdir()
+    os.chmod(str(logs), 0o757)
+    rt = load()
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt.flush()
+    private = rt._stats()["log_dir"]
+    assert private != str(logs) and os.path.dirname(private) == str(private_tmp)
+    with open(os.path.join(private, _log_name())) as f:
+        head = json.loads(f.readline())
+    assert (head["log_dir"], head["fallback_from"]) == (private, str(logs))
+    capsys.readouterr()
 
 
 def test_a_failed_write_that_wrote_nothing_leaves_a_torn_file_as_it_was(load, logs, monkeypatch):
@@ -1278,12 +1294,17 @@ def test_the_run_is_read_from_the_real_proc(load, logs):
     assert head["run"] == "%s-%d-%d-%s" % (socket.gethostname(), pid, ticks, head["run"].rsplit("-", 1)[1])
 
 
-@pytest.mark.parametrize("word", ["key", "token", "secret", "password", "passwd"])
+@pytest.mark.parametrize("word", ["key", "token", "secret", "password", "passwd", "credential", "credentials"])
 def test_every_secret_word_hides_its_options_value(rt, word):
-    """In any case and anywhere in the option's name, with the value apart or after `=`."""
-    name = "--my-%s-file" % word.upper()
-    assert rt._redacted(["python", name, "v1", name + "=v2", "--other", "v3"]) == [
-        "python", name, "***", name + "=***", "--other", "v3"]
+    """A name that ends in the word, in any case, `_` read as `-`, with the value apart or after `=`; the same name
+    with more after the word (a count, a path) hides nothing."""
+    for name in ("--my-%s" % word.upper(), "--my_%s" % word):
+        assert rt._redacted(["python", name, "v1", name + "=v2", "--other", "v3"]) == [
+            "python", name, "***", name + "=***", "--other", "v3"]
+    shown = "--my-%ss-file" % word
+    assert rt._redacted(["python", shown, "v1", shown + "=v2"]) == ["python", shown, "v1", shown + "=v2"]
+    env = "MY_%s" % word.upper()
+    assert rt._redacted(["env", env + "=v", env + "_COUNT=v"]) == ["env", env + "=***", env + "_COUNT=v"]
 
 
 def test_a_batch_is_due_at_flush_seconds_to_the_tick(load, monkeypatch):

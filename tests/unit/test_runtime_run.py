@@ -122,8 +122,10 @@ def test_flags_are_the_speculative_options_of_the_launch():
 def test_secrets_are_masked_in_the_argv_written():
     from test_runtime import load_module
     rt = load_module()
-    out = rt._redacted(LAUNCH + ["--hf-token=abc", "--admin-password", "--x", "--ssl-keyfile", "/k"])
-    assert "sk-123" not in out and "abc" not in " ".join(out) and "/k" not in out
+    out = rt._redacted(LAUNCH + ["--hf-token=abc", "--admin-password", "--x", "--ssl-keyfile", "/k",
+                                 "--speculative-num-draft-tokens", "4"])
+    assert "sk-123" not in out and "abc" not in " ".join(out)
+    assert out[-4:] == ["--ssl-keyfile", "/k", "--speculative-num-draft-tokens", "4"]   # a path and a count
     assert out[out.index("--api-key") + 1] == "***" and "--hf-token=***" in out
     assert out[out.index("--admin-password") + 1] == "--x"            # a flag without a value hides nothing
     assert out[:out.index("--api-key")] == LAUNCH[:LAUNCH.index("--api-key")]

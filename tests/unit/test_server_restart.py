@@ -7,6 +7,8 @@ processes are in tests/e2e/test_restart_local.py.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from typing import Any, Callable
 
@@ -53,7 +55,7 @@ class FakeHost:
         self.files: dict[str, FileStat] = files or {}
         self.calls: list[tuple[str, Any]] = []
 
-    def run(self, argv, *, stdin=None, timeout=None):
+    def run(self, argv, *, stdin=None, timeout=None, max_output=None):
         argv = list(argv)
         if len(argv) == 3 and argv[1] == "-c" and "eaglepatch-remote" in argv[2]:
             payload = json.loads(stdin)["payload"]
@@ -265,6 +267,24 @@ def test_relaunch_stops_then_starts_the_same_command_and_waits():
     assert (probe["pid"], probe["start"], probe["offset"], probe["port"]) == (200, 88, 1234, 30001)
     assert any(line.startswith("stopping sglang (pid 100)") for line in lines)
     assert any(line.startswith("waiting for sglang on :30001") for line in lines)
+
+
+def test_the_log_said_is_the_one_the_host_opened_and_the_command_line_is_masked():
+    """/tmp/eaglepatch is not this user's alone: the host opens the log in its private folder and says which;
+    the progress names that one (before: the default path, not the one used), and the command line said before
+    the start has its API key masked."""
+    clock = Clock()
+    argv = ["python3", "-m", "sglang.launch_server", "--port", "30001", "--api-key", "sk-1"]
+    current = dataclasses.replace(CURRENT, argv=argv)
+    host = relaunch_host(READY, clock=clock, start={"pid": 200, "start": 88, "offset": 0,
+                                                    "log_path": "/tmp/eaglepatch-0/server-30001.log"})
+    lines: list[str] = []
+    r = restart(host, current=current, options=RestartOptions(poll_interval=1), progress=lines.append, clock=clock,
+                sleep=clock.sleep)
+    assert r.ready and r.log_path == "/tmp/eaglepatch-0/server-30001.log"
+    assert "started sglang (pid 200) on :30001; its log: /tmp/eaglepatch-0/server-30001.log" in lines
+    assert not any("/tmp/eaglepatch/server-30001.log" in line or "sk-1" in line for line in lines), lines
+    assert any("--api-key ***" in line for line in lines), lines
 
 
 def test_a_launch_spec_replaces_what_is_started_but_the_current_server_is_what_stops():

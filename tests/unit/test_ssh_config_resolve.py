@@ -250,6 +250,30 @@ def test_proxyjump_from_the_config_and_self_reference(fake_ssh):
                                                                     ("t", "t.example", None)]
 
 
+def test_proxyjump_by_address_to_another_port_is_a_hop(fake_ssh):
+    """``ProxyJump root@[127.0.0.1]:2222`` (how ssh -G prints a jump given by address) for a target on
+    127.0.0.1:22: another port of the same machine is another sshd, a real hop (it used to be dropped as the
+    target itself, so eaglepatch connected straight to the target); the very same address, port and user is not."""
+    (fake_ssh / "out.t").write_text("hostname 127.0.0.1\nuser root\nport 22\nproxyjump root@[127.0.0.1]:2222\n")
+    (fake_ssh / "out.127.0.0.1").write_text("hostname 127.0.0.1\nuser root\nport 2222\n")
+    hops = _resolve("t")
+    assert [(h.hostname, h.port, h.user) for h in hops] == [("127.0.0.1", 2222, "root"), ("127.0.0.1", 22, "root")]
+    (fake_ssh / "out.t").write_text("hostname 127.0.0.1\nuser root\nport 2222\nproxyjump root@[127.0.0.1]:2222\n")
+    assert [(h.hostname, h.port) for h in _resolve("t")] == [("127.0.0.1", 2222)]
+    (fake_ssh / "out.t").write_text("hostname 127.0.0.1\nuser root\nport 2222\nproxyjump admin@[127.0.0.1]:2222\n")
+    assert [(h.hostname, h.port, h.user) for h in _resolve("t")][0] == ("127.0.0.1", 2222, "admin")
+
+
+def test_host_key_alias(fake_ssh):
+    """``HostKeyAlias`` (ssh -G prints it): the name the key is looked up and saved under, without a port."""
+    (fake_ssh / "out.t").write_text("hostname 10.0.0.7\nport 2200\nhostkeyalias gpu-box\n")
+    [hop] = _resolve("t")
+    assert (hop.host_keys.alias, hop.known_hosts_name, hop.address_name) == ("gpu-box", "gpu-box", "[10.0.0.7]:2200")
+    (fake_ssh / "out.t").write_text("hostname 10.0.0.7\nport 2200\n")
+    [hop] = _resolve("t")
+    assert (hop.host_keys.alias, hop.known_hosts_name) == (None, "[10.0.0.7]:2200")
+
+
 def test_ssh_g_failure_falls_back(fake_ssh, home, monkeypatch):
     """ssh -G exits 255 (a config it refuses, no -G): paramiko's SSHConfig reads the same files instead."""
     monkeypatch.setenv("FAKE_SSH_RC", "255")

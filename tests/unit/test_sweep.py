@@ -323,3 +323,13 @@ def test_run_figures_from_a_bench_document():
                                      "phases_p50": {"draft": 1.0, "verify": 2.0, "draft_extend": 0.5, "cycle": 3.6}}
     assert sw.run_figures({"client": {"tokens_per_s": 5.0, "accept_len": 3.0}, "timings": None}) == {
         "tokens_per_s": 5.0, "accept_len": 3.0, "phases_p50": {}, "records": None}
+
+
+def test_a_point_prints_its_secrets_masked_and_keeps_them_to_launch():
+    """A grid over a secret variable or flag (--env HF_TOKEN=a,b): the table's label and the JSON mask it, the
+    point's key (the state file's) and its launch keep the value."""
+    p = sw.Point(flags=(("api-key", "sk-1"), ("speculative-num-draft-tokens", "4")), env=(("HF_TOKEN", "hf_x"),))
+    assert p.label == "api-key=*** speculative-num-draft-tokens=4 HF_TOKEN=***"
+    assert p.to_json() == {"flags": {"api-key": "***", "speculative-num-draft-tokens": "4"}, "env": {"HF_TOKEN": "***"}}
+    assert "sk-1" in p.key and "hf_x" in p.key
+    assert sw.point_env({}, p) == {"HF_TOKEN": "hf_x"}
