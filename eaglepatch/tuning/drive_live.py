@@ -391,7 +391,7 @@ class _LiveRun:
         except UsageError as exc:
             self.say(f"note: no timing logs: {exc}")
             return
-        every = sorted(glob.glob(os.path.join(folder, "*.jsonl")))
+        every = sorted(glob.glob(os.path.join(folder, "**", "*.jsonl"), recursive=True))  # a subfolder per host folder
         for r in todo:
             files = logs_of(every, set(r.get("pids") or [r["pid"]]))
             lo, hi = r["window"]
