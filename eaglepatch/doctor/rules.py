@@ -221,9 +221,10 @@ def speculation_slower_predicted(f: ServerFacts) -> Finding | None:
     apart = zero["tokens_per_s"] * (1 - zero.get("spread", 0)) > best["tokens_per_s"] * (1 + best.get("spread", 0))
     ev = [_model_ev(f, pts, [0, k, best["steps"]])]
     ev += [evidence("model", n) for n in (f.model or {}).get("predict_notes") or () if n.startswith("estimate")]
-    nxt = (f"measure it before relaunching: eaglepatch sweep {f.target} --live --grid speculative-num-steps=0,"
-           f"{','.join(str(s) for s in sorted({best['steps'], k}))} (steps 0: speculation off, in the same server), "
-           f"or eaglepatch sweep {f.target} --baseline --repeat 3 --grid speculative-num-steps={k}")
+    # a live sweep's steps 0 is sglang's zero-step state, which still runs the draft extend: not plain decoding
+    nxt = (f"measure it before relaunching: eaglepatch sweep {f.target} --baseline --repeat 3 --grid "
+           f"speculative-num-steps={','.join(str(s) for s in sorted({best['steps'], k}))} (the baseline is a launch "
+           "without speculation)")
     return Finding("speculation-slower", "high" if apart else "medium",
                    f"predicted: no speculation would be about {(zero['tokens_per_s'] / here['tokens_per_s'] - 1) * 100:.0f}% "
                    f"faster than {k} steps, and faster than any step count", ev, nxt, predicted=True)

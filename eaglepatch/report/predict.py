@@ -460,7 +460,8 @@ def predict_group(g: GroupStats, shape: Shape, *, steps: Sequence[int] | None = 
     if baseline is None and any(p.steps == 0 for p in points):
         notes.append("estimate: no speculation's cycle taken as the target's forward alone (verify at one token "
                      "per request), the spread half the way to that plus the rest of the cycle and the scheduler's "
-                     "time as measured; not measured: a sweep with --baseline (or --live with steps 0) measures it")
+                     "time as measured; not measured: a sweep with --baseline measures it (a live sweep's steps 0 still "
+                     "runs the draft extend)")
     elif baseline is not None:
         notes.append(f"no speculation: measured by {baseline.source}")
     best = max(range(len(points)), key=lambda i: points[i].tokens_per_s) if points else None

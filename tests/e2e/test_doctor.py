@@ -218,7 +218,7 @@ def test_patched_servers_timing_records(cli, standins, tmp_path):
     assert d[ports["fine"]]["sources"]["timing_log"]["records"] > 0
     found = {f["id"]: f for f in d[ports["host"]]["findings"]}
     assert "between cycles (the scheduler's own work)" in found["host-bound"]["evidence"][0]["text"]
-    assert found["speculation-slower"]["predicted"] is True and "--live --grid" in found["speculation-slower"]["next"]
+    assert found["speculation-slower"]["predicted"] is True and "--baseline" in found["speculation-slower"]["next"]
 
 
 def test_speculation_slower_after_a_sweep_with_baseline(cli, standins, tmp_path):

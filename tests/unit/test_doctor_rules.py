@@ -347,14 +347,14 @@ def test_no_step_finding_on_an_adaptive_server_suggests_a_flag(tmp_path):
 
 def test_speculation_slower_predicted(tmp_path):
     """No sweep: the accept length 1.05 at 3 steps, a 3 ms draft and 1 ms extend around a 2 ms verify: the model
-    predicts more tok/s without speculation than at any step count; marked predicted, with the live sweep of
-    steps 0 and 3 to confirm it. With a sweep whose baseline ran, the measured rule decides instead."""
+    predicts more tok/s without speculation than at any step count; marked predicted, with the restart sweep
+    whose baseline measures it as the next step (a live sweep's steps 0 still runs the draft extend)."""
     f = with_records(facts(), tmp_path, cycle=6.2, phases={"draft": 3.0, "verify": 2.0, "draft_extend": 1.0},
                      accept=1.05, gap=0.5)
     found = R.speculation_slower(f)
     assert found is not None and found.predicted and found.to_json()["predicted"] is True
     assert found.title.startswith("predicted: no speculation would be about ")
-    assert "--live --grid speculative-num-steps=0," in found.next
+    assert "--baseline --repeat 3 --grid speculative-num-steps=" in found.next and "--live" not in found.next
     model = next(e["text"] for e in found.evidence if e["source"] == "model")
     assert "no speculation" in model and "estimate" in model
 
