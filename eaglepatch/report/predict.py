@@ -385,6 +385,9 @@ def predict_group(g: GroupStats, shape: Shape, *, steps: Sequence[int] | None = 
     if g.mode != "decode":
         return Prediction(why="only decode cycles are predicted")
     k = shape.steps
+    if k == 0:
+        return Prediction(why="these cycles ran with 0 draft steps (sglang's adaptive zero-step state): no acceptance "
+                              "profile to predict from", measured_steps=0)
     if k is None or k < 1:
         return Prediction(why="the step count this run used is not known (no --speculative-num-steps in the run "
                               "header, no spec in the records): no prediction")

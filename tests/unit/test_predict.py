@@ -220,6 +220,13 @@ def test_no_prediction_says_why(tmp_path, flags, why):
     assert f"prediction: none: {p.why}" in render_table(res, predictions=[p])
 
 
+def test_the_zero_step_state_says_why(tmp_path):
+    """An adaptive server's cycles at 0 steps have no draft to profile: said so, not an unknown step count."""
+    recs = records(repeat=1, spec={"steps": 0, "topk": 1, "draft_tokens": 1})
+    res, (p,) = one_group(tmp_path, recs, flags={**FLAGS, "speculative-adaptive": True})
+    assert p.points == () and "0 draft steps" in p.why
+
+
 def test_prefill_groups_get_no_prediction(tmp_path):
     recs = records(repeat=1)
     recs[0] = dict(recs[0], mode="prefill")
