@@ -26,10 +26,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 TCSH = shutil.which("tcsh") or "/usr/bin/tcsh"
 
 
-def _start(sshd, force: str, tmp: Path):
+def _start(sshd, force: str, tmp: Path, loglevel: str | None = None):
     port = _free_port()
     cfg = (Path(sshd.root) / "sshd_config").read_text()
     cfg = re.sub(r"^Port \d+$", f"Port {port}", cfg, flags=re.M)
+    if loglevel:  # sshd takes a keyword's first value: replace it, do not append
+        cfg = re.sub(r"^LogLevel .*$", f"LogLevel {loglevel}", cfg, flags=re.M)
     cfg = re.sub(r"^PidFile .*$", f"PidFile {tmp}/sshd.pid", cfg, flags=re.M)
     (tmp / "sshd_config").write_text(cfg + force + "\n")
     log = open(tmp / "sshd.log", "ab")
