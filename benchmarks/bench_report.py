@@ -23,7 +23,7 @@ parent's size across ``execve`` on Linux; ``resource.getrusage(...).ru_maxrss`` 
 object: ``{"records", "json_parse_s", "report_s", "ratio", "peak_mb", ...}``.
 
 Targets (not a test, issue 25): ``ratio <= 0.5`` (``target_ratio``; ``target_met`` says whether it holds) and
-``peak_mb < 200``. ``parser`` names the parser ``aggregate`` used (``eaglepatch.report.aggregation.PARSER``
+``peak_mb < 200``. ``parser`` names the parser ``aggregate`` used (``eaglepatch.report.aggregation.parser_name()``
 where the module has one, else ``"json"``, the standard library).
 """
 
@@ -71,10 +71,11 @@ TARGET_RATIO = 0.5  # issue 25: aggregate at most half the time of the standard 
 
 
 def parser_name() -> str:
-    """The parser ``aggregate`` uses: the aggregation module's ``PARSER`` where it has one, else ``"json"``."""
+    """The parser ``aggregate`` uses: ``eaglepatch.report.aggregation.parser_name()`` where there is one, else ``"json"``."""
     from eaglepatch.report import aggregation
 
-    return str(getattr(aggregation, "PARSER", "json"))
+    fn = getattr(aggregation, "parser_name", None)
+    return fn() if fn is not None else "json"
 
 
 RUN_ID = "20251130T105320-gpu1-4242-3f9c"
