@@ -27,6 +27,18 @@ from eaglepatch.report import (
 )
 from eaglepatch.report.aggregation import _ordered
 
+
+@pytest.fixture(autouse=True, params=["msgspec", "json"])
+def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs with both parsers (msgspec's fast path, and the standard library alone): the
+    records, the skipped lines and the result must not depend on which one ran."""
+    if request.param == "json":
+        monkeypatch.setenv("EAGLEPATCH_JSON_PARSER", "json")
+    else:
+        pytest.importorskip("msgspec")
+        monkeypatch.delenv("EAGLEPATCH_JSON_PARSER", raising=False)
+    return request.param
+
 T0 = 1764500000.0
 approx = pytest.approx
 
@@ -601,3 +613,33 @@ def test_iter_log_files(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(UsageError, match=r"no \*\.jsonl"):
         iter_log_files([str(tmp_path / "empty")])
+
+
+def test_both_parsers_give_the_same_result_on_hostile_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines that msgspec refuses and json accepts (NaN, 1e400, lone surrogates, huge ints, duplicate keys) go to
+    the standard parser, so the records, skipped lines and JSON are the same with either parser."""
+    from eaglepatch.report.aggregation import parser_name
+
+    good = seq([10.0, 20.0, 30.0], [1.0, 1.0])
+    base = json.dumps(rec(t=T0 + 7))[:-1]
+    items: list[Any] = [
+        good[0],
+        base + ', "cycle_ms": NaN}',
+        base + ', "cycle_ms": 1e400}',
+        base + ', "accepted": -Infinity}',
+        base + ', "host": "\\ud800"}',
+        base + ', "pid": 123456789012345678901234567890}',
+        base + ', "cycle_ms": 5.0, "cycle_ms": 6.0}',
+        base.replace('"v": 1', '"v": 1.0') + "}",
+        "{" * 100000,
+        good[1],
+        json.dumps(good[2]) + "   ",
+    ]
+    path = tmp_path / "a.jsonl"
+    write(path, items)
+    docs = []
+    for forced in ("", "json"):
+        monkeypatch.setenv("EAGLEPATCH_JSON_PARSER", forced)
+        docs.append((parser_name(), aggregate([str(path)]).to_json()))
+    assert docs[1][0] == "json"
+    assert docs[0][1] == docs[1][1]
