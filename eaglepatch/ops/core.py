@@ -71,8 +71,10 @@ def preload_transform() -> None:
 
 # The young generation's threshold while the transform runs (Python's default: 700 allocations). libcst allocates
 # trees by the ten thousand, nearly all freed by reference counting, and each young collection walks them again:
-# measured on the worker files of sglang 0.5.16 in a fresh process (2026-12-02), the first plan_apply took
-# 0.30-0.37 s with the default and 0.20 s with this one. Cycles are still collected, only less often.
+# measured on the worker files of sglang 0.5.16 in a fresh process after gc.freeze (2026-12-02), the first
+# plan_apply took 0.30-0.37 s with the default and 0.20 s with this one; in the CLI's own flow (bench_ssh's
+# breakdown) the transform's time went from 0.20 s to 0.19 s, within that benchmark's noise. Cycles are still
+# collected, only less often.
 _TRANSFORM_GC_THRESHOLD = 50_000
 
 
