@@ -14,7 +14,8 @@ warm-up round, ``--runs`` interleaved rounds of five whole commands, each a subp
 * ``apply_local`` / ``revert_local``: the same on the local target ``TREE``, for reference.
 
 Every apply must patch and every revert must restore the release's bytes (checked by sha256 after each round).
-Ratios are ``median(command) / median(ssh)``. With ``--breakdown`` (default on), it then runs the SSH apply and
+Ratios are ``median(command) / median(ssh)``; the pair's is ``(median(apply_ssh) + median(revert_ssh)) /
+median(ssh)``, target at most 4x (``apply`` alone: at most 3x). With ``--breakdown`` (default on), it then runs the SSH apply and
 revert ``--breakdown-runs`` times in an instrumented process (the CLI's own ``main()`` with timers wrapped around
 its SSH round trips, connect, remote ops, transform calls and imports) and probes, over one connection, what one
 remote command costs (a channel and the login shell; ``python3 -c pass``), to show where the time goes.
@@ -46,7 +47,8 @@ for _p in (str(ROOT), str(ROOT / "tests")):
 if not os.environ.get("EAGLEPATCH_TEST_CACHE") and (ROOT / ".cache" / "sites").is_dir():
     os.environ["EAGLEPATCH_TEST_CACHE"] = str(ROOT / ".cache")
 
-TARGET = 3.0
+TARGET = 3.0  # apply alone
+PAIR_TARGET = 4.0  # apply + revert, against one bare ssh (issue 25)
 _BIN = Path(sys.executable).with_name("eaglepatch")
 EAGLEPATCH = [str(_BIN)] if _BIN.is_file() else [sys.executable, "-m", "eaglepatch"]
 
@@ -456,6 +458,11 @@ def measure(runs: int, version: str, do_breakdown: bool, breakdown_runs: int) ->
                 "ratio_to_ssh": {k: round(v / base, 3) for k, v in med.items() if k != "ssh"},
                 "target": TARGET,
                 "apply_met": med["apply_ssh"] / base <= TARGET,
+                # the pair: median(apply) + median(revert), over median(ssh)
+                "pair_s": round(med["apply_ssh"] + med["revert_ssh"], 4),
+                "pair_ratio": round((med["apply_ssh"] + med["revert_ssh"]) / base, 3),
+                "pair_target": PAIR_TARGET,
+                "pair_met": (med["apply_ssh"] + med["revert_ssh"]) / base <= PAIR_TARGET,
                 "commands": {
                     "ssh": "ssh -F HOME/.ssh/config -i KEY -p PORT -o BatchMode=yes -o IdentitiesOnly=yes "
                            "-o UserKnownHostsFile=HOME/.ssh/known_hosts USER@127.0.0.1 true",
@@ -488,7 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     m = res["median_s"]
     print(f"apply over SSH {m['apply_ssh']:.3f} s, revert {m['revert_ssh']:.3f} s, bare ssh true {m['ssh']:.3f} s: "
           f"apply {res['ratio_to_ssh']['apply_ssh']:.2f}x (target <= {TARGET}x: "
-          f"{'met' if res['apply_met'] else 'MISSED'})", file=sys.stderr)
+          f"{'met' if res['apply_met'] else 'MISSED'}); apply + revert {res['pair_s']:.3f} s, "
+          f"{res['pair_ratio']:.2f}x (target <= {PAIR_TARGET}x: {'met' if res['pair_met'] else 'MISSED'})",
+          file=sys.stderr)
     return 0
 
 
