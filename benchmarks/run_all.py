@@ -580,6 +580,39 @@ def section_two_ranks() -> str:
 # ------------------------------------------------------------------------------------------------------------
 
 
+def section_fetch(run: dict, summary: list) -> str:
+    out = ["## 7. `report` of a 1 GB log over SSH vs the local `report`", ""]
+    out.append(
+        "How to read: benchmarks/bench_fetch.py writes 1 GB of timing log (bench_report.py's records, two rank "
+        "files), starts its own sshd on 127.0.0.1 (as section 2) and times whole commands: `eaglepatch report "
+        "--json DIR` on the files where they are, then `eaglepatch report --json USER@127.0.0.1:PORT -i KEY "
+        "--log-dir DIR` with an empty cache (every byte fetched in bounded batches, then the same aggregation) "
+        "and once more with the cache full (nothing new). Peak memory: the client's is `ru_maxrss` of `wait4` on "
+        "its pid; the host side's is the highest VmHWM of any process below the sshd (the agent and its shell), "
+        "polled from /proc every 20 ms while the command runs. Targets (issue 25): the cold SSH report at most "
+        "1.5x the local one, peak memory at most 200 MB on each side.")
+    out.append("")
+    if "error" in run:
+        summary.append(["report of 1 GB over SSH", "failed", "", "", "<= 1.5x", "**FAILED**"])
+        return "\n".join(out) + "\n" + failed("fetch", run)
+    r = run["result"]
+    loc, cold, warm = r["local"], r["ssh_cold"], r["ssh_warm"]
+    out += [f"Command: `{run['command']}` ({run['wall_s']:.0f} s; {r['log_mb']:,.0f} MB, {r['records']:,} records).",
+            ""]
+    rows = [["local `eaglepatch report --json DIR` (baseline)", f"{loc['wall_s']:.2f} s", "1.00x",
+             f"{loc['client_peak_mb']} MB", ""],
+            ["over SSH, empty cache", f"{cold['wall_s']:.2f} s", f"**{r['ratio_cold']:.2f}x**",
+             f"{cold['client_peak_mb']} MB", f"{cold['host_peak_mb']} MB"],
+            ["over SSH, cache full", f"{warm['wall_s']:.2f} s", f"{r['ratio_warm']:.2f}x",
+             f"{warm['client_peak_mb']} MB", f"{warm['host_peak_mb']} MB"]]
+    out += [table(["what", "wall", "ratio to local", "client peak", "host peak"], rows), ""]
+    summary.append([f"report of {r['log_mb']:,.0f} MB over SSH (cold)", f"{cold['wall_s']:.2f} s",
+                    f"local {loc['wall_s']:.2f} s", f"{r['ratio_cold']:.2f}x", "<= 1.5x", verdict(r["ratio_met"])])
+    summary.append(["report over SSH peak memory", f"client {cold['client_peak_mb']} MB, host {cold['host_peak_mb']} MB",
+                    "", "", "<= 200 MB", verdict(r["memory_met"])])
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="docs/benchmarks.md")
@@ -597,18 +630,20 @@ def main(argv: list[str] | None = None) -> int:
         "runtime": run_bench("bench_runtime.py", ["--timer", "cpu", "--cycles", "20000" if q else "200000",
                                                   "--repeats", "3" if q else "5", "--json"]),
         "load": run_bench("bench_load.py", ["--rounds", "2" if q else "5"]),
+        "fetch": run_bench("bench_fetch.py", ["--quick"] if q else ["--size-mb", "1024"]),
     }
     total = time.perf_counter() - t0
     summary: list[list] = []
     sections = [section_transform(runs["transform"], summary), section_ssh(runs["ssh"], summary),
                 section_report(runs["report"], summary), section_runtime(runs["runtime"], summary),
-                section_gpu(summary), section_load(runs["load"], summary)]
+                section_gpu(summary), section_load(runs["load"], summary),
+                section_fetch(runs["fetch"], summary)]
     head = [
         "# Benchmarks",
         "",
         f"Written by `make bench` (`{_py()} benchmarks/run_all.py --out {args.out}{' --quick' if q else ''}`) on "
         f"{mach['date']}, in {total / 60:.1f} minutes. Do not edit by hand: run `make bench` again. Sections 1-4 "
-        "were measured by that run on the machine below, and so was section 6; section 5 is copied from a GPU run (see there). Every "
+        "were measured by that run on the machine below, and so were sections 6 and 7; section 5 is copied from a GPU run (see there). Every "
         "time is a median over repeated runs, and every ratio is against a baseline measured in the same run. "
         "A missed target is reported as missed, with the measured number." + (
             "\n\n**QUICK RUN (--quick): small counts, not for figures.**" if q else ""),

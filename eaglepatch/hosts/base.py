@@ -106,7 +106,7 @@ MARKER = b"\x1eeaglepatch\x1e\n"
 
 # What a host's helper may send, at most (everything a host sends is data from a stranger: docs/safety.md, "Trust
 # boundaries"). The largest real answers are the facts of an install (every worker file, base64: a few MB) and a
-# batch of timing logs (``ops/_remote.py``'s LOG_BATCH, 16 MB before base64); these leave room for both.
+# batch of timing logs (``ops/_remote.py``'s LOG_BATCH, 4 MB before base64); these leave room for both.
 MAX_PREAMBLE = 1 << 20  # what a login shell prints before the marker
 MAX_FRAME = 64 << 20  # one frame of the agent protocol on the wire, compressed or not
 MAX_ANSWER = 64 << 20  # one answer, decompressed

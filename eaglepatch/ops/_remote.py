@@ -805,7 +805,7 @@ LOG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*-[0-9]+-rank[0-9]+[.]jsonl$")
 # The private folders the runtime falls back to (tempfile.mkdtemp(prefix="eaglepatch-")) in a temp folder
 _FALLBACK_NAME = re.compile(r"^eaglepatch-[A-Za-z0-9_]+$")
 # Bytes of log data in one answer at most; the client asks again for the rest (its memory stays bounded).
-LOG_BATCH = 16 << 20
+LOG_BATCH = 4 << 20  # a few MB: the memory of a fetch on either side is some 8x one batch (base64, JSON, zlib)
 
 
 class _Refused(Exception):

@@ -675,3 +675,100 @@ def test_a_running_servers_config_is_read_where_it_names_it(remote: Remote, tmp_
     assert "cannot read" in remote.op_live({"action": "read_config", "path": "nope.json", "cwd": str(tmp_path)})["error"]
     (tmp_path / "big.json").write_bytes(b" " * (65 * 1024))
     assert "larger than" in remote.op_live({"action": "read_config", "path": str(tmp_path / "big.json")})["error"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# report: the timing logs fetched in bounded batches (op_logs), and resumed from the cache (fetch_logs_from)
+
+def _log_lines(n: int) -> bytes:
+    return b"".join(b'{"v": 1, "mode": "decode", "bs": %d, "cycle_ms": 10.5}\n' % i for i in range(n))
+
+
+def test_a_batch_that_ends_inside_a_line_sends_only_the_whole_lines_before_it(remote: Remote, tmp_path: Path) -> None:
+    """The budget ends in the middle of a record: the host sends the lines before it and says ``more``; asked
+    again from there, it sends the rest, so the batches put together are the file."""
+    d = tmp_path / "logs"
+    d.mkdir(mode=0o700)
+    body = _log_lines(10)
+    (d / "h-1-rank0.jsonl").write_bytes(body)
+    line = body.index(b"\n") + 1
+    budget = line * 3 + line // 2  # inside the fourth line
+    got, have, rounds = b"", {}, 0
+    while True:
+        rounds += 1
+        res = remote.op_logs({"log_dir": str(d), "have": have, "budget": budget})
+        for f in res["files"]:
+            data = base64.b64decode(f["data"])
+            assert f["offset"] == len(got) and data.endswith(b"\n") and len(data) <= budget
+            got += data
+        have = {str(d) + "/h-1-rank0.jsonl": len(got)}
+        if not res["more"]:
+            break
+    assert got == body and rounds == 4  # 3 lines a batch: 3 + 3 + 3 + 1
+
+
+def test_the_host_never_reads_more_than_one_batch_of_a_log_at_once(remote: Remote, tmp_path: Path) -> None:
+    """However big the file, one answer reads at most ``budget`` bytes of it: the host's memory does not grow with
+    the log (every read of the open log files is seen through a wrapper)."""
+    d = tmp_path / "logs"
+    d.mkdir(mode=0o700)
+    (d / "h-1-rank0.jsonl").write_bytes(_log_lines(5000))
+    (d / "h-2-rank0.jsonl").write_bytes(_log_lines(5000))
+    reads: list[int] = []
+    real = remote.g["_log_files"]
+
+    class Counted:
+        def __init__(self, f: Any) -> None:
+            self.f = f
+
+        def read(self, n: int = -1) -> bytes:
+            reads.append(n)
+            return self.f.read(n)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.f, name)
+
+    def counted(*args: Any) -> Any:
+        for name, f, st in real(*args):
+            yield name, Counted(f), st
+
+    remote.set("_log_files", counted)
+    res = remote.op_logs({"log_dir": str(d), "have": {}, "budget": 4096})
+    assert reads and all(0 <= n <= 4096 for n in reads), reads
+    assert sum(len(base64.b64decode(f["data"])) for f in res["files"]) <= 4096 and res["more"]
+
+
+def test_a_fetch_cut_off_keeps_what_it_wrote_and_the_next_run_goes_on_from_there(
+        remote: Remote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection breaks after two batches: the cache keeps those whole lines; the next ``report`` asks from
+    the cached size (not from 0) and ends with the host's file, byte for byte."""
+    from eaglepatch.errors import ConnectionFailed
+    from eaglepatch.ops import actions
+
+    d = tmp_path / "logs"
+    d.mkdir(mode=0o700)
+    body = _log_lines(400)
+    (d / "h-1-rank0.jsonl").write_bytes(body)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    asked: list[dict[str, int]] = []
+    cut_after = [2]
+
+    def call(host: Any, python: str, op: str, **payload: Any) -> Any:
+        assert op == "logs"
+        if len(asked) == cut_after[0]:
+            raise ConnectionFailed("connection reset")
+        asked.append(dict(payload["have"]))
+        return json.loads(json.dumps(remote.op_logs(dict(payload, budget=1000))))
+
+    monkeypatch.setattr(actions, "call", call)
+    with pytest.raises(ConnectionFailed):
+        actions.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
+    cached = list((tmp_path / "cache").rglob("h-1-rank0.jsonl"))
+    assert len(cached) == 1
+    kept = cached[0].read_bytes()
+    assert 0 < len(kept) < len(body) and body.startswith(kept) and kept.endswith(b"\n")
+    asked.clear()
+    cut_after[0] = 10 ** 6
+    actions.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
+    assert asked[0] == {str(d) + "/h-1-rank0.jsonl": len(kept)}
+    assert cached[0].read_bytes() == body

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""`eaglepatch report` of a big timing log over loopback SSH against the local `eaglepatch report` of the same files.
+
+Writes ``--size-mb`` of timing log (bench_report.py's ``generate``: two rank files, one run) into a folder, starts
+its own OpenSSH server on 127.0.0.1 the way bench_ssh.py does (``Loopback``), then times whole commands, each a
+subprocess:
+
+* ``local``: ``eaglepatch report --json DIR`` (the files read where they are);
+* ``ssh_cold``: ``eaglepatch report --json USER@127.0.0.1:PORT -i KEY --log-dir DIR`` with an empty cache (every
+  byte fetched, then the same aggregation);
+* ``ssh_warm``: the same again, the cache full (nothing new to fetch).
+
+Peak memory: the client's is ``ru_maxrss`` of ``os.wait4`` on its pid (that process and the children it waited
+for, ssh included). The host side's is the highest ``VmHWM`` (the kernel's own high-water mark, so a poll every
+20 ms loses nothing but what grows in the last 20 ms) of every process below the sshd, read from /proc while the
+command runs. Both reports must give the same ``records``.
+
+Prints one JSON object on stdout. ``python benchmarks/bench_fetch.py [--size-mb 1024] [--quick]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_report import generate  # noqa: E402
+from bench_ssh import EAGLEPATCH, Loopback  # noqa: E402
+
+TARGET_RATIO = 1.5
+TARGET_MB = 200
+
+
+def _children(root: int) -> list[int]:
+    """Every process below ``root``, by the parent of each in /proc."""
+    parent: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parent.setdefault(ppid, []).append(int(d))
+    out, todo = [], [root]
+    while todo:
+        for c in parent.get(todo.pop(), ()):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _hwm_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def run_measured(argv: list[str], env: dict, sshd_pid: int | None) -> dict:
+    """Wall seconds, the client's peak RSS (MB) and, with ``sshd_pid``, the host side's highest peak (MB)."""
+    host_peak = {"kb": 0, "pid": None}
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            for pid in _children(sshd_pid):
+                kb = _hwm_kb(pid)
+                if kb > host_peak["kb"]:
+                    host_peak.update(kb=kb, pid=pid)
+            stop.wait(0.02)
+
+    poller = threading.Thread(target=poll, daemon=True) if sshd_pid else None
+    out = tempfile.TemporaryFile()
+    err = tempfile.TemporaryFile()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+    if poller:
+        poller.start()
+    _pid, status, ru = os.wait4(proc.pid, 0)
+    dt = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    stop.set()
+    if poller:
+        poller.join()
+    out.seek(0)
+    err.seek(0)
+    stdout, stderr = out.read().decode(), err.read().decode(errors="replace")
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmark command failed (exit {proc.returncode}): {' '.join(argv)}\n{stderr[-2000:]}")
+    res = {"wall_s": round(dt, 3), "client_peak_mb": round(ru.ru_maxrss / 1024, 1),
+           "records": json.loads(stdout)["records"], "stderr": stderr.strip().splitlines()[-1:]}
+    if sshd_pid:
+        res["host_peak_mb"] = round(host_peak["kb"] / 1024, 1)
+    return res
+
+
+def measure(size_mb: int) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="ep-bench-fetch-"))  # not /tmp/eaglepatch*: other tools clean those up
+    try:
+        logs = tmp / "host" / "logs"
+        logs.mkdir(parents=True, mode=0o700)
+        sample = tmp / "sample"
+        sample.mkdir()
+        per_record = sum(os.path.getsize(p) for p in generate(str(sample), 2000)) / 2000
+        t0 = time.perf_counter()
+        paths = generate(str(logs), max(2, int(size_mb * 2 ** 20 / per_record)))
+        gen_s = time.perf_counter() - t0
+        size = sum(os.path.getsize(p) for p in paths)
+        with Loopback(tmp / "sshd") as lb:
+            srv = lb.server
+            env = dict(lb.env, XDG_CACHE_HOME=str(tmp / "cache"))
+            remote = [*EAGLEPATCH, "report", "--json", srv.target, "-i", srv.client_key, "--log-dir", str(logs)]
+            local = run_measured([*EAGLEPATCH, "report", "--json", str(logs)], env, None)
+            cold = run_measured(remote, env, lb.proc.pid)
+            warm = run_measured(remote, env, lb.proc.pid)
+        if not local["records"] == cold["records"] == warm["records"]:
+            raise SystemExit(f"the reports differ: {local['records']}, {cold['records']}, {warm['records']} records")
+        ratio = cold["wall_s"] / local["wall_s"]
+        peaks = (cold["client_peak_mb"], cold["host_peak_mb"], warm["client_peak_mb"], warm["host_peak_mb"])
+        return {
+            "log_bytes": size, "log_mb": round(size / 2 ** 20, 1), "records": local["records"],
+            "generate_s": round(gen_s, 1), "local": local, "ssh_cold": cold, "ssh_warm": warm,
+            "ratio_cold": round(ratio, 3), "ratio_warm": round(warm["wall_s"] / local["wall_s"], 3),
+            "target_ratio": TARGET_RATIO, "target_mb": TARGET_MB,
+            "ratio_met": ratio <= TARGET_RATIO, "memory_met": max(peaks) <= TARGET_MB,
+            "commands": {
+                "local": "eaglepatch report --json DIR",
+                "ssh": "eaglepatch report --json USER@127.0.0.1:PORT -i KEY --log-dir DIR (cold: empty cache)",
+            },
+        }
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size-mb", type=int, default=1024)
+    ap.add_argument("--quick", action="store_true", help="a 32 MB log, to check the script")
+    args = ap.parse_args(argv)
+    res = measure(32 if args.quick else max(1, args.size_mb))
+    print(json.dumps(res))
+    c = res["ssh_cold"]
+    print(f"{res['log_mb']} MB: report over SSH {c['wall_s']:.1f} s (cold), local {res['local']['wall_s']:.1f} s: "
+          f"{res['ratio_cold']:.2f}x (target <= {TARGET_RATIO}x: {'met' if res['ratio_met'] else 'MISSED'}); "
+          f"peak client {c['client_peak_mb']} MB, host {c['host_peak_mb']} MB (target <= {TARGET_MB} MB: "
+          f"{'met' if res['memory_met'] else 'MISSED'})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
