@@ -21,7 +21,7 @@ from eaglepatch.failpoints import failpoint
 failpoint("startup:imports")  # the tests' Ctrl-C during start-up: typer is in, the ops are not yet
 
 from eaglepatch import __version__
-from eaglepatch import progress
+from eaglepatch import console, progress
 from eaglepatch.errors import EaglepatchError, ExitCode, Interrupted, UsageError
 from eaglepatch.ops import actions
 from eaglepatch.ops.core import FactsOptions, RuntimeOptions
@@ -104,7 +104,7 @@ class _Out:
                 return
             self.last_wait = now
         self.stop()
-        print(msg, file=sys.stderr, flush=True)
+        console.line(msg)
 
     def stop(self) -> None:
         if self.status is not None:

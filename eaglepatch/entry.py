@@ -17,7 +17,7 @@ import signal
 import sys
 from typing import Any, NoReturn
 
-from eaglepatch import progress
+from eaglepatch import console, progress
 from eaglepatch.errors import ExitCode, Interrupted
 
 
@@ -50,11 +50,7 @@ def _finish_interrupted() -> NoReturn:
     except (OSError, ValueError):
         pass
     text = "".join(shown(line) + "\n" for line in interrupted_lines(progress.states()))
-    try:
-        sys.stderr.write(text)
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
+    console.last_lines(text)
     os._exit(int(ExitCode.INTERRUPTED))
 
 

@@ -74,6 +74,7 @@ from paramiko.ssh_exception import (  # noqa: E402
     SSHException,
 )
 
+from eaglepatch import console  # noqa: E402
 from eaglepatch.errors import ConnectionFailed  # noqa: E402
 from eaglepatch.hosts.base import MAX_STDERR, Agents, CommandResult, FileStat, OutputLimit  # noqa: E402
 from eaglepatch.hosts.spec import DEFAULT_CONNECT_TIMEOUT, TargetSpec, format_destination  # noqa: E402
@@ -316,7 +317,7 @@ class SSHHost:
         self.resolved = [c.resolved for c in chain]
         if os.environ.get("EAGLEPATCH_DEBUG"):
             for line in describe(self.resolved).splitlines():
-                print(f"eaglepatch: {self.name}: {line}", file=sys.stderr)
+                console.line(f"eaglepatch: {self.name}: {line}")
         hops, main = chain[:-1], chain[-1]
         self._timeout = main.connect_timeout
         self._hops = hops

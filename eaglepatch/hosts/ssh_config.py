@@ -51,9 +51,9 @@ import re
 import shlex
 import socket
 import subprocess
-import sys
 from typing import Any, Iterable
 
+from eaglepatch import console
 from eaglepatch.errors import ConnectionFailed, UsageError
 from eaglepatch.hosts.spec import DEFAULT_CONNECT_TIMEOUT, Hop, TargetSpec, parse_jump
 
@@ -279,7 +279,7 @@ class _Resolver:
             text = " ".join(err.decode("utf-8", "replace").split())[:300]
             pending.why = f"'ssh -G {hop.host}' exited with {proc.returncode}: {text or 'no output'}"
         if os.environ.get("EAGLEPATCH_DEBUG"):
-            print(f"eaglepatch: {pending.why}; reading the SSH config with paramiko instead", file=sys.stderr)
+            console.line(f"eaglepatch: {pending.why}; reading the SSH config with paramiko instead")
         return self._hop(hop, self._fallback_options(hop, pending.jump), "paramiko")
 
     def _home_config(self) -> str:

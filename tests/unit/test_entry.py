@@ -42,3 +42,46 @@ def test_a_session_does_not_unlock_a_host_whose_request_was_cut_short():
     progress.cut_short("root@a")
     session.unlock()
     assert session.token == "t0k"
+
+
+class _SlowStderr:
+    """A stderr whose every write lets other threads run in the middle of it (as a pipe's writer may)."""
+
+    def __init__(self):
+        self.writes: list[str] = []
+
+    def write(self, text):
+        import time
+
+        time.sleep(0.001)
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+def test_lines_written_from_several_threads_and_the_interrupt_message_stay_whole(monkeypatch):
+    """Several targets print on their threads while Ctrl-C's lines are written: no line runs into another (one
+    CI run read "...originals in X" + "eaglepatch: interrupted: ..." on one line, print's text and newline being
+    two writes)."""
+    import sys
+    import threading
+
+    from eaglepatch import console
+
+    err = _SlowStderr()
+    monkeypatch.setattr(sys, "stderr", err)
+    threads = [threading.Thread(target=lambda i=i: [console.line(f"t{i} line {k}") for k in range(20)])
+               for i in range(4)]
+    for t in threads:
+        t.start()
+    console.last_lines("eaglepatch: interrupted: a: x\neaglepatch: interrupted: b: y\n")
+    for t in threads:
+        t.join()
+    text = "".join(err.writes)
+    lines = text.splitlines()
+    assert len(lines) == 82 and text.endswith("\n")
+    assert all(ln.startswith(("t", "eaglepatch: interrupted: ")) for ln in lines)
+    assert sorted(ln for ln in lines if ln.startswith("t")) == sorted(f"t{i} line {k}" for i in range(4) for k in range(20))
+    assert all(w.endswith("\n") for w in err.writes)
