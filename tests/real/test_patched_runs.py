@@ -250,6 +250,9 @@ def test_patched_entry_method_times_prefill_and_decode(tmp_path, sglang_release,
     assert prefill["accepted"] is None
     if case.family != "ngram":  # NGRAM: see test_ngram_accepted_tokens_reach_the_record
         assert decode["accepted"] == 7
+        # per request, bonus included, in batch order: V1's drafts [2, 3] + 1 each, V2's accept_lens [3, 4]
+        assert decode["accepts"] == [3, 4]
+    assert "accepts" not in prefill
 
 
 @pytest.mark.parametrize(
@@ -257,10 +260,13 @@ def test_patched_entry_method_times_prefill_and_decode(tmp_path, sglang_release,
 )
 def test_ngram_accepted_tokens_reach_the_record(tmp_path, sglang_release, recipe, case):
     """NGRAM's decode record carries the accepted tokens: 5 drafts + 1 bonus per request (up to 0.5.13), or
-    eagle_sample's accept_lens [3, 4], bonus included (0.5.14+): 7 either way."""
+    eagle_sample's accept_lens [3, 4], bonus included (0.5.14+): 7 either way. Only the per-request counts give
+    the record's ``accepts``; a total (5 drafts for the batch) gives none."""
     records, _calls, res = _run_cycles(tmp_path, sglang_release, recipe, case)
     assert [w.facts for w in res.workers if w.cls == case.cls][0], "the transform found the fact"
     assert records[1]["accepted"] == 7
+    per_request = tuple(int(x) for x in case.version.split(".")[:3]) >= (0, 5, 14)
+    assert records[1].get("accepts") == ([3, 4] if per_request else None)
 
 
 @pytest.mark.parametrize("version", ["0.5.21", "0.5.23"])
@@ -376,5 +382,6 @@ def test_v2_device_accept_lens_are_copied_to_pinned_memory(tmp_path, sglang_rele
     prefill, decode = records
     assert decode["timer"] == "events" and prefill["timer"] == "events"
     assert decode["accepted"] == 7 and decode["bs"] == 2
+    assert decode["accepts"] == [3, 4], "the per-request counts come from the same pinned copy"
     assert pinned and all(h.values == [3, 4] for h in pinned), "accept_lens not copied into pinned memory"
     assert sys.modules.get("torch") is not torch, "the fake torch outlived the test"
