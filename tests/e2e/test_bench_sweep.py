@@ -182,6 +182,17 @@ def check_bench(doc: dict, srv: Server, patched: bool) -> None:
     assert decode["phases"]["draft"]["p50"] == pytest.approx(6.0, rel=0.3)  # 3 steps x 2 ms
     assert decode["phases"]["verify"]["p50"] == pytest.approx(6.0, rel=0.3)
     assert decode["accept_len"] == pytest.approx(31 / decode_cycles(3), abs=0.01)
+    # bench --json carries report --predict's model of the window: every step count 0..max(8, 3 + 2), the 3 the
+    # server ran measured, fewer read from the profile, more extrapolated, none speculating estimated
+    pred = {p["steps"]: p for p in decode["predict"]}
+    assert sorted(pred) == list(range(0, 9))
+    assert {k: p["basis"] for k, p in pred.items()} == {0: "estimate", 1: "profile", 2: "profile", 3: "measured",
+                                                         4: "extrapolated", 5: "extrapolated", 6: "extrapolated",
+                                                         7: "extrapolated", 8: "extrapolated"}
+    assert pred[3]["accept_len"] == pytest.approx(decode["accept_len"], rel=1e-6)
+    assert all(p["tokens_per_s"] > 0 and p["spread"] >= 0 for p in pred.values())
+    best = decode["predict"][decode["predict_best"]]
+    assert best["tokens_per_s"] == max(p["tokens_per_s"] for p in pred.values())
 
 
 def test_bench_local_unpatched_then_patched(standins, tmp_path, local):

@@ -216,6 +216,13 @@ def test_patched_servers_timing_records(cli, standins, tmp_path):
     assert steps["title"].startswith("5 draft steps cost more than they buy: 2 ") and steps["predicted"] is True
     assert ",5 --baseline --repeat 3" in steps["next"] and "--grid speculative-num-steps=" in steps["next"]
     assert d[ports["fine"]]["sources"]["timing_log"]["records"] > 0
+    # doctor --json's model: report --predict of the server's decode group that ran the most cycles
+    model = d[ports["fine"]]["model"]
+    assert model["steps"] == 2 and isinstance(model["group"], dict)
+    basis = {p["steps"]: p["basis"] for p in model["predict"]}
+    assert basis[2] == "measured" and basis[1] == "profile" and basis[3] == "extrapolated" and basis[0] == "estimate"
+    assert 0 <= model["predict_best"] < len(model["predict"])
+    assert d[ports["idle"]].get("model") is None
     found = {f["id"]: f for f in d[ports["host"]]["findings"]}
     assert "between cycles (the scheduler's own work)" in found["host-bound"]["evidence"][0]["text"]
     assert found["speculation-slower"]["predicted"] is True and "--baseline" in found["speculation-slower"]["next"]

@@ -269,6 +269,43 @@ def test_adaptive_spec_groups_fit_the_cost_of_each_phase(tmp_path):
     assert any("fitted on the step counts of 2 groups" in n for n in p3.notes)
 
 
+def test_a_sweeps_runs_at_several_step_counts_fit_the_cost_of_each_phase(tmp_path):
+    """A sweep's runs (one launch at 1 step, one at 3, each with its own run header and flags, read together):
+    the same fit as an adaptive server's spec groups, across runs: 2 steps cost 2 + 2.2 + 1 + 0.5 ms; each run
+    stays a group of its own, and each run's prediction uses the other's measurement."""
+    flags1 = {**FLAGS, "speculative-num-steps": "1", "speculative-num-draft-tokens": "2"}
+    one = records(counts=(1, 2), repeat=10, cycle=4.5, phases={"draft": 1.0, "verify": 2.0, "draft_extend": 1.0},
+                  run="r1")
+    three = records(cycle=6.9, phases={"draft": 3.0, "verify": 2.4, "draft_extend": 1.0}, run="r3", t0=T0 + 100)
+    res = aggregate([write(tmp_path / "one.jsonl", [header("r1", flags1)] + one),
+                     write(tmp_path / "three.jsonl", [header("r3")] + three)])
+    assert len(res.groups) == 2 and {g.run for g in res.groups} == {"r1", "r3"}
+    preds = predict(res)
+    g3, p3 = next((g, p) for g, p in zip(res.groups, preds) if g.run == "r3")
+    pts = {x.steps: x for x in p3.points}
+    assert pts[3].basis == "measured" and pts[2].basis == "profile"
+    assert pts[2].tokens_per_s == approx(2.5 / (g3.cadence_ms + (2 + 2.2 + 1 + 0.5) - 6.9) * 1000)
+    assert any("fitted on the step counts of 2 groups" in n for n in p3.notes)
+    g1, p1 = next((g, p) for g, p in zip(res.groups, preds) if g.run == "r1")
+    assert {x.steps: x.basis for x in p1.points}[1] == "measured"
+    assert any("fitted on the step counts of 2 groups" in n for n in p1.notes)
+
+
+def test_predictions_per_batch_size_group(tmp_path):
+    """``--by bs``: one prediction per batch-size group, each from its own records (the profile of the requests
+    of that batch size; the cycle of that batch size)."""
+    res = aggregate([write(tmp_path / "a.jsonl", [header()] + records(bs=1) + records(bs=2, cycle=8.0,
+                                                                                     t0=T0 + 100))], by="bs")
+    assert [g.key_dict()["bs"] for g in res.groups] == [1, 2]
+    p1, p2 = predict(res)
+    assert p1.point(3).basis == p2.point(3).basis == "measured"
+    g1, g2 = res.groups
+    assert p1.point(3).cycle_ms == approx(6.5, rel=0.01) and p2.point(3).cycle_ms == approx(8.0, rel=0.01)
+    assert p1.point(3).tokens_per_s == approx(g1.wall_tokens_per_s)
+    assert p2.point(3).tokens_per_s == approx(g2.wall_tokens_per_s)
+    assert p1.point(2).accept_len == approx(g1.acceptance.mean_tokens(3))
+
+
 def sweep_doc(base: float, at3: float | None) -> dict[str, Any]:
     pts = [{"flags": {}, "status": "ok", "tokens_per_s": {"median": base, "min": base * 0.9, "max": base * 1.1}}]
     if at3 is not None:
