@@ -197,12 +197,14 @@ def test_milliseconds_are_rounded_to_four_decimals(rt, logs):
 
 
 def test_phase_durations_follow_the_work_done(rt, logs):
-    """Phases sleeping 4, 12 and 2 ms read at least that long, in that order of size, within the cycle."""
+    """Phases sleeping 4, 12 and 2 ms read at least that long, within the cycle. (How much longer depends on the
+    machine's load: a busy CI machine read a 2 ms sleep as 5.8 ms, so nothing here compares phases with each other;
+    the exact times are pinned on a scripted clock: test_times_are_milliseconds_rounded_to_four_places.)"""
     decode_worker(rt, sleeps=(0.004, 0.012, 0.002)).forward_batch_generation(Batch())
     rec = one_record(rt, logs)
     ph = rec["phases"]
+    assert list(ph) == ["draft", "verify", "draft_extend"]
     assert ph["draft"] >= 4.0 and ph["verify"] >= 12.0 and ph["draft_extend"] >= 2.0
-    assert ph["verify"] > ph["draft"] > ph["draft_extend"]
     assert rec["cycle_ms"] >= sum(ph.values())
     assert rec["cycle_ms"] < 5000  # sanity only
 
