@@ -287,8 +287,9 @@ def check_live_grid(release: AdaptiveRelease | None, steps: Sequence[int]) -> Ad
 @dataclasses.dataclass(frozen=True)
 class StepMeasure:
     """What is known of one step count at one batch size: tokens per second (``low``..``high``: the range of the
-    windows that measured it; None for a single figure). ``basis``: "measured" (a live sweep's windows), or what
-    else produced the figure (the acceptance model's prediction, later)."""
+    windows that measured it, or of a prediction's spread; None for a single figure). ``basis``: "measured" (a live
+    sweep's windows), or the acceptance model's (``report --predict``): "profile" (fewer steps than the records
+    ran: the accept length read from their acceptance profile) or "extrapolated" (more)."""
 
     steps: int
     bs: int
@@ -299,22 +300,31 @@ class StepMeasure:
 
 
 def choose_tiers(measures: Sequence[StepMeasure], tolerance: float = 0.03) -> dict[int, tuple[int, ...]]:
-    """The candidate steps per batch-size tier: at each batch size measured, the best step count and every other
-    whose range reaches the best's (or that is within ``tolerance`` of its tokens per second), so that sglang's
-    own policy can move among the step counts that may be as good; neighbouring batch sizes with the same
-    candidates are one tier, and the smallest tier starts at 1. Raises UsageError when nothing was measured."""
+    """The candidate steps per batch-size tier: at each batch size measured, the best measured step count and every
+    other measured one whose range reaches the best's (or that is within ``tolerance`` of its tokens per second),
+    so that sglang's own policy can move among the step counts that may be as good; a step count only predicted
+    (by the acceptance model) joins when its predicted figure itself reaches that floor, its spread not counted (a
+    prediction does not make a candidate by being uncertain). Neighbouring batch sizes with the same candidates are
+    one tier, and the smallest tier starts at 1. Raises UsageError when nothing was measured."""
     by_bs: dict[int, list[StepMeasure]] = {}
     for m in measures:
         if m.tokens_per_s is not None and m.tokens_per_s > 0:
             by_bs.setdefault(m.bs, []).append(m)
-    if not by_bs:
+    if not any(m.basis == "measured" for ms in by_bs.values() for m in ms):
         raise UsageError("no measured point to choose adaptive candidates from")
     tiers: dict[int, tuple[int, ...]] = {}
     for bs in sorted(by_bs):
         ms = by_bs[bs]
-        best = max(ms, key=lambda m: m.tokens_per_s)
+        measured = [m for m in ms if m.basis == "measured"]
+        if not measured:
+            continue
+        best = max(measured, key=lambda m: m.tokens_per_s)
         floor = min(best.tokens_per_s * (1 - tolerance), best.low if best.low is not None else best.tokens_per_s)
-        chosen = sorted({m.steps for m in ms if (m.high if m.high is not None else m.tokens_per_s) >= floor})
+
+        def reach(m: StepMeasure) -> float:
+            return m.high if m.high is not None and m.basis == "measured" else m.tokens_per_s
+
+        chosen = sorted({m.steps for m in ms if reach(m) >= floor})
         if not tiers or tiers[max(tiers)] != tuple(chosen):
             tiers[bs] = tuple(chosen)
     first = min(tiers)
@@ -324,10 +334,13 @@ def choose_tiers(measures: Sequence[StepMeasure], tolerance: float = 0.03) -> di
 
 
 def measures_of(points: Sequence[Mapping[str, Any]], by_bs: Mapping[int, Mapping[int, Sequence[float]]],
-                concurrency: int) -> list[StepMeasure]:
+                concurrency: int,
+                predicted: Mapping[int, Mapping[int, Sequence[Sequence[Any]]]] | None = None) -> list[StepMeasure]:
     """StepMeasures from a live sweep: per (steps, batch size) the server's tokens per second of its windows
     (``by_bs[steps][bs]``: one figure per window) where there are some, else the client's per point at the load's
-    concurrency."""
+    concurrency. ``predicted[bs][steps]``: the acceptance model's figures at that batch size (``[tokens per second,
+    spread, basis]``, one per window of the largest step count) for the step counts up to the largest of the grid;
+    they stand for the (steps, batch size) pairs no window measured, the grid's own and those between."""
     out: list[StepMeasure] = []
     for p in points:
         steps = p.get("steps")
@@ -342,10 +355,23 @@ def measures_of(points: Sequence[Mapping[str, Any]], by_bs: Mapping[int, Mapping
         tps = p.get("tokens_per_s") or {}
         if tps.get("median") is not None:
             out.append(StepMeasure(steps, concurrency, tps["median"], tps.get("min"), tps.get("max")))
-    # a batch size only where every step count was measured at it (else the choice compares unlike loads)
     steps_all = {m.steps for m in out}
-    full = {bs for bs in {m.bs for m in out} if {m.steps for m in out if m.bs == bs} == steps_all}
-    return [m for m in out if m.bs in full]
+    if predicted and out:
+        top = max(steps_all)
+        have = {(m.steps, m.bs) for m in out}
+        for bs, per_steps in sorted(predicted.items()):
+            if not any(m.bs == bs for m in out):
+                continue  # a batch size no window measured: nothing to hold the predictions against
+            for steps, figs in sorted(per_steps.items()):
+                if not 0 < steps <= top or (steps, bs) in have or not figs:
+                    continue
+                tps = statistics.median(f[0] for f in figs)
+                spread = statistics.median(f[1] for f in figs)
+                basis = "profile" if all(f[2] in ("profile", "measured") for f in figs) else "extrapolated"
+                out.append(StepMeasure(steps, bs, tps, tps * (1 - spread), tps * (1 + spread), basis))
+    # a batch size only where every step count of the grid is known at it (else the choice compares unlike loads)
+    full = {bs for bs in {m.bs for m in out} if steps_all <= {m.steps for m in out if m.bs == bs}}
+    return sorted((m for m in out if m.bs in full), key=lambda m: (m.bs, m.steps))
 
 
 def emitted(release: AdaptiveRelease, tiers: Mapping[int, Sequence[int]], path: str) -> dict[str, Any]:

@@ -400,10 +400,21 @@ class _LiveRun:
                                    "cycles": lv.count_cycles(records, r["steps"])}
             if files and records:
                 one = rep.aggregate(files, t_min=lo, t_max=hi).to_json()
-                per_bs = rep.aggregate(files, by="bs", t_min=lo, t_max=hi).to_json()
+                per_bs_res = rep.aggregate(files, by="bs", t_min=lo, t_max=hi)
+                per_bs = per_bs_res.to_json()
                 fig = lv.window_figures(r.get("client") or {}, one, doc["cycles"], r["steps"])
                 doc.update(phases_p50=fig["phases_p50"], accept_len_log=fig["accept_len_log"],
                            by_bs={str(k): v for k, v in lv.bs_figures(per_bs, r["steps"]).items()})
+                if self.opts.emit is not None and r["steps"] == max(self.steps):
+                    # the largest step count's records hold the whole acceptance profile: the model's figures
+                    # for the step counts below it at each batch size (--emit-adaptive-config)
+                    from eaglepatch.report.predict import predict
+
+                    for gd, pred in zip(per_bs["groups"], predict(per_bs_res)):
+                        if pred is not None:
+                            gd.update(pred.to_json())
+                    doc["predicted_by_bs"] = {str(k): {str(j): v for j, v in figs.items()} for k, figs in
+                                              lv.bs_predictions(per_bs["groups"], r["steps"]).items()}
             self.state.add_timings(doc)
 
     def put_back(self, original: Any, live_launch: Any, ropts: Any, interrupted: BaseException | None) -> dict:
@@ -463,15 +474,28 @@ def _finish(name: str, release: ad.AdaptiveRelease, steps: Sequence[int], state:
         for t in state.timings:
             for bs, tps in (t.get("by_bs") or {}).items():
                 by_bs.setdefault(int(t["steps"]), {}).setdefault(int(bs), []).append(tps)
-        measures = ad.measures_of(doc["points"], by_bs, opts.bench.load.concurrency)
+        predicted: dict[int, dict[int, list[list[Any]]]] = {}
+        for t in state.timings:
+            for bs, figs in (t.get("predicted_by_bs") or {}).items():
+                for j, fig in figs.items():
+                    predicted.setdefault(int(bs), {}).setdefault(int(j), []).append(fig)
+        measures = ad.measures_of(doc["points"], by_bs, opts.bench.load.concurrency, predicted)
         try:
-            emitted = ad.emitted(release, ad.choose_tiers(measures), opts.emit)
+            tiers = ad.choose_tiers(measures)
+            emitted = ad.emitted(release, tiers, opts.emit)
         except (UsageError, Unsupported) as exc:  # nothing measured, or candidates the release cannot run
             doc["notes"].append(f"--emit-adaptive-config: {exc}: nothing written")
             return doc
         with open(opts.emit, "w", encoding="utf-8") as f:
             f.write(ad.dumps(emitted["config"]))
         emitted["basis"] = sorted({m.basis for m in measures})
+        emitted["measures"] = [dataclasses.asdict(m) for m in measures]
+        chosen_predicted = [(m.bs, m.steps) for m in measures
+                            if m.basis != "measured" and m.steps in tiers[ad.tier_for(tiers, m.bs)]]
+        if chosen_predicted:
+            doc["notes"].append("--emit-adaptive-config: candidates from the acceptance model, not measured: "
+                                + ", ".join(f"{s} steps at batch size {b}" for b, s in chosen_predicted)
+                                + " (the largest step count's records predicted them)")
         doc["adaptive_config"] = emitted
         say(f"adaptive config written to {opts.emit} (tiers {emitted['tiers']}); deploy it with "
             f"{' '.join(emitted['launch_flags'])}; check it with eaglepatch bench TARGET against the best static "

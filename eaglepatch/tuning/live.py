@@ -150,6 +150,23 @@ def bs_figures(timings: Mapping[str, Any] | None, steps: int, min_cycles: int = 
     return out
 
 
+def bs_predictions(groups: Sequence[Mapping[str, Any]], steps: int, min_cycles: int = 10) -> dict[int, dict[int, list]]:
+    """The acceptance model's figures from one window's pinned decode cycles per batch size (``report --by bs
+    --predict --json`` groups): ``{bs: {step count: [tokens per second, spread, basis]}}`` for every step count
+    above 0 that the prediction holds (0 is left out: the adaptive zero-step state is not the plain decoding that
+    the model's no-speculation point estimates). A batch size with fewer than ``min_cycles`` cycles is left out."""
+    out: dict[int, dict[int, list]] = {}
+    for g in pinned_group(groups, steps, by_bs=True):
+        bs = (g.get("key") or {}).get("bs")
+        if not isinstance(bs, int) or g.get("n", 0) < min_cycles:
+            continue
+        figs = {p["steps"]: [p["tokens_per_s"], p["spread"], p["basis"]] for p in g.get("predict") or ()
+                if p.get("steps", 0) > 0 and p.get("tokens_per_s")}
+        if figs:
+            out[bs] = figs
+    return out
+
+
 def summarize(target: str, steps: Sequence[int], runs: Sequence[Mapping[str, Any]], rounds: int, launches: int,
               window_s: float) -> dict[str, Any]:
     """The ``sweep --live --json`` object: ``sweep``'s summary of the windows (each window a run of its point),

@@ -112,15 +112,24 @@ def test_a_live_sweep_measures_every_step_count_in_one_launch_and_puts_the_serve
     assert {x["spec"]["steps"] for x in pinned} == {0, 1, 3, 7}
     assert "<svg" in chart.read_text() and "windows of 1 s inside one server" in chart.read_text()
     # the emitted config: the release's format, the launch flags that deploy it, and a server launched with them
+    # 3 steps measured best of the grid (3.2 tokens in a 13 ms cycle); the acceptance model of the 7-step windows
+    # adds 2 steps, which the grid skipped and which is the stand-in's true best (3 tokens in 11 ms)
     emitted = doc["adaptive_config"]
-    assert json.loads(emit.read_text()) == emitted["config"] == {"1": {"candidate_steps": [3]}}
+    assert json.loads(emit.read_text()) == emitted["config"] == {"1": {"candidate_steps": [2, 3]}}
+    basis = {m["steps"]: m["basis"] for m in emitted["measures"] if m["bs"] == 1}  # the stand-in batches one by one
+    assert basis == {0: "measured", 1: "measured", 2: "profile", 3: "measured", 4: "profile", 5: "profile",
+                     6: "profile", 7: "measured"}
+    fig = {m["steps"]: m["tokens_per_s"] for m in emitted["measures"] if m["bs"] == 1}
+    assert fig[2] > fig[3] > fig[4] > fig[5] > fig[6] > fig[7]  # the truth: 3 / 11, 3.2 / 13, 3.2 / 15 ... ms
+    assert any(n.startswith("--emit-adaptive-config: candidates from the acceptance model, not measured: 2 steps")
+               for n in doc["notes"]), doc["notes"]
     flags = [str(tmp_path / "deployed.json") if f == str(emit) else f for f in emitted["launch_flags"]]
     (tmp_path / "deployed.json").write_text(emit.read_text())
     dport, _dproc = up(install, standins, tmp_path / "deployed", "--speculative-algorithm", "EAGLE3", *flags)
     b = ssh_cli.run("bench", install.pkg, "--server-port", str(dport), "--requests", "4", "--concurrency", "2",
                     "--max-new-tokens", "32", "--log-wait", "0", "--json").expect(0).json()
-    assert b["client"]["failed"] == 0 and b["client"]["accept_len"] == pytest.approx(accept_by_construction(3),
-                                                                                      rel=0.02)
+    assert b["client"]["failed"] == 0
+    assert accept_by_construction(2) * 0.98 <= b["client"]["accept_len"] <= accept_by_construction(3) * 1.02
 
 
 def test_a_server_already_adaptive_with_the_candidates_is_measured_without_a_launch(local_cli, standins, tmp_path):

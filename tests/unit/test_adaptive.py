@@ -196,6 +196,41 @@ def test_measures_from_a_live_sweep_prefer_the_servers_per_batch_figures():
     assert ad.measures_of(points, by_bs, 4) == [M(1, 1, 11.0, 10.0, 12.0), M(3, 1, 14.5, 14.0, 15.0)]
 
 
+def P(steps, bs, tps, spread, basis):
+    return ad.StepMeasure(steps, bs, tps, tps * (1 - spread), tps * (1 + spread), basis)
+
+
+def test_the_acceptance_model_fills_what_no_window_measured():
+    """Windows at 1 and 3 steps (the grid); at batch size 1 both were measured, at 2 only 3 steps (ramp-up): the
+    model's figures from the 3-step windows stand for 2 steps at both sizes (between the grid's points) and for 1
+    step at size 2 (the median over windows); a size no window measured, and step counts above the grid's largest,
+    are left out."""
+    points = [{"steps": 1, "status": "ok", "tokens_per_s": {"median": 90.0}},
+              {"steps": 3, "status": "ok", "tokens_per_s": {"median": 99.0}}]
+    by_bs = {1: {1: [10.0, 12.0, 11.0]}, 3: {1: [14.0, 15.0], 2: [26.0]}}
+    predicted = {1: {1: [[11.5, 0.1, "profile"]], 2: [[13.0, 0.1, "profile"], [15.0, 0.3, "profile"]],
+                     4: [[16.0, 0.2, "extrapolated"]]},
+                 2: {1: [[20.0, 0.2, "profile"], [22.0, 0.2, "profile"]], 2: [[24.0, 0.1, "profile"]]},
+                 8: {1: [[50.0, 0.1, "profile"]], 2: [[60.0, 0.1, "profile"]]}}
+    assert ad.measures_of(points, by_bs, 4, predicted) == [
+        M(1, 1, 11.0, 10.0, 12.0), P(2, 1, 14.0, 0.2, "profile"), M(3, 1, 14.5, 14.0, 15.0),
+        P(1, 2, 21.0, 0.2, "profile"), P(2, 2, 24.0, 0.1, "profile"), M(3, 2, 26.0, 26.0, 26.0)]
+    # without the model, size 2 (one step count measured) is left out, as before
+    assert [(m.steps, m.bs) for m in ad.measures_of(points, by_bs, 4)] == [(1, 1), (3, 1)]
+
+
+def test_a_predicted_step_count_joins_by_its_figure_not_its_spread():
+    """The best is always a measured point; a predicted one joins when its predicted tok/s itself reaches the
+    floor (a wide spread alone does not make a candidate)."""
+    measured = [M(1, 1, 100.0, 95.0, 105.0), M(3, 1, 120.0, 118.0, 122.0)]
+    assert ad.choose_tiers(measured + [P(2, 1, 119.0, 0.2, "profile")]) == {1: (2, 3)}
+    assert ad.choose_tiers(measured + [P(2, 1, 110.0, 0.5, "profile")]) == {1: (3,)}
+    # a prediction above every measurement is a candidate beside the measured best, never instead of it
+    assert ad.choose_tiers(measured + [P(2, 1, 150.0, 0.1, "profile")]) == {1: (2, 3)}
+    with pytest.raises(UsageError, match="no measured point"):
+        ad.choose_tiers([P(2, 1, 150.0, 0.1, "profile")])
+
+
 def test_what_emit_reports():
     doc = ad.emitted(release(), {1: (3, 7), 8: (0,)}, "/tmp/a.json")
     assert doc["config"] == {"1": {"candidate_steps": [3, 7]}, "8": {"candidate_steps": [0]}}

@@ -189,3 +189,22 @@ def test_a_window_sends_requests_until_its_time_is_up_each_with_its_own_id():
     by_rid = {b["rid"]: b["input_ids"] for b in _Gen.bodies}
     assert by_rid["eaglepatch-t-s3-w1-1"] == spec.prompts(1, offset=501)[0]
     assert res.to_json()["output_tokens"] == 4 * n and res.accept_len == 2.0
+
+
+def test_the_models_figures_per_batch_size_from_a_windows_pinned_groups():
+    """report --by bs --predict of a window pinned at 5 steps: per batch size, each step count above 0 the model
+    holds ([tok/s, spread, basis]); the zero-step estimate (plain decoding, not the adaptive zero-step state), other
+    spec groups and batch sizes of few cycles are left out."""
+    def pred(*pts):
+        return [{"steps": s, "tokens_per_s": t, "spread": 0.1, "basis": b} for s, t, b in pts]
+
+    pinned = "steps=5,topk=1,draft_tokens=6,pinned=true"
+    groups = [
+        {"mode": "decode", "key": {"bs": 1, "spec": pinned}, "n": 50,
+         "predict": pred((0, 300.0, "estimate"), (1, 200.0, "profile"), (5, 250.0, "measured"))},
+        {"mode": "decode", "key": {"bs": 2, "spec": pinned}, "n": 5, "predict": pred((1, 400.0, "profile"))},
+        {"mode": "decode", "key": {"bs": 4, "spec": "steps=3,topk=1,draft_tokens=4"}, "n": 90,
+         "predict": pred((1, 1.0, "profile"))},
+        {"mode": "prefill", "key": {"bs": 1}, "n": 50},
+    ]
+    assert lv.bs_predictions(groups, 5) == {1: {1: [200.0, 0.1, "profile"], 5: [250.0, 0.1, "measured"]}}
