@@ -349,3 +349,23 @@ def _harness():
     harness = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(harness)
     return harness
+
+
+def test_a_remote_target_and_a_local_folder_each_label_their_runs(sshd, ssh_env, tmp_path):
+    """report TARGET FOLDER: the target's logs come over SSH, the folder's are read here; each run's table and its
+    JSON say whose it is (the TARGET as given, the folder's path), and the text of one never labels the other's."""
+    remote, here = tmp_path / "remote logs", tmp_path / "local logs"
+    write_log(remote, "gpu1-10-rank0.jsonl", [record(100 + i * 0.01, pid=10, run="gpu1-10-1-x") for i in range(4)])
+    write_log(here, "gpu2-20-rank0.jsonl", [record(200 + i * 0.01, pid=20, run="gpu2-20-2-y") for i in range(6)])
+    env = dict(ssh_env, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    common = ["--all-runs", "--log-dir", str(remote), "-i", sshd.client_key, "--sglang-path", bare_install(tmp_path),
+              sshd.target, str(here)]
+    r = run("report", *common, env=env)
+    assert r.returncode == 0, r.stderr
+    titles = [ln for ln in r.stdout.splitlines() if ln.startswith("run ")]
+    assert len(titles) == 2, r.stdout
+    assert titles[0].endswith(f"from {sshd.target}") and titles[1].endswith(f"from {here}"), titles
+    doc = json.loads(run("report", "--json", *common, env=env).stdout)
+    by_run = {x["id"]: x["sources"] for x in doc["runs"]}
+    assert by_run == {"gpu1-10-1-x": [sshd.target], "gpu2-20-2-y": [str(here)]}
+    assert doc["records"] == 10
