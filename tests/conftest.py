@@ -4,14 +4,21 @@
 - ``sglang_release``: a function ``(version) -> Path`` giving the cached site of a pinned sglang release
   (``tests/sglang_releases.py``); a release that cannot be downloaded FAILS the test with pip's message.
 
-``tests/`` is put on ``sys.path`` so that test modules in any layer can ``import sglang_releases``.
+``tests/`` is put on ``sys.path`` so that test modules in any layer can ``import sglang_releases``. The recipe is
+imported in its fixture, not here: the runtime's tests (tests/unit/test_runtime*.py, with tests/unit/conftest.py)
+need nothing but the standard library and pytest, and run so on a GPU machine that has neither libcst nor
+eaglepatch's other dependencies.
+
+Each suite has its own conftest.py beside its tests (tests/unit: the runtime's fixtures; tests/e2e: the real sshd);
+a test module never imports another: what tests share is in a helper module (tests/unit/runtime_helpers.py,
+tests/e2e/sshd_server.py, tests/e2e/cli_helpers.py, tests/real/patched_harness.py, ...).
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import pytest
 
@@ -21,12 +28,15 @@ if _TESTS not in sys.path:
 
 import sglang_releases  # noqa: E402
 
-from eaglepatch.transform.recipe import Recipe, builtin_recipe  # noqa: E402
+if TYPE_CHECKING:
+    from eaglepatch.transform.recipe import Recipe
 
 
 @pytest.fixture(scope="session")
 def recipe() -> Recipe:
     """The built-in recipe."""
+    from eaglepatch.transform.recipe import builtin_recipe
+
     return builtin_recipe()
 
 

@@ -11,18 +11,17 @@ Fixtures:
   holds a different ed25519 key for ``[127.0.0.1]:PORT``.
 - ``ssh_env``: ``env_for(sshd)``, the environment for a subprocess (the CLI) with that HOME and no ssh-agent.
 
+The plain helpers (``SSHServer``, ``env_for``, starting another sshd for a test: ``start_sshd``) are in
+sshd_server.py; the CLI's are in cli_helpers.py.
+
 The server never gets skipped: when sshd is missing or cannot start, every test that uses it FAILS with the reason
 (``make test`` installs Debian's openssh-server and tcsh; CI runs as root).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import pwd
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,121 +29,7 @@ from pathlib import Path
 
 import pytest
 
-SSHD = "/usr/sbin/sshd"
-ALIAS = "testbox"
-JUMP_ALIAS = "testbox-jump"
-
-
-@dataclasses.dataclass(frozen=True)
-class SSHServer:
-    host: str  # "127.0.0.1"
-    port: int
-    user: str  # the user running the tests (sshd logs in as the same user)
-    client_key: str  # private key the server accepts
-    other_key: str  # a valid private key the server does not accept
-    host_pub_key: str  # "ssh-ed25519 AAAA... " line of the server's host key
-    wrong_host_pub_key: str  # a different ed25519 public key, for the "changed host key" case
-    home: str  # a HOME that trusts the server and has the testbox aliases; read-only
-    root: str  # the temporary folder with keys, config, log
-    log: str  # sshd's log (-e)
-    alias: str = ALIAS
-    jump_alias: str = JUMP_ALIAS
-
-    @property
-    def known_hosts_name(self) -> str:
-        return f"[{self.host}]:{self.port}"
-
-    @property
-    def target(self) -> str:
-        """``user@127.0.0.1:PORT``"""
-        return f"{self.user}@{self.host}:{self.port}"
-
-    def known_hosts_line(self, pub: str | None = None) -> str:
-        return f"{self.known_hosts_name} {pub or self.host_pub_key}\n"
-
-    def make_home(self, path: str | os.PathLike, known: str = "ok", config: bool = True) -> str:
-        """Create a HOME at ``path``: ``known`` is ``"ok"`` (the server's key), ``"none"`` (no known_hosts) or
-        ``"changed"`` (a different key for the same entry); ``config`` writes the testbox aliases."""
-        home = Path(path)
-        ssh_dir = home / ".ssh"
-        ssh_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(ssh_dir, 0o700)
-        if known == "ok":
-            (ssh_dir / "known_hosts").write_text(self.known_hosts_line())
-        elif known == "changed":
-            (ssh_dir / "known_hosts").write_text(self.known_hosts_line(self.wrong_host_pub_key))
-        elif known != "none":
-            raise ValueError(f"known must be ok, none or changed, not {known!r}")
-        if config:
-            (ssh_dir / "config").write_text(
-                f"Host {self.alias}\n"
-                f"    HostName {self.host}\n"
-                f"    Port {self.port}\n"
-                f"    User {self.user}\n"
-                f"    IdentityFile {self.client_key}\n"
-                f"\n"
-                f"Host {self.jump_alias}\n"
-                f"    HostName {self.host}\n"
-                f"    Port {self.port}\n"
-                f"    User {self.user}\n"
-                f"    IdentityFile {self.client_key}\n"
-                f"    ProxyJump {self.alias}\n"
-            )
-            os.chmod(ssh_dir / "config", 0o600)
-        return str(home)
-
-    def env(self, home: str | None = None) -> dict[str, str]:
-        return env_for(self, home)
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(Path(self.log).read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-def env_for(sshd: SSHServer, home: str | None = None) -> dict[str, str]:
-    """os.environ with HOME set to ``home`` (default ``sshd.home``) and no ssh-agent (SSH_AUTH_SOCK removed)."""
-    env = dict(os.environ)
-    env["HOME"] = home or sshd.home
-    env.pop("SSH_AUTH_SOCK", None)
-    return env
-
-
-def _keygen(path: Path, comment: str) -> str:
-    keygen = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"
-    try:
-        subprocess.run(
-            [keygen, "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-            check=True,
-            capture_output=True,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.fail(f"ssh-keygen failed ({exc}): install openssh-client/openssh-server (make sshd)", pytrace=False)
-    os.chmod(path, 0o600)
-    return Path(str(path) + ".pub").read_text().strip()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for_banner(proc: subprocess.Popen, port: int, deadline: float) -> bool:
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                s.settimeout(2)
-                if s.recv(64).startswith(b"SSH-2.0-"):
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.05)
-    return False
+from sshd_server import SSHD, SSHServer, env_for, free_port, keygen, stop_sshd, wait_for_banner
 
 
 @pytest.fixture(scope="session")
@@ -157,10 +42,10 @@ def sshd(tmp_path_factory: pytest.TempPathFactory):
         )
     root = tmp_path_factory.mktemp("sshd")
     os.chmod(root, 0o755)
-    host_pub = _keygen(root / "ssh_host_ed25519_key", "eaglepatch-test-host")
-    wrong_pub = _keygen(root / "wrong_host_ed25519_key", "eaglepatch-test-wrong-host")
-    client_pub = _keygen(root / "client_key", "eaglepatch-test-client")
-    _keygen(root / "other_key", "eaglepatch-test-other")
+    host_pub = keygen(root / "ssh_host_ed25519_key", "eaglepatch-test-host")
+    wrong_pub = keygen(root / "wrong_host_ed25519_key", "eaglepatch-test-wrong-host")
+    client_pub = keygen(root / "client_key", "eaglepatch-test-client")
+    keygen(root / "other_key", "eaglepatch-test-other")
     (root / "authorized_keys").write_text(client_pub + "\n")
     os.chmod(root / "authorized_keys", 0o600)
     user = pwd.getpwuid(os.geteuid()).pw_name
@@ -171,7 +56,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory):
     proc = None
     port = 0
     for _attempt in range(5):
-        port = _free_port()
+        port = free_port()
         cfg = root / "sshd_config"
         cfg.write_text(
             f"ListenAddress 127.0.0.1\n"
@@ -203,9 +88,9 @@ def sshd(tmp_path_factory: pytest.TempPathFactory):
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group, apart from pytest's
             )
-        if _wait_for_banner(proc, port, time.monotonic() + 15):
+        if wait_for_banner(proc, port, time.monotonic() + 15):
             break
-        _stop(proc)
+        stop_sshd(proc)
         text = log.read_text(errors="replace")
         proc = None
         if "Address already in use" not in text:
@@ -230,20 +115,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory):
     try:
         yield server
     finally:
-        _stop(proc)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)  # the group we created (connection children end with their clients)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+        stop_sshd(proc)
 
 
 @pytest.fixture

@@ -283,7 +283,7 @@ def test_a_log_folder_this_user_may_not_read_is_one_line(sshd, tmp_path, other_u
     """eaglepatch logged in as a user that is not root (a ForceCommand drops to it), the log folder root's (0700,
     as the runtime makes it): report says in one line which folder and why, exit 2; before, a remote traceback
     (PermissionError, exit 1)."""
-    from test_login_shells import _start, _stop
+    from sshd_server import start_sshd, stop_sshd
 
     name, uid, gid = other_user
     logs = tmp_path / "root logs"
@@ -292,13 +292,13 @@ def test_a_log_folder_this_user_may_not_read_is_one_line(sshd, tmp_path, other_u
     setpriv = shutil.which("setpriv")
     assert setpriv, "setpriv (util-linux) is missing"
     (tmp_path / "sshd").mkdir()
-    proc, srv = _start(sshd, f'ForceCommand exec {setpriv} --reuid={uid} --regid={gid} --clear-groups '
+    proc, srv = start_sshd(sshd, f'ForceCommand exec {setpriv} --reuid={uid} --regid={gid} --clear-groups '
                              '/bin/sh -c "$SSH_ORIGINAL_COMMAND"', tmp_path / "sshd")
     try:
         cli = CLI("ssh", cli_env(tmp_path, srv.env()), ssh=[srv.target, "-i", srv.client_key])
         r = cli.run("report", Path("/nonexistent/sglang"), "--log-dir", str(logs))
     finally:
-        _stop(proc)
+        stop_sshd(proc)
     assert r.rc == 2, r
     line = one_line_error(subprocess.CompletedProcess([], r.rc, r.out, r.err))
     assert str(logs) in line and "Permission denied" in line, line

@@ -8,39 +8,18 @@ the whole cycle: status, apply, status, revert, with the worker files' bytes che
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import re
 import shutil
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 import cli_helpers as h
-from conftest import SSHD, _free_port, _stop, _wait_for_banner
+from sshd_server import start_sshd, stop_sshd
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 TCSH = shutil.which("tcsh") or "/usr/bin/tcsh"
-
-
-def _start(sshd, force: str, tmp: Path, loglevel: str | None = None):
-    port = _free_port()
-    cfg = (Path(sshd.root) / "sshd_config").read_text()
-    cfg = re.sub(r"^Port \d+$", f"Port {port}", cfg, flags=re.M)
-    if loglevel:  # sshd takes a keyword's first value: replace it, do not append
-        cfg = re.sub(r"^LogLevel .*$", f"LogLevel {loglevel}", cfg, flags=re.M)
-    cfg = re.sub(r"^PidFile .*$", f"PidFile {tmp}/sshd.pid", cfg, flags=re.M)
-    (tmp / "sshd_config").write_text(cfg + force + "\n")
-    log = open(tmp / "sshd.log", "ab")
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(tmp / "sshd_config")], stdin=subprocess.DEVNULL,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    assert _wait_for_banner(proc, port, time.monotonic() + 15), (tmp / "sshd.log").read_text()
-    srv = dataclasses.replace(sshd, port=port, home=str(tmp / "home"))
-    srv.make_home(srv.home, known="ok")
-    return proc, srv
 
 
 @pytest.mark.parametrize("force", [
@@ -51,7 +30,7 @@ def _start(sshd, force: str, tmp: Path, loglevel: str | None = None):
 def test_the_cycle_through_another_login_shell(sshd, tmp_path, force):
     if "tcsh" in force:
         assert Path(TCSH).is_file(), "tcsh is missing: `make test` installs it (Debian's tcsh)"
-    proc, srv = _start(sshd, force, tmp_path)
+    proc, srv = start_sshd(sshd, force, tmp_path)
     try:
         via = h.SSHVia(srv, tmp_path)
         tree = h.make_tree(tmp_path / "host", full=False)
@@ -69,4 +48,4 @@ def test_the_cycle_through_another_login_shell(sshd, tmp_path, force):
         assert r.rc == 0, r.err
         assert {n: h.file_sha(tree.worker(n)) for n in tree.patched_names} == before
     finally:
-        _stop(proc)
+        stop_sshd(proc)

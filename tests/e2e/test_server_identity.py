@@ -284,7 +284,7 @@ def test_permission_problems_are_one_line_and_change_nothing(sshd, tmp_path):
     """An install owned by root, eaglepatch run as nobody (locally with setpriv, over SSH through a ForceCommand
     that drops to nobody): apply exits 2 with one line naming the owner and what to do; revert of an unpatched
     install says there is nothing to revert (no write access needed); nothing changes."""
-    from test_login_shells import _start, _stop
+    from sshd_server import start_sshd, stop_sshd
 
     setpriv = shutil.which("setpriv")
     assert setpriv, "setpriv (util-linux) is missing"
@@ -306,7 +306,7 @@ def test_permission_problems_are_one_line_and_change_nothing(sshd, tmp_path):
         r = local.run("revert", pkg, "--no-restart", prefix=drop, cli=as_nobody).expect(0)
         assert "nothing to revert" in r.err
 
-        proc, srv = _start(sshd, 'ForceCommand exec setpriv --reuid=65534 --regid=65534 --clear-groups '
+        proc, srv = start_sshd(sshd, 'ForceCommand exec setpriv --reuid=65534 --regid=65534 --clear-groups '
                                  '/bin/sh -c "$SSH_ORIGINAL_COMMAND"', tmp_path)
         try:
             ssh = CLI("ssh", cli_env(tmp_path, srv.env()), ssh=[srv.target, "-i", srv.client_key])
@@ -315,7 +315,7 @@ def test_permission_problems_are_one_line_and_change_nothing(sshd, tmp_path):
             assert "user nobody cannot write" in r.err, r
             ssh.run("revert", pkg, "--no-restart").expect(0)
         finally:
-            _stop(proc)
+            stop_sshd(proc)
         assert digest(tree) == before
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -140,10 +140,10 @@ def test_proxyjump_given_by_address_goes_through_that_jump(sshd, tmp_path, monke
     before its socket goes, so it is no evidence); with the jump gone it fails, exit 3, rather than connecting
     straight to the target. Before, the hop was dropped as "the target itself" (same address) and eaglepatch
     connected directly."""
-    from test_login_shells import _start, _stop
+    from sshd_server import start_sshd, stop_sshd
 
     (tmp_path / "jump").mkdir()
-    proc, jump = _start(sshd, "", tmp_path / "jump", loglevel="DEBUG1")
+    proc, jump = start_sshd(sshd, "", tmp_path / "jump", loglevel="DEBUG1")
     try:
         config = _box(sshd, "viaaddr", f"ProxyJump {sshd.user}@127.0.0.1:{jump.port}")
         config += f"Host 127.0.0.1\n    IdentityFile {sshd.client_key}\n"
@@ -160,7 +160,7 @@ def test_proxyjump_given_by_address_goes_through_that_jump(sshd, tmp_path, monke
         # the session went through it: the jump forwarded a direct-tcpip channel to the target's port
         assert re.search(rf"direct[-_]tcpip.*target 127\.0\.0\.1 port {sshd.port}\b", seen), seen
     finally:
-        _stop(proc)
+        stop_sshd(proc)
     r, _ = _cli(sshd, home, "viaaddr", "--sglang-path", str(tree.root))
     assert r.rc == 3, r
     line = r.error_line()

@@ -286,9 +286,33 @@ def test_port_option_overrides_ssh_config(sshd, ssh_home):
 
 
 def test_identity_option_tried_first(sshd, ssh_home):
-    # the alias's IdentityFile still works after a wrong -i key (OpenSSH semantics: -i is added, tried first)
+    """``-i KEY`` is offered to the server before the alias's ``IdentityFile``, which still works after it (OpenSSH
+    semantics: -i is added, tried first). The -i key here is one the server refuses: the login succeeds with the
+    alias's key, and the server's log (LogLevel VERBOSE) names the -i key refused first, then the alias's accepted.
+    Were -i ignored, or tried after the alias's key, the server would never see it."""
+    log = Path(sshd.log)
+    start = log.stat().st_size
     with _open(sshd.alias, identity=sshd.other_key) as h:
         assert h.run(["true"]).ok
+    deadline = time.monotonic() + 5
+    while True:  # sshd's own processes write its log: wait for the accepted key's line
+        seen = log.read_bytes()[start:].decode(errors="replace")
+        if "Accepted publickey for " in seen:
+            break
+        assert time.monotonic() < deadline, seen
+        time.sleep(0.05)
+    offered = []  # ("Failed" or "Accepted", the key's fingerprint), in the server's order
+    for line in seen.splitlines():
+        words = line.split()
+        if "publickey" in words and words.index("publickey") > 0 and words[-1].startswith("SHA256:"):
+            offered.append((words[words.index("publickey") - 1], words[-1]))
+    assert offered == [("Failed", _fingerprint(sshd.other_key)), ("Accepted", _fingerprint(sshd.client_key))], seen
+
+
+def _fingerprint(key: str) -> str:
+    """``SHA256:...`` of a key file, as sshd logs it."""
+    out = subprocess.run(["ssh-keygen", "-l", "-f", key], capture_output=True, text=True, check=True).stdout
+    return out.split()[1]
 
 
 def test_default_identity_in_home(sshd, tmp_path, monkeypatch):

@@ -328,9 +328,9 @@ def test_v2_tail_draft_and_dp_prefill_coordination(tmp_path, sglang_release, rec
 
 
 def _runtime_fakes() -> types.ModuleType:
-    """tests/unit/test_runtime.py, for its fake CUDA torch (events the test completes, pinned host copies)."""
+    """tests/unit/torch_fakes.py, the runtime tests' fake CUDA torch (events the test completes, pinned host copies)."""
     spec = importlib.util.spec_from_file_location(
-        "_runtime_fakes", Path(__file__).resolve().parents[1] / "unit" / "test_runtime.py")
+        "_runtime_fakes", Path(__file__).resolve().parents[1] / "unit" / "torch_fakes.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

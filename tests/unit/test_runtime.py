@@ -1,15 +1,26 @@
-"""Unit tests of the timing runtime (eaglepatch/runtime/_eaglepatch_runtime.py).
+"""The timing runtime's hooks and the record they make (eaglepatch/runtime/_eaglepatch_runtime.py): one record per
+cycle of an entry method, its phases, mode, batch size and accepted tokens; sampling and buffering; the config line
+and the environment; never raising into the server; the rank; threads and fork; real CUDA (skipped without it).
 
 The runtime is loaded fresh from its file for every test (it is a standalone module copied into sglang, not a
-part of the eaglepatch package), with its log dir under tmp_path. CUDA timers are exercised against a small
-fake `torch` (events that complete when told to, a device tensor whose host read would be a sync) so that
-their logic is tested on any machine; the real-torch tests skip cleanly when torch is not installed.
+part of the eaglepatch package), with its log dir under tmp_path (conftest.py: ``load``, ``rt``, ``logs``). The
+other behaviours have their own module:
+
+- test_runtime_accepted.py: accepted() on tensors of every shape, and the per-request counts ("accepts");
+- test_runtime_cuda.py: CUDA graph capture, the cpu timer never initialising CUDA, mode "auto";
+- test_runtime_events.py: the CUDA timers (sync, events) against a fake torch, their streams and pools;
+- test_runtime_flush.py: flush(), exit and stopping the writer;
+- test_runtime_live.py: the runtime's part of ``eaglepatch sweep --live``;
+- test_runtime_logfiles.py: the log directory and files, what is refused, whole lines only;
+- test_runtime_losses.py: records dropped, and how they are counted;
+- test_runtime_run.py: which launch a record belongs to (the run id, the header line);
+- test_runtime_schedule.py: when the writer thread wakes, sleeps and looks at waiting cycles;
+- test_runtime_spec.py: the speculative settings of adaptive workers ("spec");
+- test_runtime_summary.py: the summary line on stderr;
+- test_runtime_writer.py: the writer thread keeps the worker's thread free of I/O; bounded exit; quiet servers.
 """
 import ast
-import atexit
-import contextlib
 import glob
-import itertools
 import json
 import os
 import re
@@ -19,145 +30,16 @@ import stat
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
-import types
-from pathlib import Path
 
 import pytest
 
-RUNTIME = Path(__file__).resolve().parents[2] / "eaglepatch" / "runtime" / "_eaglepatch_runtime.py"
-RECORD_KEYS = {"v", "t", "host", "pid", "rank", "run", "worker", "mode", "bs", "cycle_ms", "timer", "phases", "accepted"}
-_names = itertools.count()
-
-
-# --- helpers -------------------------------------------------------------------------------------------
-def load_module(path=RUNTIME):
-    """A fresh copy of the runtime module, its exit hook unregistered (the test flushes explicitly)."""
-    import importlib.util
-
-    name = "_eaglepatch_runtime_test_%d" % next(_names)
-    spec = importlib.util.spec_from_file_location(name, str(path))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    atexit.unregister(mod._at_exit)
-    return mod
-
-
-@pytest.fixture
-def clean_env(monkeypatch):
-    for key in list(os.environ):
-        if key.startswith("EAGLEPATCH_"):
-            monkeypatch.delenv(key)
-
-
-@pytest.fixture
-def load(tmp_path, clean_env):
-    """load(**configure_kw) -> a fresh runtime writing to tmp_path/logs; cpu timer, no summaries, no time-based
-    flush unless asked for."""
-    loaded = []
-
-    def _load(**kw):
-        mod = load_module()
-        kw.setdefault("mode", "cpu")               # the same on any machine; CUDA timers are asked for by name
-        kw.setdefault("log_dir", str(tmp_path / "logs"))
-        kw.setdefault("summary_every", 0)
-        kw.setdefault("flush_seconds", 600.0)
-        mod.configure(**kw)
-        loaded.append(mod)
-        return mod
-
-    yield _load
-    for mod in loaded:
-        mod._stop_flusher()
-
-
-@pytest.fixture
-def rt(load):
-    return load()
-
-
-@pytest.fixture
-def logs(tmp_path):
-    return tmp_path / "logs"
-
-
-def lines(log_dir):
-    out = []
-    for path in sorted(glob.glob(os.path.join(str(log_dir), "*.jsonl"))):
-        with open(path) as f:
-            out.extend(json.loads(line) for line in f)
-    return out
-
-
-def records(log_dir):
-    """The timing records of every log in `log_dir` (run header lines left out)."""
-    return [d for d in lines(log_dir) if d.get("kind") != "run"]
-
-
-def headers(log_dir):
-    """The run header lines of every log in `log_dir`."""
-    return [d for d in lines(log_dir) if d.get("kind") == "run"]
-
-
-def log_files(log_dir):
-    return sorted(os.path.basename(p) for p in glob.glob(os.path.join(str(log_dir), "*.jsonl")))
-
-
-class Batch(object):
-    def __init__(self, n=4):
-        self.reqs = [object() for _ in range(n)]
-
-
-class Obj(object):
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-
-def decode_worker(rt, sleeps=(0.0, 0.0, 0.0), out=None, attrs=("accept_lens",), bonus=0, name="EAGLEWorker"):
-    """A fake worker whose entry method runs the three decode phases (sleeping `sleeps` seconds in each)."""
-
-    def forward_batch_generation(self, batch):
-        rt.begin("draft", "decode")
-        if sleeps[0]:
-            time.sleep(sleeps[0])
-        rt.end("draft")
-        rt.begin("verify", "decode")
-        if sleeps[1]:
-            time.sleep(sleeps[1])
-        rt.end("verify")
-        if out is not None:
-            rt.accepted(out, attrs, bonus)
-        rt.begin("draft_extend", "decode")
-        if sleeps[2]:
-            time.sleep(sleeps[2])
-        rt.end("draft_extend")
-        return ("result", batch)
-
-    cls = type(name, (object,), {"forward_batch_generation": rt.entry(forward_batch_generation)})
-    return cls()
-
-
-def one_record(rt, logs):
-    rt.flush()
-    recs = records(logs)
-    assert len(recs) == 1, recs
-    return recs[0]
-
-
-def wait_until(cond, timeout=5.0, what="the condition"):
-    """Poll `cond()` (the writer thread works asynchronously) until it is true; fail after `timeout` s."""
-    deadline = time.time() + timeout
-    while True:
-        try:
-            if cond():
-                return
-        except ValueError:      # a JSON line caught mid-write
-            pass
-        if time.time() > deadline:
-            raise AssertionError("timed out waiting for " + what)
-        time.sleep(0.005)
+from runtime_helpers import (
+    RECORD_KEYS, RUNTIME, STEPS, Batch, Obj, decode_worker, headers, lines, load_module, log_files, one_record,
+    records, run_script, scripted_worker, wait_until, worker_script,
+)
+from torch_fakes import FakeDist
 
 
 # --- the record -----------------------------------------------------------------------------------------
@@ -378,6 +260,33 @@ def test_entry_keeps_the_wrapped_function_identity(rt):
     assert wrapped(Obj(), Batch(), on_publish=7) == 7
 
 
+def test_times_are_milliseconds_rounded_to_four_places(load, logs, monkeypatch):
+    """Phases and the cycle: seconds x 1000, rounded to 4 places (12.3456789 ms is 12.3457; 2.00004 is 2.0)."""
+    rt = load(mode="cpu")
+    clock = [100.0]
+    monkeypatch.setattr(rt, "_perf", lambda: clock[0])
+    scripted_worker(rt, clock, STEPS).forward_batch_generation(Batch(2))
+    rec = one_record(rt, logs)
+    assert rec["phases"] == {"draft": 12.3457, "verify": 2.0}
+    assert rec["cycle_ms"] == round((clock[0] - 100.0) * 1000.0, 4) == 14.4692
+    assert "host_phases" not in rec and "host_cycle_ms" not in rec
+
+
+def test_names_are_quoted_once_per_process(load, logs, monkeypatch):
+    """A worker's and its phases' names are JSON-quoted at their first record; later records reuse the quotes."""
+    rt = load(mode="cpu")
+    w = decode_worker(rt)
+    w.forward_batch_generation(Batch())
+    quoted = []
+    real = json.dumps
+    monkeypatch.setattr(json, "dumps", lambda *a, **kw: quoted.append(a[0]) or real(*a, **kw))
+    w.forward_batch_generation(Batch())
+    monkeypatch.setattr(json, "dumps", real)
+    assert quoted == []
+    rt.flush()
+    assert len(records(logs)) == 2
+
+
 # --- accepted -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("value, bonus, bs, expected", [
     ([1, 2, 3], 1, 3, 9),             # per-request drafts + one bonus each (V1 accept_length_per_req_cpu)
@@ -584,63 +493,9 @@ def test_flush_with_nothing_buffered_writes_nothing(rt, logs):
     assert not logs.exists()
 
 
-def test_log_dir_is_created_private(load, tmp_path):
-    log_dir = tmp_path / "a" / "b"
-    rt = load(log_dir=str(log_dir))
-    decode_worker(rt).forward_batch_generation(Batch())
-    rt.flush()
-    assert stat.S_IMODE(os.stat(str(log_dir)).st_mode) == 0o700
-    assert len(records(log_dir)) == 1
-
-
-def test_existing_log_dir_keeps_its_mode(load, tmp_path):
-    log_dir = tmp_path / "shared"
-    log_dir.mkdir()
-    os.chmod(str(log_dir), 0o755)
-    rt = load(log_dir=str(log_dir))
-    decode_worker(rt).forward_batch_generation(Batch())
-    rt.flush()
-    assert stat.S_IMODE(os.stat(str(log_dir)).st_mode) == 0o755
-    assert len(records(log_dir)) == 1
-
-
-def _script(body):
-    return textwrap.dedent("""
-        import importlib.util, os, sys, time
-        spec = importlib.util.spec_from_file_location("_eaglepatch_runtime", %r)
-        rt = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(rt)
-
-        class Batch(object):
-            reqs = [1, 2]
-
-        class Out(object):
-            accept_lens = [2, 3]
-
-        class EAGLEWorker(object):
-            @rt.entry
-            def forward_batch_generation(self, batch):
-                rt.begin("draft", "decode")
-                rt.end("draft")
-                rt.begin("verify", "decode")
-                rt.end("verify")
-                rt.accepted(Out(), ("accept_lens",), 1)
-                return 1
-        """ % str(RUNTIME)) + textwrap.dedent(body)
-
-
-def _run(python, script, env_extra, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLEPATCH_")}
-    env.update(env_extra)
-    path = tmp_path / "script.py"
-    path.write_text(script)
-    return subprocess.run([python, str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True, timeout=120)
-
-
 def test_records_are_flushed_at_normal_exit(tmp_path):
     log_dir = tmp_path / "exit-logs"
-    proc = _run(sys.executable, _script("""
+    proc = run_script(sys.executable, worker_script("""
         w = EAGLEWorker()
         for _ in range(5):
             w.forward_batch_generation(Batch())
@@ -657,7 +512,7 @@ def test_records_are_flushed_at_normal_exit(tmp_path):
 
 def test_environment_overrides_the_config_line_in_the_server(tmp_path):
     log_dir = tmp_path / "env-logs"
-    proc = _run(sys.executable, _script("""
+    proc = run_script(sys.executable, worker_script("""
         w = EAGLEWorker()
         for _ in range(5):
             w.forward_batch_generation(Batch())
@@ -694,7 +549,7 @@ def test_runs_under_python_3_8(tmp_path):
     if python is None:
         pytest.skip("no python3.8 interpreter found")
     log_dir = tmp_path / "py38-logs"
-    proc = _run(python, _script("""
+    proc = run_script(python, worker_script("""
         w = EAGLEWorker()
         for _ in range(4):
             w.forward_batch_generation(Batch())
@@ -938,20 +793,6 @@ def test_base_exceptions_propagate_too(rt, logs):
 
 
 # --- rank -----------------------------------------------------------------------------------------------
-class FakeDist(object):
-    def __init__(self, rank, initialized=True, available=True):
-        self.rank, self.initialized, self.available = rank, initialized, available
-
-    def is_available(self):
-        return self.available
-
-    def is_initialized(self):
-        return self.initialized
-
-    def get_rank(self):
-        if isinstance(self.rank, Exception):
-            raise self.rank
-        return self.rank
 
 
 def test_rank_falls_back_to_zero(rt, logs):
@@ -984,61 +825,6 @@ def test_rank_is_fixed_at_the_first_write(rt, logs):
     w.forward_batch_generation(Batch())
     rt.flush()
     assert [r["rank"] for r in records(logs)] == [2, 2] and len(log_files(logs)) == 1
-
-
-# --- summaries ------------------------------------------------------------------------------------------
-SUMMARY_RE = re.compile(
-    r"^\[eaglepatch\] rank(\d+) (\w+) (decode|prefill) n=(\d+) cycle ([0-9.]+) ms"
-    r"(?: \| ((?:\w+ [0-9.]+ \(\d+%\) ?)+))?(?: \| accept len ([0-9.]+))?(?: \| ([0-9.]+) tok/s)?$")
-
-
-def test_summary_line_every_k_records(load, capsys):
-    rt = load(summary_every=3)
-    w = decode_worker(rt, sleeps=(0.001, 0.002, 0.0), out=Obj(accept_lens=[3, 3, 3, 3]), name="EAGLEWorkerV2")
-    for i in range(7):
-        w.forward_batch_generation(Batch(4))
-        if i == 1:
-            rt.flush()
-            assert capsys.readouterr().err == ""
-    rt.flush()
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 2, lines
-    for line in lines:
-        m = SUMMARY_RE.match(line)
-        assert m, line
-        rank, worker, mode, n, cycle, phases, accept_len, tps = m.groups()
-        assert (rank, worker, mode, n) == ("0", "EAGLEWorkerV2", "decode", "3")
-        assert [p.split()[0] for p in re.findall(r"\w+ [0-9.]+ \(", phases)] == ["draft", "verify", "draft_extend"]
-        assert float(accept_len) == 3.0
-        assert float(tps) > 0 and float(cycle) >= 3.0
-        # tok/s = sum(accepted) / sum(cycle_ms) * 1000 (loosely: the cycle is printed rounded)
-        assert abs(float(tps) - 12 / float(cycle) * 1000) / float(tps) < 0.05
-
-
-def test_summary_has_one_line_per_worker_and_mode(load, capsys):
-    rt = load(summary_every=4)
-
-    class W(object):
-        @rt.entry
-        def forward_batch_generation(self, batch, prefill):
-            rt.begin("target" if prefill else "draft", "prefill" if prefill else "decode")
-            rt.end("target" if prefill else "draft")
-
-    for prefill in (True, False, False, False):
-        W().forward_batch_generation(Batch(), prefill)
-    rt.flush()
-    lines = capsys.readouterr().err.splitlines()
-    assert [SUMMARY_RE.match(l).group(3, 4) for l in lines] == [("prefill", "1"), ("decode", "3")]
-    assert all("accept len" not in l and "tok/s" not in l for l in lines)
-
-
-def test_summary_off_with_zero(load, capsys):
-    rt = load(summary_every=0)
-    w = decode_worker(rt)
-    for _ in range(10):
-        w.forward_batch_generation(Batch())
-    rt.flush()
-    assert capsys.readouterr().err == ""
 
 
 # --- threads and fork -----------------------------------------------------------------------------------
@@ -1105,340 +891,6 @@ def test_a_buffer_from_another_pid_is_never_written(rt, logs):
     decode_worker(rt).forward_batch_generation(Batch())
     rt.flush()
     assert len(records(logs)) == 1
-
-
-# --- CUDA timers, against a fake torch -------------------------------------------------------------------
-class FakeCuda(object):
-    """Enough of torch.cuda for the runtime: events whose completion the test controls."""
-
-    def __init__(self, gpu_factor=2.0):
-        self.done = True
-        self.initialized = True
-        self.capturing = False
-        self.syncs = 0
-        self.events_made = 0
-        self.device_ctx = []
-        self.gpu_factor = gpu_factor
-        self.stream_id = 7
-        self.stream_lookups = 0
-        self.recorded_on = []
-        self.events = []
-        cuda = self
-
-        class Event(object):
-            def __init__(self, enable_timing=False):
-                assert enable_timing
-                cuda.events_made += 1
-                cuda.events.append(self)
-                self.t = None
-                self.completed = False
-
-            def record(self, stream=None):
-                if stream is None:
-                    stream = cuda.current_stream()
-                assert stream == ("stream", cuda.stream_id), "recorded on a stream that is not current"
-                cuda.recorded_on.append(stream)
-                self.t = time.perf_counter()
-                self.completed = cuda.done
-
-            def is_done(self):
-                # cuda.done: the GPU has caught up with everything recorded so far.
-                return self.completed or cuda.done
-
-            def query(self):
-                return self.is_done()
-
-            def synchronize(self):
-                # An unbounded wait (a GPU stuck in a collective never gets there): the runtime never calls it.
-                raise AssertionError("Event.synchronize() called: an unbounded wait")
-
-            def elapsed_time(self, other):
-                assert self.is_done() and other.is_done(), "elapsed_time on an event not done"
-                return (other.t - self.t) * 1000.0 * cuda.gpu_factor
-
-        self.Event = Event
-
-    def is_available(self):
-        return True
-
-    def is_initialized(self):
-        return self.initialized
-
-    def is_current_stream_capturing(self):
-        return self.capturing
-
-    def current_device(self):
-        return 0
-
-    def current_stream(self):
-        self.stream_lookups += 1
-        return ("stream", self.stream_id)
-
-    def raw_stream(self, device):
-        assert device == 0
-        return 1000 + self.stream_id
-
-    def synchronize(self):
-        self.syncs += 1
-        self.done = True
-
-    @contextlib.contextmanager
-    def device(self, index):
-        assert index == 0
-        self.device_ctx.append(index)
-        try:
-            yield
-        finally:
-            self.device_ctx.pop()
-
-
-class FakeTensor(object):
-    """A CUDA tensor of per-request counts; reading it on the host (tolist, item) would be a sync: forbidden."""
-    dtype = "int32"
-
-    def __init__(self, values, is_cuda=True):
-        self.values = list(values)
-        self.is_cuda = is_cuda
-        self.shape = (len(self.values),)
-
-    def dim(self):
-        return 1
-
-    def tolist(self):
-        assert not self.is_cuda, "host sync: .tolist() on a device tensor on the hot path"
-        return list(self.values)
-
-    def sum(self):
-        raise AssertionError("a sum kernel is not needed: the whole tensor is copied")
-
-
-class FakeTensorCpu(FakeTensor):
-    def __init__(self, values):
-        FakeTensor.__init__(self, values, is_cuda=False)
-
-
-class FakeHost(object):
-    def __init__(self, shape, dtype):
-        self.shape, self.dtype = tuple(shape), dtype
-        self.values = None
-
-    def copy_(self, src, non_blocking=False):
-        assert non_blocking, "the copy must be asynchronous"
-        assert src.shape == self.shape and src.dtype == self.dtype
-        self.values = list(src.values)
-
-    def dim(self):
-        return len(self.shape)
-
-    def tolist(self):
-        if len(self.shape) == 2:                    # nested, as torch gives it
-            n = self.shape[1]
-            return [list(self.values[i:i + n]) for i in range(0, len(self.values), n)]
-        return list(self.values)
-
-    def sum(self):
-        total = sum(self.values)
-        return types.SimpleNamespace(item=lambda: total)
-
-
-@pytest.fixture
-def fake_torch(monkeypatch):
-    torch = types.ModuleType("torch")
-    torch.cuda = FakeCuda()
-    torch._C = types.SimpleNamespace(_cuda_getCurrentRawStream=torch.cuda.raw_stream)
-    torch.Tensor = FakeTensor
-    torch.distributed = FakeDist(1)
-    pinned = []
-
-    def empty(shape, dtype=None, pin_memory=False):
-        assert pin_memory, "the host copy must go to pinned memory"
-        host = FakeHost(shape, dtype)
-        pinned.append(host)
-        return host
-
-    torch.empty = empty
-    torch.pinned = pinned
-    monkeypatch.setitem(sys.modules, "torch", torch)
-    return torch
-
-
-def test_sync_timer_synchronizes_at_every_boundary(load, logs, fake_torch):
-    rt = load(mode="sync")
-    decode_worker(rt, sleeps=(0.001, 0.001, 0.001), out=Obj(accept_lens=[2, 2])).forward_batch_generation(Batch(2))
-    assert fake_torch.cuda.syncs == 8                          # cycle start/end + 3 x (begin, end)
-    rec = one_record(rt, logs)
-    assert rec["timer"] == "sync" and set(rec) == RECORD_KEYS | {"accepts"}
-    assert rec["accepts"] == [2, 2]
-    assert rec["rank"] == 1                                     # torch.distributed says so
-    assert rec["phases"]["draft"] >= 1.0
-    assert sum(rec["phases"].values()) <= rec["cycle_ms"] < 1000
-
-
-@pytest.mark.parametrize("mode", ["sync", "events"])
-def test_a_repeated_phase_accumulates(load, logs, fake_torch, mode):
-    rt = load(mode=mode)
-
-    class W(object):
-        @rt.entry
-        def forward_batch_generation(self, batch):
-            for _ in range(2):
-                rt.begin("draft", "decode")
-                time.sleep(0.003)
-                rt.end("draft")
-                time.sleep(0.003)
-
-    W().forward_batch_generation(Batch())
-    rec = one_record(rt, logs)
-    assert 6.0 <= rec["phases"]["draft"] < rec["cycle_ms"] and rec["cycle_ms"] >= 12.0
-    if mode == "events":    # both intervals, on the GPU (the fake's time is the host's x gpu_factor) and the host
-        assert rec["phases"]["draft"] >= 2 * 3.0 * fake_torch.cuda.gpu_factor
-        assert rec["host_phases"]["draft"] >= 6.0
-
-
-def test_events_timer_resolves_later_without_host_sync(load, logs, fake_torch):
-    rt = load(mode="events")
-    cuda = fake_torch.cuda
-    cuda.done = False                                           # the GPU is behind
-    w = decode_worker(rt, sleeps=(0.002, 0.004, 0.001), out=Obj(accept_lens=FakeTensor([3, 3, 3])), bonus=0)
-    w.forward_batch_generation(Batch(3))
-    assert cuda.syncs == 0
-    stats = rt._stats()
-    assert stats["pending"] == 1 and stats["buffered"] == 0 and stats["timer"] == "events"
-    cuda.done = True                                            # it caught up: the writer reads both
-    w.forward_batch_generation(Batch(3))
-    wait_until(lambda: rt._stats()["pending"] == 0, what="the writer to resolve both cycles")
-    rt.flush()
-    recs = records(logs)
-    assert len(recs) == 2 and cuda.syncs == 0
-    for rec in recs:
-        assert set(rec) == RECORD_KEYS | {"host_phases", "host_cycle_ms", "accepts"}
-        assert rec["timer"] == "events" and rec["accepted"] == 9 and rec["accepts"] == [3, 3, 3]
-        assert list(rec["phases"]) == list(rec["host_phases"]) == ["draft", "verify", "draft_extend"]
-        # the fake GPU clock runs twice as slow as the host's: GPU columns are about 2x the host ones
-        for name, host_ms in rec["host_phases"].items():
-            assert rec["phases"][name] == pytest.approx(2 * host_ms, rel=0.01, abs=0.01)
-        assert rec["cycle_ms"] == pytest.approx(2 * rec["host_cycle_ms"], rel=0.01, abs=0.01)
-        assert rec["host_phases"]["verify"] >= 4.0 and rec["host_cycle_ms"] >= 7.0
-    assert 1 <= len(fake_torch.pinned) <= 2                     # reused once the writer read the first copy
-
-
-def test_events_flush_waits_for_outstanding_events_by_query_within_a_bound(load, logs, fake_torch):
-    """flush() waits for the GPU by polling event.query() (never synchronize()), at most exit_seconds; cycles not
-    done by then stay pending (only the exit drops them) and are written by a later flush."""
-    rt = load(mode="events", exit_seconds=0.3)
-    cuda = fake_torch.cuda
-    cuda.done = False
-    w = decode_worker(rt, out=Obj(accept_lens=FakeTensor([1, 2])), bonus=1)
-    for _ in range(3):
-        w.forward_batch_generation(Batch(2))
-    assert rt._stats()["pending"] == 3
-    t0 = time.time()
-    rt.flush()
-    assert 0.2 <= time.time() - t0 < 1.0
-    assert records(logs) == [] and rt._stats()["pending"] == 3 and rt._stats()["dropped"] == 0
-    threading.Timer(0.1, lambda: setattr(cuda, "done", True)).start()    # the GPU gets there during the flush
-    rt.flush()
-    recs = records(logs)
-    assert [r["accepted"] for r in recs] == [5, 5, 5]
-    assert rt._stats()["pending"] == 0 and cuda.device_ctx == []
-
-
-def test_events_are_reused_from_a_pool(load, logs, fake_torch):
-    rt = load(mode="events")
-    rt._WRITER_THREAD = False                                   # the writer's rounds, run here, in step
-    w = decode_worker(rt, out=Obj(accept_lens=FakeTensor([1])))
-    for _ in range(50):
-        w.forward_batch_generation(Batch(1))
-        rt._service()
-    # 9 events a cycle (start, 3 x 2 phases, accepted, end), all back in the pool after each resolve
-    assert fake_torch.cuda.events_made <= 18
-    assert len(fake_torch.pinned) <= 2                          # and the pinned buffers too
-    rt.flush()
-    assert len(records(logs)) == 50
-
-
-def test_events_open_phase_and_exception_paths(load, logs, fake_torch):
-    rt = load(mode="events")
-
-    class W(object):
-        @rt.entry
-        def forward_batch_generation(self, batch, fail):
-            rt.begin("draft_extend", "prefill")
-            time.sleep(0.002)
-            if fail:
-                raise ValueError("x")
-
-    with pytest.raises(ValueError):
-        W().forward_batch_generation(Batch(), True)
-    W().forward_batch_generation(Batch(), False)
-    rt.flush()
-    recs = records(logs)
-    assert len(recs) == 1 and recs[0]["mode"] == "prefill"
-    assert recs[0]["host_phases"]["draft_extend"] >= 2.0
-    assert recs[0]["host_phases"]["draft_extend"] <= recs[0]["host_cycle_ms"]
-    assert rt._stats()["errors"] == 0
-
-
-def test_cpu_tensor_in_events_mode_is_read_directly(load, logs, fake_torch):
-    rt = load(mode="events")
-    decode_worker(rt, out=Obj(accept_lens=FakeTensorCpu([2, 2]))).forward_batch_generation(Batch(2))
-    rt.flush()
-    assert records(logs)[0]["accepted"] == 4 and fake_torch.pinned == []
-
-
-def test_cpu_mode_ignores_cuda(load, logs, fake_torch):
-    rt = load(mode="cpu")
-    decode_worker(rt).forward_batch_generation(Batch())
-    assert one_record(rt, logs)["timer"] == "cpu" and fake_torch.cuda.syncs == 0
-    assert fake_torch.cuda.events_made == 0
-
-
-def test_cpu_mode_reads_a_cuda_accepted_tensor_without_a_sync(load, logs, fake_torch):
-    """The host-clock timer on a GPU server must not add a sync either: the count is copied asynchronously
-    and the record waits for it, in order."""
-    rt = load(mode="cpu")
-    cuda = fake_torch.cuda
-    cuda.done = False
-    w = decode_worker(rt, out=Obj(accept_lens=FakeTensor([1, 2, 3])), bonus=1)
-    w.forward_batch_generation(Batch(3))
-    decode_worker(rt).forward_batch_generation(Batch(2))       # no accepted: still queued behind the first
-    assert rt._stats()["pending"] == 2 and rt._stats()["buffered"] == 0
-    cuda.done = True
-    w.forward_batch_generation(Batch(3))
-    rt.flush()
-    recs = records(logs)
-    assert [(r["bs"], r["accepted"], r["timer"]) for r in recs] == [(3, 9, "cpu"), (2, None, "cpu"), (3, 9, "cpu")]
-    assert all("host_phases" not in r for r in recs) and cuda.syncs == 0
-
-
-def test_sync_mode_reads_a_cuda_tensor_on_the_host(load, logs, fake_torch):
-    rt = load(mode="sync")
-    t = FakeTensor([2, 2])
-    t.tolist = lambda: [2, 2]                                   # the sync timer may sync: allowed here
-    decode_worker(rt, out=Obj(accept_lens=t)).forward_batch_generation(Batch(2))
-    assert one_record(rt, logs)["accepted"] == 4 and fake_torch.pinned == []
-
-
-def test_events_look_up_the_current_stream_once_per_stream(load, logs, fake_torch):
-    rt = load(mode="events")
-    cuda = fake_torch.cuda
-    w = decode_worker(rt, out=Obj(accept_lens=FakeTensor([1])))
-    for _ in range(5):
-        w.forward_batch_generation(Batch(1))
-    assert cuda.stream_lookups == 1 and len(cuda.recorded_on) == 5 * 9
-    cuda.stream_id = 8                                          # another stream becomes current
-    w.forward_batch_generation(Batch(1))
-    assert cuda.stream_lookups == 2 and cuda.recorded_on[-1] == ("stream", 8)
-    rt.flush()
-    assert len(records(logs)) == 6
-
-
-def test_cuda_modes_fall_back_to_cpu_without_cuda(load, logs, fake_torch):
-    fake_torch.cuda.is_available = lambda: False
-    rt = load(mode="events")
-    decode_worker(rt).forward_batch_generation(Batch())
-    rec = one_record(rt, logs)
-    assert rec["timer"] == "cpu" and "host_phases" not in rec
 
 
 # --- real CUDA (skipped without it) ---------------------------------------------------------------------
@@ -1523,7 +975,7 @@ def test_gpu_sync_timer(load, logs):
 def test_gpu_events_records_are_complete_at_exit(tmp_path):
     _cuda_torch()
     log_dir = tmp_path / "gpu-exit"
-    proc = _run(sys.executable, _script("""
+    proc = run_script(sys.executable, worker_script("""
         import torch
         a = torch.randn(2048, 2048, device="cuda")
         Out.accept_lens = torch.tensor([2, 3], device="cuda")
@@ -1550,29 +1002,6 @@ def test_gpu_events_records_are_complete_at_exit(tmp_path):
     assert all(r["timer"] == "events" and r["accepted"] == 7 and "host_cycle_ms" in r for r in recs)
 
 
-def test_outstanding_cycles_are_bounded(load, logs, fake_torch):
-    """A GPU hundreds of cycles behind (here: never done) does not grow memory without bound, and is never waited
-    for on the worker thread: cycles beyond the bound are dropped and counted; the next record written says so."""
-    rt = load(mode="events")
-    rt._MAX_PENDING = 3
-    cuda = fake_torch.cuda
-    w = decode_worker(rt)
-    cuda.done = False
-    for _ in range(3):
-        w.forward_batch_generation(Batch())
-    assert rt._stats()["pending"] == 3
-    w.forward_batch_generation(Batch())                         # the 4th: dropped, nothing waited for
-    w.forward_batch_generation(Batch(2))                        # the 5th too
-    assert rt._stats()["pending"] == 3 and rt._stats()["dropped"] == 2 and cuda.syncs == 0
-    cuda.done = True
-    wait_until(lambda: rt._stats()["pending"] == 0, what="the writer to resolve the three")
-    w.forward_batch_generation(Batch(3))
-    rt.flush()
-    recs = records(logs)
-    assert [r.get("dropped") for r in recs] == [None, None, None, 2]
-    assert [r["bs"] for r in recs] == [4, 4, 4, 3] and rt._stats()["errors"] == 0
-
-
 def test_exit_line_counts_internal_errors(rt, capsys):
     rt.accepted  # noqa: B018 - the module is loaded
     rt._error("test")
@@ -1581,20 +1010,6 @@ def test_exit_line_counts_internal_errors(rt, capsys):
     err = capsys.readouterr().err
     assert err.count("internal error in test") == 1
     assert "[eaglepatch] 2 internal error(s) in pid %d" % os.getpid() in err
-
-
-def test_log_dir_mode_does_not_depend_on_the_umask(load, tmp_path):
-    """makedirs' mode goes through the umask; a server started with an odd one still gets an 0o700 dir."""
-    log_dir = tmp_path / "umask"
-    rt = load(log_dir=str(log_dir))
-    decode_worker(rt).forward_batch_generation(Batch())
-    old = os.umask(0o277)
-    try:
-        rt.flush()
-    finally:
-        os.umask(old)
-    assert stat.S_IMODE(os.stat(str(log_dir)).st_mode) == 0o700
-    assert len(records(log_dir)) == 1
 
 
 def test_an_empty_config_line_gives_the_documented_defaults(tmp_path, clean_env):

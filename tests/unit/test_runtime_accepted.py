@@ -5,10 +5,8 @@ import time
 
 import pytest
 
-from test_runtime import (  # noqa: F401 - fixtures are used by name
-    Batch, FakeTensor, FakeTensorCpu, Obj, clean_env, decode_worker, fake_torch, load, logs, one_record, records,
-    rt, wait_until,
-)
+from runtime_helpers import Batch, Obj, decode_worker, one_record, records, wait_until
+from torch_fakes import FakeTensor, FakeTensorCpu
 
 
 class Tensor0d(FakeTensor):
@@ -219,6 +217,51 @@ def test_an_error_giving_events_back_is_counted_and_the_exception_still_propagat
         W().forward_batch_generation(Batch())
     rt.flush()
     assert "internal error in entry" in capsys.readouterr().err and rt._stats()["errors"] == 1
+
+
+class _CudaTensor2d(FakeTensor):
+    """A 2-d CUDA tensor of counts (rows of per-request counts)."""
+
+    def __init__(self, rows):
+        FakeTensor.__init__(self, [v for r in rows for v in r])
+        self.shape = (len(rows), len(rows[0]))
+
+    def dim(self):
+        return 2
+
+
+def test_a_2d_cuda_tensor_of_counts_is_copied_and_summed_once_done(load, logs, fake_torch):
+    """Copied whole into pinned memory, summed once the copy is done (a sum kernel's .item(), not a nested
+    list), plus the bonus per row."""
+    rt = load(mode="events")
+    rt._WRITER_THREAD = False
+    fake_torch.cuda.done = False
+    out = Obj(accept_lens=_CudaTensor2d([[1, 2], [3, 4]]))
+    decode_worker(rt, out=out, bonus=1).forward_batch_generation(Batch(2))
+    fake_torch.cuda.done = True
+    rec = one_record(rt, logs)
+    assert rec["accepted"] == 12 and rt._stats()["errors"] == 0
+
+
+def test_an_accepted_copy_that_cannot_be_read_leaves_the_record_without_its_count(load, logs, fake_torch,
+                                                                                  monkeypatch, capsys):
+    """A CUDA copy of the accepted counts that cannot be read: the record is written without its count
+    (accepted null), and the failure is said as an `accepted` internal error."""
+    rt = load(mode="events")
+    rt._WRITER_THREAD = False
+    fake_torch.cuda.done = False
+    decode_worker(rt, out=Obj(accept_lens=FakeTensor([2, 3]))).forward_batch_generation(Batch(2))
+    host = fake_torch.pinned[0]
+
+    def unreadable():
+        raise RuntimeError("copy failed")
+
+    monkeypatch.setattr(host, "tolist", unreadable)
+    fake_torch.cuda.done = True
+    rec = one_record(rt, logs)
+    assert rec["accepted"] is None
+    err = capsys.readouterr().err
+    assert err.startswith("[eaglepatch] internal error in accepted (the server goes on;") and "copy failed" in err
 
 
 # --- accepts: the tokens each request produced (the acceptance profile) ------------------------------------------

@@ -11,10 +11,8 @@ import types
 
 import pytest
 
-from test_runtime import (  # noqa: F401 - fixtures are used by name
-    RUNTIME, Batch, FakeTensor, Obj, clean_env, decode_worker, fake_torch, load, load_module, logs, one_record,
-    records, rt,
-)
+from runtime_helpers import RUNTIME, Batch, Obj, decode_worker, load_module, one_record, records
+from torch_fakes import FakeTensor
 
 
 # --- 5. CUDA graph capture -----------------------------------------------------------------------------------
@@ -89,6 +87,24 @@ def test_the_capture_check_is_made_once_per_cycle(load, logs, fake_torch):
     for _ in range(5):
         w.forward_batch_generation(Batch(1))
     assert len(checks) == 5
+
+
+def test_the_capture_check_calls_torchs_binding_when_torch_has_it(load, logs, fake_torch):
+    """torch.cuda.is_current_stream_capturing() is torch._C._cuda_isCurrentStreamCapturing plus a Python call:
+    where torch has the binding, the runtime calls it, and the wrapper not at all."""
+    rt = load(mode="events")
+    checks = []
+    fake_torch._C._cuda_isCurrentStreamCapturing = lambda: checks.append(1) or False
+
+    def wrapper():
+        raise AssertionError("the Python wrapper was called")
+
+    fake_torch.cuda.is_current_stream_capturing = wrapper
+    w = decode_worker(rt)
+    for _ in range(3):
+        w.forward_batch_generation(Batch())
+    rt.flush()
+    assert len(checks) == 3 and len(records(logs)) == 3 and rt._stats()["errors"] == 0
 
 
 # --- 6. cpu mode never initialises CUDA -------------------------------------------------------------------------
@@ -512,3 +528,13 @@ def test_no_driver_loaded_means_no_capture_mode_change(load, logs, fake_torch, m
     fake_torch.cuda.done = True
     rt.flush()
     assert len(records(logs)) == 1 and rt._stats()["capture_relaxed"] is False and rt._stats()["errors"] == 0
+
+
+def test_the_capture_mode_is_not_tried_before_a_cycle_waits(load, logs, fake_torch):
+    """_stats' capture_relaxed: None until the writer first resolves waiting cycles (no thread asked the driver);
+    cycles that never wait (the sync timer) never ask."""
+    rt = load(mode="sync")
+    assert rt._stats()["capture_relaxed"] is None
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt.flush()
+    assert len(records(logs)) == 1 and rt._stats()["capture_relaxed"] is None

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from test_runtime import Batch, Obj, clean_env, load, logs, records, rt  # noqa: F401 - fixtures are used by name
+from runtime_helpers import Obj, records
 
 TOKEN = "0123456789abcdef"
 

@@ -2,14 +2,19 @@
 
 sglang starts one scheduler process per rank with multiprocessing's spawn method (and a data-parallel controller
 the same way): every rank must name the same launcher, a new launch another one, and a long-lived parent (a
-shell, tmux, systemd, a Python supervisor) must never be taken for the launcher, or runs would blend again.
+shell, tmux, systemd, a Python supervisor) must never be taken for the launcher, or runs would blend again. The
+run id names the launcher, its start and a digest of the timer configuration; the header line, the first of each
+log file, carries the launch's speculative flags and its argv with secrets masked.
+
+Several of these tests were written to kill mutants of the runtime (docs/mutation-runtime.md).
 """
 import json
 import os
+import socket
 
 import pytest
 
-from test_runtime import Batch, clean_env, decode_worker, headers, load, logs, records, rt  # noqa: F401
+from runtime_helpers import Batch, decode_worker, headers, load_module, log_name, records
 
 SPAWN = ["/opt/venv/bin/python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, "
          "pipe_handle=7)", "--multiprocessing-fork"]
@@ -110,7 +115,6 @@ def test_a_name_with_spaces_and_parentheses_in_stat(rt, proc):
 
 
 def test_flags_are_the_speculative_options_of_the_launch():
-    from test_runtime import load_module
     rt = load_module()
     assert rt._flags_of(LAUNCH) == {"speculative-algorithm": "EAGLE3", "speculative-num-steps": "3",
                                     "speculative-eagle-topk": "1", "speculative-draft-model-path": "/d"}
@@ -120,7 +124,6 @@ def test_flags_are_the_speculative_options_of_the_launch():
 
 
 def test_secrets_are_masked_in_the_argv_written():
-    from test_runtime import load_module
     rt = load_module()
     out = rt._redacted(LAUNCH + ["--hf-token=abc", "--admin-password", "--x", "--ssl-keyfile", "/k",
                                  "--speculative-num-draft-tokens", "4"])
@@ -168,3 +171,154 @@ def test_a_log_file_deleted_under_the_server_gets_a_new_header(rt, logs, proc):
     w.forward_batch_generation(Batch(2))
     rt.flush()
     assert len(headers(logs)) == 1 and [r["bs"] for r in records(logs)] == [2]
+
+
+# --- the launcher: climbing /proc ----------------------------------------------------------------------------
+ONE_FLAG_LAUNCH = ["/opt/venv/bin/python", "-m", "sglang.launch_server", "--model-path", "m",
+                   "--speculative-num-steps", "3"]
+
+
+def test_a_command_line_that_is_not_utf8_is_read_with_replacement_characters(rt, proc):
+    """A /proc/<pid>/cmdline that is not UTF-8 is read with replacement characters, not refused."""
+    proc.use(rt)
+    proc.add(100, 1, None, raw_argv=b"python\0--name=\xff\xfe\0")
+    assert rt._proc_cmdline(100) == ["python", "--name=\ufffd\ufffd"]
+
+
+def test_an_orphaned_spawned_process_is_its_own_launcher(rt, proc):
+    """A multiprocessing child whose parent died is reparented to init (pid 1): init is never the launcher."""
+    proc.use(rt)
+    proc.add(101, 1, SPAWN, ticks=55)
+    assert rt._launcher(101) == (101, 55, SPAWN)
+
+
+def test_a_launch_that_is_pid_2_is_the_launcher(rt, proc):
+    """In a container the launch command may well be pid 2 (under an init such as tini)."""
+    proc.use(rt)
+    proc.add(2, 1, ONE_FLAG_LAUNCH, ticks=7)
+    proc.add(3, 2, SPAWN)
+    assert rt._launcher(3) == (2, 7, ONE_FLAG_LAUNCH)
+
+
+@pytest.mark.parametrize("parent", ["empty cmdline", "no stat"])
+def test_a_parent_that_cannot_be_read_ends_the_climb(rt, proc, parent):
+    """A parent whose command line is empty (a zombie, a kernel thread) or whose stat is gone: the child is the
+    launcher."""
+    proc.use(rt)
+    if parent == "empty cmdline":
+        proc.add(100, 1, [], ticks=5)
+    else:
+        proc.add(100, None, ONE_FLAG_LAUNCH)
+    proc.add(101, 100, SPAWN, ticks=66)
+    assert rt._launcher(101) == (101, 66, SPAWN)
+
+
+def test_the_climb_stops_after_64_parents(rt, proc):
+    """A bound on the walk up (a /proc that changes under it must not keep it going): 64 steps at most."""
+    proc.use(rt)
+    proc.add(100, 1, ONE_FLAG_LAUNCH)
+    for pid in range(101, 171):                                       # 70 spawned levels
+        proc.add(pid, pid - 1, SPAWN, ticks=pid)
+    assert rt._launcher(170)[:2] == (170 - 64, 170 - 64)
+
+
+@pytest.mark.parametrize("missing", ["cmdline", "stat"])
+def test_a_process_whose_proc_entry_is_half_there_is_its_own_launcher(rt, proc, missing):
+    """Its command line (empty: a process on its way out) or its stat cannot be read: as without /proc, this
+    process, start 0, this interpreter's argv."""
+    import sys
+    proc.use(rt)
+    if missing == "cmdline":
+        proc.add(100, 1, [], ticks=5)
+    else:
+        proc.add(100, None, ONE_FLAG_LAUNCH)
+    assert rt._launcher(100) == (100, 0, list(sys.argv))
+
+
+def test_the_run_is_read_from_the_real_proc(load, logs):
+    """With the system's /proc (no test tree): this test process launched itself, and its start time (field 22
+    of /proc/self/stat) is in the run id."""
+    rt = load(mode="cpu")
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt.flush()
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    pid = os.getpid()
+    head, = headers(logs)
+    assert head["launcher"] == pid, "the test's parent has the same command line (a fork): %r" % head
+    assert head["run"] == "%s-%d-%d-%s" % (socket.gethostname(), pid, ticks, head["run"].rsplit("-", 1)[1])
+
+
+# --- secrets in the argv written -----------------------------------------------------------------------------
+def test_a_secret_hides_only_the_one_value_after_it():
+    """A secret option hides the one value after it; the words after that are written as they are."""
+    rt = load_module()
+    argv = ["python", "--api-key", "sk", "positional", "--x"]
+    assert rt._redacted(argv) == ["python", "--api-key", "***", "positional", "--x"]
+
+
+@pytest.mark.parametrize("word", ["key", "token", "secret", "password", "passwd", "credential", "credentials"])
+def test_every_secret_word_hides_its_options_value(rt, word):
+    """A name that ends in the word, in any case, `_` read as `-`, with the value apart or after `=`; the same name
+    with more after the word (a count, a path) hides nothing."""
+    for name in ("--my-%s" % word.upper(), "--my_%s" % word):
+        assert rt._redacted(["python", name, "v1", name + "=v2", "--other", "v3"]) == [
+            "python", name, "***", name + "=***", "--other", "v3"]
+    shown = "--my-%ss-file" % word
+    assert rt._redacted(["python", shown, "v1", shown + "=v2"]) == ["python", shown, "v1", shown + "=v2"]
+    env = "MY_%s" % word.upper()
+    assert rt._redacted(["env", env + "=v", env + "_COUNT=v"]) == ["env", env + "=***", env + "_COUNT=v"]
+
+
+# --- the run id and the header line --------------------------------------------------------------------------
+def _fnv(text):
+    h = 0
+    for ch in text.encode("utf-8"):
+        h = ((h ^ ch) * 0x01000193) & 0xFFFFFFFF
+    return "%08x" % h
+
+
+@pytest.mark.parametrize("kw, cfg", [
+    ({}, '["cpu", [], 1]'),
+    ({"every": 3}, '["cpu", [], 3]'),
+    ({"mode": "auto", "timers": {"A": "cpu"}}, '["auto", [["A", "cpu"]], 1]'),
+    ({"mode": "auto", "timers": {"A": "sync"}}, '["auto", [["A", "sync"]], 1]'),
+])
+def test_the_run_id_ends_in_the_fnv1a_digest_of_the_configuration(load, logs, proc, kw, cfg):
+    """<host>-<launcher pid>-<start ticks>-<32-bit FNV-1a (basis 0) of [mode, sorted timers, every] as JSON>: the
+    same digest in every process (str hash() is salted), another for each timer choice."""
+    proc.add(100, 1, ONE_FLAG_LAUNCH, ticks=5000)
+    proc.add(os.getpid(), 100, SPAWN)
+    rt = proc.use(load(**kw))
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt.flush()
+    assert headers(logs)[0]["run"] == "%s-100-5000-%s" % (rt._host, _fnv(cfg))
+
+
+def test_the_header_line_has_exactly_its_fields(rt, logs, proc, monkeypatch):
+    """The run header, the log file's first line: exactly its fields (t to 6 places, the launcher, its argv and
+    speculative flags, the log dir, the runtime's path), one JSON object on one line."""
+    proc.add(100, 1, ONE_FLAG_LAUNCH, ticks=5000)
+    proc.add(os.getpid(), 100, SPAWN)
+    proc.use(rt)
+    monkeypatch.setattr(rt, "_wall", lambda: 1234.567890123)
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt.flush()
+    with open(str(logs / log_name())) as f:
+        first = f.readline()
+    assert json.loads(first) == {
+        "v": 1, "kind": "run", "run": first and json.loads(first)["run"], "t": 1234.56789, "host": rt._host,
+        "pid": os.getpid(), "rank": 0, "timer": "cpu", "flags": {"speculative-num-steps": "3"}, "launcher": 100,
+        "argv": ONE_FLAG_LAUNCH, "log_dir": str(logs), "runtime": os.path.realpath(rt.__file__)}
+    assert first.endswith("}\n")
+
+
+def test_a_percent_sign_in_the_host_name_is_written_as_is(rt, logs):
+    """The host and run id are put into a %-format: a "%" in them must not be read as a conversion."""
+    rt._host = "gpu%d-%s%%"
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt.flush()
+    (rec,) = records(logs)
+    (head,) = headers(logs)
+    assert rec["host"] == head["host"] == "gpu%d-%s%%"
+    assert rec["run"] == head["run"] and rec["run"].startswith("gpu%d-%s%%-")

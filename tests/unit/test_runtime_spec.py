@@ -11,9 +11,8 @@ import ast
 
 import pytest
 
-from test_runtime import (  # noqa: F401 - fixtures are used by name
-    RECORD_KEYS, Batch, FakeTensor, Obj, clean_env, fake_torch, load, logs, records, rt,
-)
+from runtime_helpers import RECORD_KEYS, Batch, Obj, records
+from torch_fakes import FakeTensor
 
 
 class _Policy(object):

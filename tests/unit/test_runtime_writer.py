@@ -1,29 +1,27 @@
-"""The timing runtime's writer thread, exit and log files (eaglepatch/runtime/_eaglepatch_runtime.py).
+"""The timing runtime's writer thread (eaglepatch/runtime/_eaglepatch_runtime.py).
 
 - The worker thread (the one calling the hooks) never blocks on the log and never does file I/O: a stuck write
   leaves its cycles as fast as before, records beyond the buffer are dropped and counted.
 - Exit and flush() are bounded: CUDA events are only queried, never synchronised on.
 - A quiet server's last records reach the disk without another cycle.
-- Log directories and files are checked: links are not followed, a directory others may write is not used.
+
+The log directory and files: test_runtime_logfiles.py; the writer's schedule, state by state:
+test_runtime_schedule.py; flush() and exit when the writer is stuck or gone: test_runtime_flush.py.
 """
 import builtins
-import errno
 import io
-import json
 import os
 import socket
-import stat
 import sys
-import tempfile
 import threading
 import time
 
 import pytest
 
-from test_runtime import (  # noqa: F401 - fixtures are used by name
-    Batch, FakeTensor, Obj, _run, _script, clean_env, decode_worker, fake_torch, load, log_files, logs, records,
-    rt, wait_until,
+from runtime_helpers import (
+    Batch, Obj, decode_worker, load_module, log_files, records, run_script, wait_until, worker_script,
 )
+from torch_fakes import FakeTensor
 
 
 class Gate(object):
@@ -262,7 +260,7 @@ def test_a_process_with_a_stuck_gpu_exits_within_exit_seconds(tmp_path):
     """The real exit path (atexit, a daemon writer thread, interpreter shutdown) with events that never complete."""
     log_dir = tmp_path / "stuck"
     proc_t0 = time.time()
-    proc = _run(sys.executable, """
+    proc = run_script(sys.executable, """
 import sys, time, types
 class Ev(object):
     def __init__(self, enable_timing=False): pass
@@ -279,7 +277,7 @@ torch.cuda = types.SimpleNamespace(is_initialized=lambda: True, is_available=lam
                                    Event=Ev, current_stream=lambda: None, synchronize=lambda: time.sleep(3600),
                                    device=lambda i: Dev())
 sys.modules["torch"] = torch
-""" + _script("""
+""" + worker_script("""
         rt.configure(mode="events", exit_seconds=0.5)
         w = EAGLEWorker()
         for _ in range(4):
@@ -349,257 +347,6 @@ def test_the_writer_resolves_once_the_worker_is_quiet_inside_its_device(load, lo
     assert seen and all(name == "eaglepatch-writer" and ctx == [0] for name, ctx in seen), seen
 
 
-def test_cycles_dropped_while_pending_are_counted_on_the_next_record(load, logs, fake_torch):
-    rt = load(mode="events")
-    rt._MAX_PENDING = 1
-    cuda = fake_torch.cuda
-    cuda.done = False
-    w = decode_worker(rt)
-    w.forward_batch_generation(Batch(1))
-    w.forward_batch_generation(Batch(2))                         # dropped
-    cuda.done = True
-    wait_until(lambda: rt._stats()["pending"] == 0, what="the first cycle resolved")
-    w.forward_batch_generation(Batch(3))
-    rt.flush()
-    assert [(r["bs"], r.get("dropped")) for r in records(logs)] == [(1, None), (3, 1)]
-
-
-# --- 4. log files, safely -------------------------------------------------------------------------------------
-def _log_name():
-    return "%s-%d-rank0.jsonl" % (socket.gethostname(), os.getpid())
-
-
-@pytest.fixture
-def private_tmp(tmp_path, monkeypatch):
-    """tempfile's directory (where a fallback log dir is made) under tmp_path."""
-    d = tmp_path / "tmp"
-    d.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(d))
-    return d
-
-
-def test_log_dir_and_file_are_private(load, logs):
-    rt = load()
-    decode_worker(rt).forward_batch_generation(Batch())
-    rt.flush()
-    assert stat.S_IMODE(os.stat(str(logs)).st_mode) == 0o700
-    assert stat.S_IMODE(os.stat(str(logs / _log_name())).st_mode) == 0o600
-    assert rt._stats()["log_dir"] == str(logs)
-
-
-def test_a_link_planted_at_the_log_file_is_not_followed(load, logs, tmp_path, private_tmp, capsys):
-    logs.mkdir(mode=0o700)
-    target = tmp_path / "victim.txt"
-    target.write_text("precious\n")
-    os.symlink(str(target), str(logs / _log_name()))
-    rt = load()
-    decode_worker(rt).forward_batch_generation(Batch())
-    rt.flush()
-    assert target.read_text() == "precious\n"
-    assert os.path.islink(str(logs / _log_name()))
-    fallback = rt._stats()["log_dir"]
-    assert os.path.dirname(fallback) == str(private_tmp) and len(records(fallback)) == 1
-    err = capsys.readouterr().err
-    assert err.count("[eaglepatch]") == 1 and fallback in err and "link" in err
-
-
-def test_a_fifo_at_the_log_file_is_not_opened(load, logs, private_tmp, capsys):
-    logs.mkdir(mode=0o700)
-    os.mkfifo(str(logs / _log_name()))
-    rt = load(exit_seconds=5.0)
-    decode_worker(rt).forward_batch_generation(Batch())
-    t0 = time.time()
-    rt.flush()
-    assert time.time() - t0 < 4.0                               # an open for writing would block on the FIFO
-    assert len(records(rt._stats()["log_dir"])) == 1 and rt._stats()["log_dir"] != str(logs)
-    assert "regular file" in capsys.readouterr().err
-
-
-def test_a_world_writable_log_dir_is_not_used_and_said_once(load, logs, private_tmp, capsys):
-    logs.mkdir()
-    os.chmod(str(logs), 0o777)
-    rt = load(flush_records=1)
-    w = decode_worker(rt)
-    for _ in range(3):
-        w.forward_batch_generation(Batch())
-        rt.flush()                                               # three separate writes
-    assert os.listdir(str(logs)) == []
-    fallback = rt._stats()["log_dir"]
-    assert os.path.dirname(fallback) == str(private_tmp) and os.path.basename(fallback).startswith("eaglepatch-")
-    assert stat.S_IMODE(os.stat(fallback).st_mode) == 0o700
-    assert len(records(fallback)) == 3
-    err = capsys.readouterr().err
-    assert err.count("[eaglepatch]") == 1 and err.count(fallback) == 1 and "777" in err and str(logs) in err
-
-
-@pytest.mark.parametrize("mode", [0o770, 0o720, 0o702])
-def test_a_group_or_world_writable_log_dir_is_refused(load, logs, private_tmp, mode):
-    logs.mkdir()
-    os.chmod(str(logs), mode)
-    rt = load()
-    decode_worker(rt).forward_batch_generation(Batch())
-    rt.flush()
-    assert os.listdir(str(logs)) == [] and len(records(rt._stats()["log_dir"])) == 1
-
-
-def test_a_log_dir_owned_by_another_user_is_refused(load, logs, private_tmp, capsys):
-    """Tests run as root: the user the runtime compares against is injected."""
-    logs.mkdir(mode=0o700)
-    rt = load()
-    rt._EUID = os.geteuid() + 1
-    decode_worker(rt).forward_batch_generation(Batch())
-    rt.flush()
-    assert os.listdir(str(logs)) == []
-    err = capsys.readouterr().err
-    assert "owned by uid %d, not %d" % (os.geteuid(), os.geteuid() + 1) in err
-    rt2 = load()                                                 # the same dir, our own: used
-    decode_worker(rt2).forward_batch_generation(Batch())
-    rt2.flush()
-    assert len(records(logs)) == 1
-
-
-def test_a_log_dir_that_is_a_link_is_refused(load, tmp_path, private_tmp):
-    real = tmp_path / "real"
-    real.mkdir(mode=0o700)
-    link = tmp_path / "link"
-    os.symlink(str(real), str(link))
-    rt = load(log_dir=str(link))
-    decode_worker(rt).forward_batch_generation(Batch())
-    rt.flush()
-    assert os.listdir(str(real)) == [] and len(records(rt._stats()["log_dir"])) == 1
-
-
-def test_enospc_mid_line_leaves_only_whole_lines_and_counts_the_loss(load, logs, monkeypatch, capsys):
-    rt = load()
-    w = decode_worker(rt)
-    w.forward_batch_generation(Batch(1))
-    rt.flush()                                                   # one good line first
-    real = os.write
-    state = {"failed": False}
-
-    def half_then_enospc(fd, data):
-        # The disk fills up in the middle of the batch's second line.
-        if not state["failed"] and threading.current_thread().name == "eaglepatch-writer":
-            state["failed"] = True
-            data = bytes(data)
-            real(fd, data[:data.index(b"\n") + 1 + 10])
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd, data)
-
-    monkeypatch.setattr(os, "write", half_then_enospc)
-    for _ in range(4):
-        w.forward_batch_generation(Batch(2))
-    rt.flush()
-    assert state["failed"]
-    text = (logs / _log_name()).read_text()
-    assert text.endswith("\n")
-    recs = [json.loads(line) for line in text.splitlines()]     # only whole JSON lines
-    recs = [r for r in recs if r.get("kind") != "run"]
-    kept = len(recs) - 1
-    assert [r["bs"] for r in recs] == [1, 2] and kept == 1
-    assert rt._stats()["dropped"] == 4 - kept
-    w.forward_batch_generation(Batch(3))                         # the disk has room again
-    rt.flush()
-    recs = records(logs)
-    assert recs[-1]["bs"] == 3 and recs[-1]["dropped"] == 4 - kept
-    assert "internal error in write" in capsys.readouterr().err
-
-
-def test_a_write_returning_zero_does_not_loop_forever(load, logs, monkeypatch):
-    rt = load()
-    w = decode_worker(rt)
-    monkeypatch.setattr(os, "write", lambda fd, data: 0)
-    w.forward_batch_generation(Batch())
-    rt.flush()
-    assert rt._stats()["dropped"] == 1 and rt._stats()["errors"] == 1
-
-
-def failing_disk(monkeypatch, cuts):
-    """os.write as a failing disk: write k (for k < len(cuts)) puts cuts[k] bytes in the file and fails (EIO); the
-    later ones work. ftruncate fails (EPERM) until the function returned is called."""
-    real_write, real_trunc = os.write, os.ftruncate
-    state = {"n": 0}
-
-    def flaky(fd, data):
-        k = state["n"]
-        state["n"] += 1
-        if k < len(cuts):
-            real_write(fd, bytes(data[:cuts[k]]))
-            raise OSError(errno.EIO, "I/O error")
-        return real_write(fd, data)
-
-    def no_truncate(fd, size):
-        raise OSError(errno.EPERM, "no")
-
-    monkeypatch.setattr(os, "write", flaky)
-    monkeypatch.setattr(os, "ftruncate", no_truncate)
-    return lambda: monkeypatch.setattr(os, "ftruncate", real_trunc)
-
-
-def test_a_failed_cut_back_starts_the_next_batch_on_a_new_line(load, logs, monkeypatch):
-    rt = load()
-    w = decode_worker(rt)
-    truncate_works = failing_disk(monkeypatch, [10])
-    w.forward_batch_generation(Batch(1))
-    rt.flush()
-    truncate_works()
-    w.forward_batch_generation(Batch(2))
-    rt.flush()
-    lines = (logs / _log_name()).read_text().splitlines()
-    # the torn fragment, then (the file opened again) a run header, then the record on a line of its own
-    assert len(lines) == 3 and json.loads(lines[1])["kind"] == "run"
-    assert json.loads(lines[2])["bs"] == 2 and json.loads(lines[2])["dropped"] == 1
-
-
-def test_a_cut_back_that_ends_on_a_whole_line_clears_the_torn_state(load, logs, monkeypatch):
-    """A torn file (a failed write whose cut-back failed too); the next batch's write fails just after its leading
-    newline and this cut-back works, so the file ends on a whole line again: the batch after starts right there,
-    with no empty line (found by mutation testing: the torn state used to stay set)."""
-    rt = load()
-    w = decode_worker(rt)
-    # a fragment of the first batch, then the leading newline of the second, each time the disk failing after
-    truncate_works = failing_disk(monkeypatch, [10, 1])
-    w.forward_batch_generation(Batch(1))
-    rt.flush()
-    truncate_works()
-    w.forward_batch_generation(Batch(2))
-    rt.flush()
-    w.forward_batch_generation(Batch(3))
-    rt.flush()
-    text = (logs / _log_name()).read_text()
-    assert "\n\n" not in text
-    lines = text.splitlines()
-    assert len(lines[0]) == 10 and json.loads(lines[-1])["bs"] == 3     # the fragment ... the third batch's record
-
-
-def test_a_deleted_log_file_is_opened_again(load, logs):
-    """The file stays open between batches; a cleaned-up log dir (file deleted) gets a new one."""
-    rt = load()
-    w = decode_worker(rt)
-    w.forward_batch_generation(Batch(1))
-    rt.flush()
-    os.unlink(str(logs / _log_name()))
-    os.rmdir(str(logs))
-    w.forward_batch_generation(Batch(2))
-    rt.flush()
-    assert [r["bs"] for r in records(logs)] == [2]
-    assert stat.S_IMODE(os.stat(str(logs)).st_mode) == 0o700
-
-
-def test_configure_closes_the_log_file(load, logs):
-    rt = load()
-    decode_worker(rt).forward_batch_generation(Batch(1))
-    rt.flush()
-    fd = rt._fd
-    ino = os.fstat(fd).st_ino
-    rt.configure(log_dir=str(logs), summary_every=0)
-    assert rt._fd is None
-    try:
-        assert os.fstat(fd).st_ino != ino                       # the number may have been reused meanwhile
-    except OSError:
-        pass
-
-
 # --- internal errors, as printed ---------------------------------------------------------------------------------
 def test_an_internal_error_is_printed_once_with_its_last_six_frames(rt, logs, capsys):
     """The worker only notes the frames; the writer prints them, with their source lines, as a traceback."""
@@ -645,39 +392,11 @@ def test_an_internal_error_is_printed_once_with_its_last_six_frames(rt, logs, ca
     assert rt._stats()["errors"] == 2
 
 
-def test_losses_before_a_record_add_up(load, logs, monkeypatch, capsys):
-    """Two failed batches in a row, then a good one: its first record carries both losses, and so does the
-    summary line."""
-    rt = load(summary_every=6)
-    w = decode_worker(rt)
-    real = os.write
-    fail = {"n": 2}
-
-    def enospc(fd, data):
-        if fail["n"] and threading.current_thread().name == "eaglepatch-writer":
-            fail["n"] -= 1
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd, data)
-
-    monkeypatch.setattr(os, "write", enospc)
-    for batch in (2, 3):
-        for _ in range(batch):
-            w.forward_batch_generation(Batch(1))
-        rt.flush()
-    w.forward_batch_generation(Batch(4))
-    rt.flush()
-    assert [(r["bs"], r["dropped"]) for r in records(logs)] == [(4, 5)]
-    assert rt._stats()["dropped"] == 5
-    err = capsys.readouterr().err
-    assert "[eaglepatch] rank0 dropped 5 record(s) since the last summary" in err, err
-
-
 def test_a_host_without_a_name_is_unknown(clean_env, monkeypatch, tmp_path):
     def no_name():
         raise OSError("no hostname")
 
     monkeypatch.setattr(socket, "gethostname", no_name)
-    from test_runtime import load_module
     rt = load_module()
     try:
         rt.configure(mode="cpu", log_dir=str(tmp_path / "l"), summary_every=0)
