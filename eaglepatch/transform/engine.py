@@ -12,8 +12,9 @@ Lines are counted as Python counts them (``marks.split_lines``), never with ``st
 What to add is found by ``finder.Finder`` (reading each method's tree with ``tree``); rendering, stripping and the
 line bookkeeping between the file as given and the stripped text are here. Before returning, ``instrument`` checks
 its own output three ways: it compiles; stripping it gives back the input; and ``check.check_output`` reads it with
-``ast`` alone. The result types live in ``results`` (no libcst): this module is the one that imports libcst, which
-is why ops imports it on first use, on a thread of its own.
+``ast`` alone. The result types live in ``results`` (no libcst; re-exported here for callers that hold only this
+module). Importing this module pulls in libcst (through ``finder``): ops imports it on first use, on a thread of its
+own, and ``revert`` of files the manifest vouches for never does.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from eaglepatch.transform.results import Instrumented, NotApplicable, Refused, T
 
 __all__ = ["Instrumented", "NotApplicable", "Refused", "TransformResult", "analyze", "instrument", "strip"]
 
+
 # ----------------------------------------------------------------------------------------------------------------
-# Public functions
+# Rendering and stripping
 
 
 def _newline_of(line: str) -> str:
@@ -123,6 +125,10 @@ def _foreign(lines: list[str], ours: set[int]) -> int | None:
         if i not in ours and MARKER in line and MARKED_LINE.search(line):
             return i
     return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Instrumenting
 
 
 def analyze(source: str, path: str, recipe: Recipe) -> TransformResult:

@@ -145,6 +145,8 @@ def test_a_refusal_line_counts_python_lines(recipe):
     res = instrument(src, PATH, recipe)
     assert isinstance(res, Refused), res
     assert split_lines(src)[res.line - 1].strip() == "spec_info = self.draft(batch) if batch else None"
+    assert res.message() == (f"{PATH}:14 (EAGLEWorker): phase call self.draft(...) sits in a conditional expression "
+                             "(a if c else b): it may not run")
 
 
 # ---------------------------------------------------------------------------------------------------------------

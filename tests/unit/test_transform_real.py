@@ -178,6 +178,9 @@ def test_a_users_marked_line_in_a_real_file(sglang_release, recipe, version, rel
     res = instrument(src, rel, recipe)
     assert isinstance(res, Refused), res
     assert split_lines(src)[res.line - 1] == user
+    assert res.message() == (f"{rel}:{res.line}: this line ends with '# [eaglepatch]', the comment eaglepatch puts "
+                             "on the lines it adds, but it is not a line eaglepatch writes: eaglepatch could not tell "
+                             "its own lines from it; change that comment")
     patched = instrument(original, rel, recipe)
     assert isinstance(patched, Instrumented)
     with_user = _insert_before(patched.source, cls_line, user)

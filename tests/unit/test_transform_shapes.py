@@ -413,7 +413,9 @@ def dataclasses_replace(obj, **changes):
 def test_check_output_output_that_does_not_parse(recipe):
     res = instrument(V1_BEFORE, PATH, recipe)
     problem = check_output(ast.parse(V1_BEFORE), "def f(:\n", res.workers)
-    assert problem is not None and problem[0].startswith("the instrumented file does not parse (")
+    with pytest.raises(SyntaxError) as python:
+        ast.parse("def f(:\n")
+    assert problem == (f"the instrumented file does not parse ({python.value})", None, None)
 
 
 @pytest.mark.parametrize("a,b,same", [
