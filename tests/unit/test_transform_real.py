@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import pytest
 
-import sglang_releases
 from eaglepatch.transform.engine import instrument, strip
 from eaglepatch.transform.marks import split_lines, strip_lines
 from eaglepatch.transform.results import Instrumented, Refused, WorkerInfo
