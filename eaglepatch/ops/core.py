@@ -35,7 +35,7 @@ from eaglepatch.transform.marks import RUNTIME_MODULE, is_instrumented, strip_li
 from eaglepatch.transform.recipe import Recipe
 
 if TYPE_CHECKING:
-    from eaglepatch.transform.engine import TransformResult, WorkerInfo
+    from eaglepatch.transform.results import TransformResult, WorkerInfo
 
 RUNTIME_FILE = RUNTIME_MODULE + ".py"
 _ENGINE = "eaglepatch.transform.engine"

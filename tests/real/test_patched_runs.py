@@ -26,7 +26,8 @@ from typing import Any, Callable
 
 import pytest
 
-from eaglepatch.transform.engine import Instrumented, instrument
+from eaglepatch.transform.engine import instrument
+from eaglepatch.transform.results import Instrumented
 from patched_harness import Lens, Mode, Permissive, Recorder, _StubBase, load_patched, tensor
 
 pytestmark = pytest.mark.real

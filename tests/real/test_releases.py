@@ -20,7 +20,9 @@ import re
 import pytest
 
 import sglang_releases
-from eaglepatch.transform.engine import MARKER, Instrumented, NotApplicable, instrument, strip
+from eaglepatch.transform.engine import instrument, strip
+from eaglepatch.transform.marks import MARKER
+from eaglepatch.transform.results import Instrumented, NotApplicable
 
 pytestmark = pytest.mark.real
 

@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from test_transform_cases import V1_BEFORE
+from transform_cases import V1_BEFORE
 
 
 def _run(code: str) -> dict:
@@ -33,6 +33,19 @@ def test_the_cli_itself_does_not_import_libcst():
         import eaglepatch.cli
         print(json.dumps({"libcst": "libcst" in sys.modules}))
     """) == {"libcst": False}
+
+
+def test_the_transforms_light_modules_do_not_import_libcst():
+    """What callers name without running the transform (the result types in type hints, the marks revert strips
+    by, the output check, the recipes) is the standard library's; only engine (through finder and tree) pulls
+    in libcst."""
+    assert _run("""
+        import json, sys
+        from eaglepatch.transform import check, marks, recipe, results
+        light = "libcst" in sys.modules
+        from eaglepatch.transform import engine
+        print(json.dumps({"light": light, "engine": "libcst" in sys.modules}))
+    """) == {"light": False, "engine": True}
 
 
 def test_apply_imports_it_on_its_own_thread_and_revert_not_at_all(tmp_path):

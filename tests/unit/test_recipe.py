@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from eaglepatch.errors import ExitCode, UsageError
-from eaglepatch.transform.engine import Instrumented, instrument, strip
+from eaglepatch.transform.engine import instrument, strip
 from eaglepatch.transform.recipe import Recipe, builtin_recipe, load_recipe_file, load_recipe_text
+from eaglepatch.transform.results import Instrumented
 
 MINIMAL = """\
 [[family]]
@@ -270,7 +271,7 @@ def test_worker_info_carries_the_family_timer():
         "StandaloneWorkerV2": ("inherits", "eagle-v2", "events"),
         "DFlashWorkerV2": ("unsupported", None, None),
     }
-    from test_transform_cases import V1_BEFORE
+    from transform_cases import V1_BEFORE
 
     res = instrument(V1_BEFORE, "w.py", r)
     assert [(w.family, w.timer) for w in res.workers] == [("eagle-v1", "sync")]

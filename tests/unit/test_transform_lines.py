@@ -16,10 +16,12 @@ import tokenize
 
 import pytest
 
-from eaglepatch.transform import engine
-from eaglepatch.transform.engine import Instrumented, Refused, check_output, instrument, strip
+from eaglepatch.transform import engine, finder
+from eaglepatch.transform.check import check_output
+from eaglepatch.transform.engine import instrument, strip
 from eaglepatch.transform.marks import is_instrumented, split_lines, strip_lines
-from test_transform_cases import V1_AFTER, V1_BEFORE
+from eaglepatch.transform.results import Instrumented, Refused
+from transform_cases import V1_AFTER, V1_BEFORE, read_case
 
 PATH = "sglang/srt/speculative/w.py"
 # Every character str.splitlines() breaks at that Python's tokenizer keeps inside a line.
@@ -27,28 +29,10 @@ NOT_PYTHON_BREAKS = ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "
 
 # A worker whose phase statements each follow a statement at their own indentation, with a form feed in a comment
 # inside the entry method: a transform counting lines with str.splitlines() puts every begin/end one statement
-# early (around "a = N"), and the result still compiles and strips back byte for byte.
-SHIFTABLE = '''\
-import torch
-
-
-class EAGLEWorkerV2(BaseSpecWorker):
-    def forward_batch_generation(self, batch, on_publish=None):
-        # page\x0c
-        if batch.forward_mode.is_extend():
-            a = 1
-            batch_output = self.target_worker.forward_batch_generation(batch)
-            a = 2
-            batch_output.next_draft_input = self.draft_worker._draft_extend_for_prefill(batch, batch_output)
-            return batch_output
-        a = 3
-        verify_input = self.draft_worker.draft(batch)
-        a = 4
-        batch_output = self.verify(batch)
-        a = 5
-        self.draft_worker._draft_extend_for_decode(batch, batch_output)
-        return batch_output
-'''
+# early (around "a = N"), and the result still compiles and strips back byte for byte. The golden case holds what
+# instrument makes of it.
+SHIFTABLE_CASE = read_case("form-feed-in-a-comment-shifts-nothing")
+SHIFTABLE = SHIFTABLE_CASE.before
 
 # What a transform counting lines with str.splitlines() made of SHIFTABLE (written out by hand from that run):
 # every begin/end brackets the "a = N" line before its phase statement; accepted reads batch_output before verify
@@ -87,12 +71,6 @@ class EAGLEWorkerV2(BaseSpecWorker):
         self.draft_worker._draft_extend_for_decode(batch, batch_output)
         return batch_output
 '''
-
-
-def _begin_followers(source: str) -> list[tuple[str, str]]:
-    """(begin line, the next line) for every begin of ``source``, lines as Python counts them."""
-    lines = split_lines(source)
-    return [(ln.strip(), lines[i + 1].strip()) for i, ln in enumerate(lines) if "_eaglepatch.begin(" in ln]
 
 
 def _python_lines(source: str) -> int:
@@ -138,36 +116,16 @@ def test_split_lines_breaks_at_lf_crlf_and_cr_only(text, expected):
 
 @pytest.mark.parametrize("ch", NOT_PYTHON_BREAKS, ids=[f"U+{ord(c):04X}" for c in NOT_PYTHON_BREAKS])
 def test_a_break_character_in_a_comment_inside_the_method_shifts_nothing(recipe, ch):
-    """SHIFTABLE with each character in its comment: every begin is directly above its phase statement (never
-    above the "a = N" before it), accepted follows verify, and strip gives back the bytes."""
+    """SHIFTABLE with each character in its comment: the output is the golden case's with that character (every
+    begin directly above its phase statement, never above the "a = N" before it; accepted after verify), the sites
+    are Python's lines, and strip gives back the bytes."""
     src = SHIFTABLE.replace("\x0c", ch)
     res = instrument(src, PATH, recipe)
     assert isinstance(res, Instrumented), res
-    assert _begin_followers(res.source) == [
-        ('_eaglepatch.begin("target", "prefill")  # [eaglepatch]',
-         "batch_output = self.target_worker.forward_batch_generation(batch)"),
-        ('_eaglepatch.begin("draft_extend", "prefill")  # [eaglepatch]',
-         "batch_output.next_draft_input = self.draft_worker._draft_extend_for_prefill(batch, batch_output)"),
-        ('_eaglepatch.begin("draft", "decode")  # [eaglepatch]', "verify_input = self.draft_worker.draft(batch)"),
-        ('_eaglepatch.begin("verify", "decode")  # [eaglepatch]', "batch_output = self.verify(batch)"),
-        ('_eaglepatch.begin("draft_extend", "decode")  # [eaglepatch]',
-         "self.draft_worker._draft_extend_for_decode(batch, batch_output)"),
-    ]
-    assert "batch_output = self.verify(batch)\n        _eaglepatch.end(\"verify\")  # [eaglepatch]\n" \
-        "        _eaglepatch.accepted(batch_output," in res.source
+    assert res.source == SHIFTABLE_CASE.after.replace("\x0c", ch)
     assert strip(res.source) == src and strip_lines(res.source) == src
     assert [(p.phase, p.line) for p in res.workers[0].phases] == [
         ("target", 9), ("draft_extend", 11), ("draft", 14), ("verify", 16), ("draft_extend", 18)]
-
-
-def test_the_decorator_goes_on_the_method_after_a_form_feed_comment(recipe):
-    """A comment with a form feed right above the entry method: the decorator is the line above the ``def``; a
-    split at the form feed would glue it to the comment's text (and it would vanish into the comment)."""
-    src = V1_BEFORE.replace("    def forward_batch_generation", "    # page\x0cbreak\n    def forward_batch_generation")
-    res = instrument(src, PATH, recipe)
-    assert isinstance(res, Instrumented), res
-    assert "    # page\x0cbreak\n    @_eaglepatch.entry  # [eaglepatch]\n    def forward_batch_generation" in res.source
-    assert strip(res.source) == src
 
 
 def test_strip_and_marks_count_python_lines(recipe):
@@ -187,6 +145,8 @@ def test_a_refusal_line_counts_python_lines(recipe):
     res = instrument(src, PATH, recipe)
     assert isinstance(res, Refused), res
     assert split_lines(src)[res.line - 1].strip() == "spec_info = self.draft(batch) if batch else None"
+    assert res.message() == (f"{PATH}:14 (EAGLEWorker): phase call self.draft(...) sits in a conditional expression "
+                             "(a if c else b): it may not run")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -214,15 +174,16 @@ def test_a_shift_bug_in_the_transform_is_a_refusal_not_a_patched_file(recipe, mo
     """The old bug put back (the finder's lines split with str.splitlines): instrument returns a Refused naming an
     internal error, not SHIFTED, though SHIFTED compiles and strips back."""
 
-    class OldLines(engine._Finder):
+    class OldLines(finder.Finder):
         def __init__(self, *args):
             super().__init__(*args)
             self.lines = self.source.splitlines(keepends=True)
 
-    monkeypatch.setattr(engine, "_Finder", OldLines)
+    monkeypatch.setattr(engine, "Finder", OldLines)
     res = instrument(SHIFTABLE, PATH, recipe)
     assert isinstance(res, Refused), res
-    assert res.reason.startswith("internal error: ") and "phase call" in res.reason
+    assert res.message() == (f"{PATH}:13: internal error: begin('draft') is not followed by the statement holding "
+                             "its phase call; nothing instrumented")
     # The line is the input's: the statement the misplaced begin stood above ("a = 3", before the draft call).
     assert split_lines(SHIFTABLE)[res.line - 1].strip() == "a = 3"
 

@@ -3,7 +3,7 @@ of what it does not instrument, its warnings, and its internal errors.
 
 These are what a person reads in ``show``, ``apply`` and ``diff``: each must say where (a line of the file as
 given, counted as Python counts lines) and why, and must not change by accident. The cases are the small sources
-of test_transform_cases.py with one thing changed.
+of transform_cases.py (the golden V1 case, the V2 module) with one thing changed.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import ast
 import libcst as cst
 import pytest
 
-from eaglepatch.transform import engine
-from eaglepatch.transform.engine import Instrumented, NotApplicable, Refused, analyze, instrument
+from eaglepatch.transform import engine, finder
+from eaglepatch.transform.engine import analyze, instrument
 from eaglepatch.transform.marks import split_lines
-from test_transform_cases import V1_AFTER, V1_BEFORE, V2_DECODE, v2
+from eaglepatch.transform.results import Instrumented, NotApplicable, Refused
+from transform_cases import V1_AFTER, V1_BEFORE, V2_DECODE, v2
 
 PATH = "w.py"
 DRAFT = "            spec_info = self.draft(batch)\n"
@@ -129,7 +130,7 @@ def test_a_method_libcst_cannot_parse_is_refused_at_the_files_line(recipe, monke
                                         raw_line=3, raw_column=7)
         return real(text)
 
-    monkeypatch.setattr(engine.cst, "parse_module", failing)
+    monkeypatch.setattr(finder.cst, "parse_module", failing)
     res = instrument(V1_BEFORE, PATH, recipe)
     assert isinstance(res, Refused)
     # The method is the first statement of its class: the text starts at the class line (line 7), so its line 3
@@ -146,7 +147,7 @@ def test_a_libcst_error_without_a_position_keeps_its_message(recipe, monkeypatch
     def failing(text):
         raise cst.ParserSyntaxError("tokenizer error", lines=text.splitlines(True), raw_line=2, raw_column=0)
 
-    monkeypatch.setattr(engine.cst, "parse_module", failing)
+    monkeypatch.setattr(finder.cst, "parse_module", failing)
     res = instrument(V1_BEFORE, PATH, recipe)
     assert res.message() == "w.py:8: does not parse: tokenizer error"
 
@@ -155,7 +156,7 @@ def test_a_method_nested_too_deeply_for_libcst(recipe, monkeypatch):
     def failing(text):
         raise RecursionError()
 
-    monkeypatch.setattr(engine.cst, "parse_module", failing)
+    monkeypatch.setattr(finder.cst, "parse_module", failing)
     res = instrument(V1_BEFORE, PATH, recipe)
     assert res.message() == "w.py:8: does not parse: nested too deeply"
 
