@@ -1,5 +1,5 @@
 """The acceptance profile, the wall time a client sees, and the prediction of other step counts
-(eaglepatch/report/aggregation.py, eaglepatch/report/predict.py): synthetic records with known per-position
+(eaglepatch/report/: scan.py, groups.py, predict.py): synthetic records with known per-position
 acceptance and known phase costs in, the numbers computed by hand out."""
 
 from __future__ import annotations
