@@ -40,10 +40,12 @@ class BadLine(ValueError):
 
 
 def reject_constant(name: str) -> Any:
+    """``json``'s ``parse_constant``: ``NaN``/``Infinity`` literals make the line a bad line (raises ``BadLine``)."""
     raise BadLine(f"non-finite number {name}")
 
 
 def is_num(x: Any) -> bool:
+    """Whether ``x`` is a number ``array('d')`` takes: a float, an int that fits one, or a bool."""
     if type(x) is float:
         return True
     if type(x) is int:
