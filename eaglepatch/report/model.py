@@ -2,8 +2,8 @@
 ``RunInfo``) with their JSON forms, and the labels people read them by (``key_label``, ``compact_flags``,
 ``local_time``).
 
-Pure values: the renderers (``render``, ``comparison``, ``predict``, the charts) import what they show from here,
-never from the scan or the aggregation that fills them.
+Pure values: the renderers (``render``, ``comparison``, ``predict``) import what they show from here, never from
+the scan or the aggregation that fills them (the charts read the JSON forms).
 """
 
 from __future__ import annotations
