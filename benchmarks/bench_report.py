@@ -23,8 +23,8 @@ parent's size across ``execve`` on Linux; ``resource.getrusage(...).ru_maxrss`` 
 object: ``{"records", "json_parse_s", "report_s", "ratio", "peak_mb", ...}``.
 
 Targets (not a test, issue 25): ``ratio <= 0.5`` (``target_ratio``; ``target_met`` says whether it holds) and
-``peak_mb < 200``. ``parser`` names the parser ``aggregate`` used (``eaglepatch.report.aggregation.parser_name()``
-where the module has one, else ``"json"``, the standard library).
+``peak_mb < 200``. ``parser`` names the parser ``aggregate`` used (``eaglepatch.report.scan.parser_name()``, or
+``eaglepatch.report.aggregation.parser_name()`` in older trees; ``"json"``, the standard library, where neither is).
 """
 
 from __future__ import annotations
@@ -71,11 +71,18 @@ TARGET_RATIO = 0.5  # issue 25: aggregate at most half the time of the standard 
 
 
 def parser_name() -> str:
-    """The parser ``aggregate`` uses: ``eaglepatch.report.aggregation.parser_name()`` where there is one, else ``"json"``."""
-    from eaglepatch.report import aggregation
+    """The parser ``aggregate`` uses: ``eaglepatch.report.scan.parser_name()`` (``aggregation``'s in older trees)
+    where there is one, else ``"json"``."""
+    import importlib
 
-    fn = getattr(aggregation, "parser_name", None)
-    return fn() if fn is not None else "json"
+    for name in ("eaglepatch.report.scan", "eaglepatch.report.aggregation"):
+        try:
+            fn = getattr(importlib.import_module(name), "parser_name", None)
+        except ImportError:
+            continue
+        if fn is not None:
+            return fn()
+    return "json"
 
 
 RUN_ID = "20251130T105320-gpu1-4242-3f9c"

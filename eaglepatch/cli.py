@@ -480,7 +480,7 @@ def report(
             if not compare and not predict:
                 raise UsageError("--chart goes with --compare or --predict (a sweep draws its own: eaglepatch sweep "
                                  "--chart)")
-            from eaglepatch.tuning.chart import check_chart_path
+            from eaglepatch.report.chart.draw import check_chart_path
 
             check_chart_path(chart)
         c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
@@ -615,7 +615,7 @@ def sweep(
             opts.points()  # bad input: exit 2 before the target is touched
             run = lambda t: tuning.sweep(t, c, opts, say)  # noqa: E731
         if chart is not None:
-            from eaglepatch.tuning.chart import check_chart_path
+            from eaglepatch.report.chart.draw import check_chart_path
 
             check_chart_path(chart)  # folder, .svg/.png, matplotlib for .png: exit 2 before the sweep runs
         actions.check_targets([target], c)
@@ -624,7 +624,7 @@ def sweep(
             finish([outcome], json_out, None)
         doc = outcome.value
         if chart is not None:
-            from eaglepatch.tuning.chart import write_chart
+            from eaglepatch.tuning.sweep_chart import write_chart
 
             write_chart(doc, chart)
             say(f"chart written to {chart}")

@@ -836,7 +836,7 @@ def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, tra
             say(f"trace written to {path}: open it in https://ui.perfetto.dev")
         cmp = rep.compare(results, list(sources))
         if chart is not None:
-            from eaglepatch.tuning.chart import write_compare_chart
+            from eaglepatch.report.chart.compare import write_compare_chart
 
             write_compare_chart(cmp.to_json(), chart)
             say(f"chart written to {chart}")
@@ -878,7 +878,7 @@ def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, tra
             if pred is not None:
                 gd.update(pred.to_json())
         if predict and chart is not None:
-            from eaglepatch.tuning.predict_chart import write_predict_chart
+            from eaglepatch.report.chart.predict import write_predict_chart
 
             write_predict_chart(doc, chart, sweep)
             say(f"chart written to {chart}")

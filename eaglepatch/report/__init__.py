@@ -13,20 +13,24 @@ Typical use (what ``eaglepatch report`` does)::
 
 Runs (one server launch each) are never merged unless ``merge_runs=True``; ``run_ids``, ``since`` and
 ``latest`` select some (see ``aggregate``).
+
+The names above are the package's face; its modules, each of one concern, bottom up:
+
+* ``stats``: percentiles, phase and key order, JSON rounding;
+* ``model``: the result types (``ReportResult``, ``GroupStats``, ``RunInfo``, ...) and the labels people read
+  them by (``key_label``, ``compact_flags``, ``local_time``);
+* ``files``: which files to read (``iter_log_files``);
+* ``record``: what a valid timing record is, field by field;
+* ``groups``: a group's accumulator, finished into its ``GroupStats``;
+* ``scan``: the hot loop over the lines (msgspec, else the standard library's json);
+* ``aggregation``: ``aggregate``: the scan, run selection, the groups put in order;
+* ``trace``: the Chrome trace file; ``render``: the table and the CSV; ``comparison``: ``--compare``;
+  ``predict``: ``--predict``, other step counts from one run's records;
+* ``chart/``: the SVG/PNG charts: ``draw`` (the scene, its writers, text metrics, axes), ``compare`` and
+  ``predict`` (the ``--compare`` and ``--predict`` charts).
 """
 
-from eaglepatch.report.aggregation import (
-    BY_CHOICES,
-    BetweenStats,
-    GroupStats,
-    PhaseStats,
-    ReportResult,
-    RunInfo,
-    Stats,
-    aggregate,
-    compact_flags,
-    iter_log_files,
-)
+from eaglepatch.report.aggregation import aggregate
 from eaglepatch.report.comparison import (
     CompareColumn,
     CompareGroup,
@@ -38,12 +42,27 @@ from eaglepatch.report.comparison import (
     render_compare_csv,
     render_compare_table,
 )
+from eaglepatch.report.files import iter_log_files
+from eaglepatch.report.model import (
+    BY_CHOICES,
+    Acceptance,
+    BetweenStats,
+    GroupStats,
+    PhaseStats,
+    ReportResult,
+    RunInfo,
+    Stats,
+    compact_flags,
+    key_label,
+    local_time,
+)
 from eaglepatch.report.render import CSV_COLUMNS, render_csv, render_group_table, render_table
 from eaglepatch.report.stats import CANONICAL_PHASES, percentile, phase_order
 from eaglepatch.report.trace import TraceWriter
 
 __all__ = [
     "BY_CHOICES",
+    "Acceptance",
     "BetweenStats",
     "CANONICAL_PHASES",
     "CSV_COLUMNS",
@@ -62,6 +81,8 @@ __all__ = [
     "compact_flags",
     "compare",
     "iter_log_files",
+    "key_label",
+    "local_time",
     "numbered_paths",
     "percentile",
     "phase_order",

@@ -23,7 +23,8 @@ from typing import Any, Sequence
 from tabulate import tabulate
 
 from eaglepatch.errors import UsageError
-from eaglepatch.report.aggregation import GroupStats, ReportResult, RunInfo, aggregate
+from eaglepatch.report.aggregation import aggregate
+from eaglepatch.report.model import GroupStats, ReportResult, RunInfo
 from eaglepatch.report.stats import key_sort_value, mode_sort_value, phase_order, round_json
 
 

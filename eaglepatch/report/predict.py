@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from eaglepatch.errors import UsageError
-from eaglepatch.report.aggregation import Acceptance, GroupStats, ReportResult
+from eaglepatch.report.model import Acceptance, GroupStats, ReportResult
 from eaglepatch.report.stats import round_json
 
 BASES = ("measured", "profile", "extrapolated", "estimate")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from tabulate import tabulate
 
 from eaglepatch.redact import shown as escaped
-from eaglepatch.report.aggregation import Acceptance, GroupStats, ReportResult, Stats
+from eaglepatch.report.model import Acceptance, GroupStats, ReportResult, Stats
 
 if TYPE_CHECKING:
     from eaglepatch.report.predict import Prediction

@@ -1,6 +1,6 @@
-"""The charts (eaglepatch/tuning/chart.py): the sweep's two panels and the ``report --compare`` chart, as SVG (parsed back
-with ElementTree: the words and the bars a reader sees) and as PNG through matplotlib; the clear error without
-matplotlib, before a sweep runs."""
+"""The charts (eaglepatch/report/chart/, eaglepatch/tuning/sweep_chart.py): the sweep's two panels and the
+``report --compare`` chart, as SVG (parsed back with ElementTree: the words and the bars a reader sees) and as PNG
+through matplotlib; the clear error without matplotlib, before a sweep runs."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
-from eaglepatch.tuning import chart
+from eaglepatch.report.chart import draw
+from eaglepatch.report.chart.compare import render_compare_chart, write_compare_chart
+from eaglepatch.report.chart.draw import check_chart_path
 from eaglepatch.tuning import sweep as sw
-from eaglepatch.tuning.chart import check_chart_path, render_chart, render_compare_chart, write_chart, write_compare_chart
+from eaglepatch.tuning.sweep_chart import render_chart, sweep_scene, write_chart
 from eaglepatch.errors import ExitCode, UsageError
 from eaglepatch.report import aggregate, compare
 
@@ -105,14 +107,14 @@ def test_svg_is_valid_xml_with_real_text_two_panels_and_every_label():
 def test_svg_bars_are_to_scale_on_their_own_axes():
     doc = _doc()
     root = _svg(render_chart(doc, "s.svg"))
-    base, best, spec = _bars(root, chart.BASE), _bars(root, chart.BEST), _bars(root, chart.BAR)
+    base, best, spec = _bars(root, draw.BASE), _bars(root, draw.BEST), _bars(root, draw.BAR)
     assert len(base) == 1 and len(best) == 1 and len(spec) == 1  # baseline, steps=1, steps=2; no bar when failed
     assert best[0]["height"] / base[0]["height"] == pytest.approx(94.0 / 90.2, rel=1e-3)
     assert spec[0]["height"] / base[0]["height"] == pytest.approx(70.0 / 90.2, rel=1e-3)
     bottom = base[0]["y"] + base[0]["height"]
     assert best[0]["y"] + best[0]["height"] == pytest.approx(bottom, abs=0.02) == spec[0]["y"] + spec[0]["height"]
     # the stacks: one segment per phase per point with timings, below the tok/s panel, on a ms scale
-    segs = {name: _bars(root, color) for name, color in chart.PHASE_COLORS.items()}
+    segs = {name: _bars(root, color) for name, color in draw.PHASE_COLORS.items()}
     assert [len(s) for s in segs.values()] == [2, 2, 2]
     assert segs["verify"][0]["height"] / segs["draft"][0]["height"] == pytest.approx(7.9 / 3.1, rel=1e-3)
     assert min(r["y"] for s in segs.values() for r in s) > bottom
@@ -130,11 +132,11 @@ def test_failed_points_are_shown_failed_not_as_zero_bars():
     assert texts.count("failed") == 2  # in both panels
     assert "not ready within 900 s" in texts
     assert any("failed: speculative-num-steps=3: not ready within 900 s" in t for t in texts)
-    bands = [r for r in root.iter(f"{NS}rect") if r.get("fill") == chart.FAIL]
+    bands = [r for r in root.iter(f"{NS}rect") if r.get("fill") == draw.FAIL]
     assert all("not ready within 900 s" in r.find(f"{NS}title").text for r in bands)
     assert len(bands) == 2 and all(r.get("fill-opacity") for r in bands)
     # the failed point's slot holds no bar: 3 tok/s bars for 4 points
-    assert sum(len(_bars(root, c)) for c in (chart.BASE, chart.BAR, chart.BEST)) == 3
+    assert sum(len(_bars(root, c)) for c in (draw.BASE, draw.BAR, draw.BEST)) == 3
 
 
 def test_sweep_without_baseline_has_no_speedups():
@@ -143,8 +145,8 @@ def test_sweep_without_baseline_has_no_speedups():
     texts = _texts(root)
     assert not [t for t in texts if re.fullmatch(r"\d+\.\d\d\u00d7", t)]
     assert "no baseline point (sweep --baseline adds one): no speedups" in texts
-    assert not _bars(root, chart.BASE)
-    assert not [ln for ln in root.iter(f"{NS}line") if ln.get("stroke-dasharray") and ln.get("stroke") == chart.INK
+    assert not _bars(root, draw.BASE)
+    assert not [ln for ln in root.iter(f"{NS}line") if ln.get("stroke-dasharray") and ln.get("stroke") == draw.INK
                 and float(ln.get("x2")) - float(ln.get("x1")) > 100]  # no baseline median line
     assert "sweep point" in texts and "baseline median" not in texts
     assert {p["label"] for p in doc["points"]} <= set(texts)
@@ -155,7 +157,7 @@ def test_sweep_without_phases_says_so_instead_of_stacks():
     assert doc["notes"] and any(n.startswith("no per-phase timings") for n in doc["notes"])
     root = _svg(render_chart(doc, "s.svg"))
     texts = _texts(root)
-    assert not any(_bars(root, c) for c in chart.PHASE_COLORS.values())
+    assert not any(_bars(root, c) for c in draw.PHASE_COLORS.values())
     assert "ms per step (p50)" not in texts
     said = " ".join(texts)
     assert said.count("the target is not patched") == 1  # said once, not again as a note
@@ -175,7 +177,7 @@ def test_many_long_labels_are_slanted_and_kept_whole():
     # no slanted label starts left of the picture: its width along the slant, from its anchor
     for t in slanted:
         lines = [ts.text for ts in t.iter(f"{NS}tspan")] or [t.text]
-        reach = max(chart.text_width(s, float(t.get("font-size"))) for s in lines) * 0.82
+        reach = max(draw.text_width(s, float(t.get("font-size"))) for s in lines) * 0.82
         assert float(t.get("x")) - reach > 0
     assert float(root.get("width")) < 1600
 
@@ -220,14 +222,14 @@ def test_png_through_matplotlib(tmp_path):
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     w, h = struct.unpack(">II", data[16:24])
-    scene = chart.sweep_scene(_doc())
+    scene = sweep_scene(_doc())
     assert (w, h) == (pytest.approx(2 * scene.w, abs=2), pytest.approx(2 * scene.h, abs=2))
     colors = {c for _n, c in Image.open(path).convert("RGB").getcolors(maxcolors=1 << 20)}
 
     def rgb(hex_: str) -> tuple[int, int, int]:
         return tuple(int(hex_[i:i + 2], 16) for i in (1, 3, 5))
 
-    for c in (chart.BEST, chart.BASE, chart.PHASE_COLORS["verify"], chart.PHASE_COLORS["draft"]):
+    for c in (draw.BEST, draw.BASE, draw.PHASE_COLORS["verify"], draw.PHASE_COLORS["draft"]):
         assert rgb(c) in colors
 
 
@@ -322,7 +324,7 @@ def test_compare_chart_groups_the_phases_per_source(tmp_path):
                   "whole cycle", "target", "ms (p50)"):
         assert words in texts, words
     # decode: 4 categories x 2 sources; prefill: target and cycle, "after" only
-    blue, orange = _bars(root, chart.SOURCE_COLORS[0]), _bars(root, chart.SOURCE_COLORS[1])
+    blue, orange = _bars(root, draw.SOURCE_COLORS[0]), _bars(root, draw.SOURCE_COLORS[1])
     assert len(blue) == 4 and len(orange) == 4 + 2
     assert texts.count("n/a") == 2
     for label in ("4.00", "3.00", "-25%", "-20%", "10.0", "8.00", "+0%"):

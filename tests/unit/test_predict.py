@@ -1,5 +1,5 @@
 """The acceptance profile, the wall time a client sees, and the prediction of other step counts
-(eaglepatch/report/aggregation.py, eaglepatch/report/predict.py): synthetic records with known per-position
+(eaglepatch/report/: scan.py, groups.py, predict.py): synthetic records with known per-position
 acceptance and known phase costs in, the numbers computed by hand out."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from eaglepatch.errors import UsageError
 from eaglepatch.report import aggregate, render_table
 from eaglepatch.report.predict import Baseline, baseline_from_sweep, parse_steps, predict, predict_group, shape_of
-from eaglepatch.tuning.predict_chart import predict_scene, write_predict_chart
+from eaglepatch.report.chart.predict import predict_scene, write_predict_chart
 
 approx = pytest.approx
 T0 = 1764500000.0

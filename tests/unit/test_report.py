@@ -25,7 +25,7 @@ from eaglepatch.report import (
     render_csv,
     render_table,
 )
-from eaglepatch.report.aggregation import _ordered
+from eaglepatch.report.groups import ordered
 
 
 @pytest.fixture(autouse=True, params=["msgspec", "json"])
@@ -106,7 +106,7 @@ def test_counted_order_statistics_equal_sorted() -> None:
         array("d", (round(rng.gauss(5, 0.3), 2) for _ in range(70_000))),  # few distinct: counted
         array("d", (rng.random() for _ in range(70_000))),  # all distinct: sorted
     ):
-        got = _ordered(values)
+        got = ordered(values)
         want = sorted(values)
         for q in (0, 1, 50, 90, 99, 99.9, 100):
             assert percentile(got, q) == percentile(want, q)
@@ -618,7 +618,7 @@ def test_iter_log_files(tmp_path: Path) -> None:
 def test_both_parsers_give_the_same_result_on_hostile_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Lines that msgspec refuses and json accepts (NaN, 1e400, lone surrogates, huge ints, duplicate keys) go to
     the standard parser, so the records, skipped lines and JSON are the same with either parser."""
-    from eaglepatch.report.aggregation import parser_name
+    from eaglepatch.report.scan import parser_name
 
     good = seq([10.0, 20.0, 30.0], [1.0, 1.0])
     base = json.dumps(rec(t=T0 + 7))[:-1]

@@ -24,6 +24,7 @@ from eaglepatch.report import (
     compact_flags,
     compare,
     iter_log_files,
+    local_time,
     numbered_paths,
     render_compare_csv,
     render_compare_table,
@@ -31,7 +32,6 @@ from eaglepatch.report import (
     render_table,
 )
 from eaglepatch.report import aggregation as agg_mod
-from eaglepatch.report.aggregation import local_time
 
 
 @pytest.fixture(autouse=True, params=["msgspec", "json"])
@@ -493,8 +493,8 @@ def test_trace_of_a_selection_holds_the_selected_runs_only(tmp_path: Path, monke
     second read of the files); when the selection keeps everything the files are read once."""
     files = iter_log_files([str(blend_folder(tmp_path))])
     calls = []
-    real = agg_mod._scan
-    monkeypatch.setattr(agg_mod, "_scan", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = agg_mod.scan_files
+    monkeypatch.setattr(agg_mod, "scan_files", lambda *a, **k: calls.append(1) or real(*a, **k))
     out = tmp_path / "t.json"
     res = aggregate(files, trace_path=str(out), run_ids=["run-events-random"], skip=1)
     ev = json.loads(out.read_text())["traceEvents"]

@@ -2,8 +2,8 @@
 acceptance profile, per decode group.
 
 Drawn from the ``report --json`` document (groups with ``predict`` and ``acceptance``), with the same scene and
-writers as the sweep chart (``eaglepatch.tuning.chart``): SVG by hand, PNG with matplotlib. Per group, a row of two
-panels:
+writers as the other charts (``eaglepatch.report.chart.draw``): SVG by hand, PNG with matplotlib. Per group, a
+row of two panels:
 
 * left, tok/s by step count: the prediction as a line through its points, its uncertainty (``spread``) as a band,
   each point marked by its basis (measured: a filled dot; profile and extrapolated: open circles; the
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from eaglepatch.tuning.chart import (
+from eaglepatch.report.chart.draw import (
     AXIS,
     BAR,
     BASE,
@@ -25,15 +25,15 @@ from eaglepatch.tuning.chart import (
     INK,
     MUTED,
     Scene,
-    _axis,
-    _notes,
-    _title_block,
-    _tps,
-    _write,
+    draw_axis,
+    draw_notes,
+    draw_title_block,
     fmt_tick,
+    fmt_tps,
     nice_ticks,
     render_scene,
     text_width,
+    write_atomic,
 )
 
 LINE = "#4e79a7"
@@ -81,7 +81,7 @@ def _tps_panel(sc: Scene, x0: float, y0: float, g: Mapping[str, Any], sweep: lis
     left = x0 + 18 + 8 + tick_w + 8
     width = LEFT_W - (left - x0) - 10
     top, height = y0 + 8, PANEL_H
-    _axis(sc, left, top, width, height, ticks, "tok/s (predicted)", left - tick_w - 22)
+    draw_axis(sc, left, top, width, height, ticks, "tok/s (predicted)", left - tick_w - 22)
     steps = sorted({p["steps"] for p in pts} | {s for s, *_ in sweep})
     smin, smax = min(steps), max(steps)
     span = max(smax - smin, 1)
@@ -106,24 +106,25 @@ def _tps_panel(sc: Scene, x0: float, y0: float, g: Mapping[str, Any], sweep: lis
         yz = Y(zero["tokens_per_s"])
         measured = zero["basis"] == "measured"
         sc.line(left, yz, left + width, yz, BASE if not measured else INK, 1.5, dash=None if measured else (5, 4))
-        label = f"no speculation, {'measured' if measured else 'estimated'}: {_tps(zero['tokens_per_s'])}"
+        label = f"no speculation, {'measured' if measured else 'estimated'}: {fmt_tps(zero['tokens_per_s'])}"
         sc.text(left + width - 4, yz - 5, label, size=10, color=MUTED, anchor="end", halo=True)
     for p in spec:
         x, y = X(p["steps"]), Y(p["tokens_per_s"])
         if p["basis"] == "measured":
-            sc.rect(x - 4.5, y - 4.5, 9, 9, INK, tip=f"measured at {p['steps']} steps: {_tps(p['tokens_per_s'])}")
+            sc.rect(x - 4.5, y - 4.5, 9, 9, INK, tip=f"measured at {p['steps']} steps: {fmt_tps(p['tokens_per_s'])}")
         else:
             sc.rect(x - 3.5, y - 3.5, 7, 7, "#ffffff", stroke=LINE, stroke_width=1.5,
-                    tip=f"{p['basis']}: {p['steps']} steps, {_tps(p['tokens_per_s'])} tok/s")
+                    tip=f"{p['basis']}: {p['steps']} steps, {fmt_tps(p['tokens_per_s'])} tok/s")
     for s, med, lo, hi in sweep:
         x = X(s) + 7
         sc.line(x, Y(lo), x, Y(hi), SWEEP, 1.3)
-        sc.rect(x - 3.5, Y(med) - 3.5, 7, 7, SWEEP, tip=f"sweep: {s} steps, {_tps(med)} tok/s ({_tps(lo)}-{_tps(hi)})")
+        sc.rect(x - 3.5, Y(med) - 3.5, 7, 7, SWEEP,
+                tip=f"sweep: {s} steps, {fmt_tps(med)} tok/s ({fmt_tps(lo)}-{fmt_tps(hi)})")
     best = g.get("predict_best")
     if best is not None and 0 <= best < len(pts):
         bp = pts[best]
         x, y = X(bp["steps"]), Y(bp["tokens_per_s"])
-        sc.text(x, y - 10, f"best: {bp['steps']} steps, {_tps(bp['tokens_per_s'])}", size=10.5, color=BEST,
+        sc.text(x, y - 10, f"best: {bp['steps']} steps, {fmt_tps(bp['tokens_per_s'])}", size=10.5, color=BEST,
                 anchor="middle", bold=True, halo=True)
 
 
@@ -135,7 +136,7 @@ def _profile_panel(sc: Scene, x0: float, y0: float, g: Mapping[str, Any]) -> Non
     left = x0 + 18 + 8 + text_width("0.8", 10.5) + 8
     width = RIGHT_W - (left - x0) - 6
     top, height = y0 + 8, PANEL_H
-    _axis(sc, left, top, width, height, ticks, "share of request-cycles", left - text_width("0.8", 10.5) - 22)
+    draw_axis(sc, left, top, width, height, ticks, "share of request-cycles", left - text_width("0.8", 10.5) - 22)
     if not al:
         sc.text(left + width / 2, top + height / 2, "no per-request counts", size=11, color=MUTED, anchor="middle")
         return
@@ -164,7 +165,7 @@ def predict_scene(doc: Mapping[str, Any], sweep: Mapping[str, Any] | None = None
            "filled: measured; open: predicted (fewer steps from the profile, more extrapolated); dashed: no "
            "speculation, estimated" + ("; red: the sweep's points" if sweep else "")]
     sc = Scene(W, 0, title=f"Predicted tok/s by draft steps: {sources}")
-    y = _title_block(sc, margin, W - 2 * margin, f"Predicted tok/s by draft steps: {sources}", sub, 34)
+    y = draw_title_block(sc, margin, W - 2 * margin, f"Predicted tok/s by draft steps: {sources}", sub, 34)
     sp = _sweep_points(sweep)
     if not groups:
         y += 30
@@ -175,7 +176,7 @@ def predict_scene(doc: Mapping[str, Any], sweep: Mapping[str, Any] | None = None
         _tps_panel(sc, margin, y + 6, g, sp)
         _profile_panel(sc, margin + LEFT_W + 20, y + 6, g)
         y += 6 + 8 + PANEL_H + 40
-        y = _notes(sc, margin, W - 2 * margin, [n for n in g.get("predict_notes") or []][:2], y)
+        y = draw_notes(sc, margin, W - 2 * margin, [n for n in g.get("predict_notes") or []][:2], y)
     sc.line(margin, y + 12, W - margin, y + 12, AXIS, 0.5)
     sc.h = y + 22
     return sc
@@ -183,7 +184,7 @@ def predict_scene(doc: Mapping[str, Any], sweep: Mapping[str, Any] | None = None
 
 def write_predict_chart(doc: Mapping[str, Any], path: str, sweep: Mapping[str, Any] | None = None) -> None:
     """Write the prediction chart of ``doc`` (``report --predict --json``) to ``path`` (.svg or .png)."""
-    _write(render_scene(predict_scene(doc, sweep), path), path)
+    write_atomic(render_scene(predict_scene(doc, sweep), path), path)
 
 
 __all__: Sequence[str] = ("predict_scene", "write_predict_chart")

@@ -1,0 +1,253 @@
+"""A group's accumulator and its statistics: ``Acc`` holds one compact ``array('d')`` per series (cycle, each
+phase, between, and the host-clock series of the ``events`` timer) and a few running sums while the scan fills
+it; ``finish_group`` turns it into a ``GroupStats`` (exact percentiles), ``merge_into`` joins two (``merge_runs``).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from bisect import bisect_right
+from collections import Counter
+from itertools import accumulate
+from typing import Any, Sequence
+
+from eaglepatch.report.model import Acceptance, BetweenStats, GroupStats, PhaseStats, Stats
+from eaglepatch.report.stats import percentile, phase_order
+
+
+class Acc:
+    """Per-group accumulator used by the hot loop (mutable; filled by the scan, never leaves the report package)."""
+
+    __slots__ = (
+        "mode",
+        "keyval",
+        "cyc",
+        "cyc_app",
+        "ph",
+        "btw",
+        "btw_app",
+        "hcyc",
+        "hcyc_app",
+        "hph",
+        "acc",
+        "cyc_acc",
+        "btw_acc",
+        "acc_ab",
+        "bs_ab",
+        "wcyc_acc",
+        "ahist",
+        "accs",
+        "walls",
+        "run",
+        "spec",
+    )
+
+    def __init__(self, mode: str, keyval: Any, run: str = "", spec: str | None = None):
+        self.mode = mode
+        self.keyval = keyval
+        self.run = run
+        self.spec = spec
+        self.cyc = array("d")
+        self.cyc_app = self.cyc.append
+        self.ph: dict[str, Any] = {}  # phase name -> bound append of its array('d')
+        self.btw = array("d")
+        self.btw_app = self.btw.append
+        self.hcyc = array("d")
+        self.hcyc_app = self.hcyc.append
+        self.hph: dict[str, Any] = {}
+        self.acc = 0
+        self.cyc_acc = 0.0
+        self.btw_acc = 0.0
+        self.acc_ab = 0
+        self.bs_ab = 0
+        self.wcyc_acc = 0.0  # the host clock's cycle time of the records with accepted (cycle_ms without it)
+        self.ahist: dict[int, int] = {}  # tokens a request produced in a cycle -> request-cycles ("accepts")
+        # per record with accepted, in order: its tokens and its wall time (host cycle + the gap before it), for
+        # the spread of tok/s over windows of the run
+        self.accs = array("f")
+        self.walls = array("f")
+
+
+class _Counted:
+    """A sorted sequence given as distinct values and cumulative counts; indexable like the sorted list."""
+
+    __slots__ = ("keys", "cum", "n")
+
+    def __init__(self, keys: list[float], cum: list[int]):
+        self.keys = keys
+        self.cum = cum
+        self.n = cum[-1] if cum else 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> float:
+        if i < 0:
+            i += self.n
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return self.keys[bisect_right(self.cum, i)]
+
+
+_COUNT_MIN = 1 << 16  # below this many values a plain sort is quick enough
+_COUNT_CHUNK = 1 << 16
+
+
+def ordered(values: array) -> Sequence[float]:
+    """The values in ascending order, as something ``percentile`` can index.
+
+    The runtime rounds times to 0.1 us, so a long series has far fewer distinct values than values; counting
+    them (C-speed ``Counter``) and sorting the distinct ones is then quicker than sorting everything. When the
+    values turn out mostly distinct, fall back to ``sorted``. Both give exactly the same order statistics.
+    """
+    n = len(values)
+    if n >= _COUNT_MIN:
+        counts: Counter[float] = Counter()
+        for i in range(0, n, _COUNT_CHUNK):
+            counts.update(values[i : i + _COUNT_CHUNK])
+            if len(counts) * 2 > min(n, i + _COUNT_CHUNK):
+                break  # mostly distinct: counting does not pay
+        else:
+            keys = sorted(counts)
+            cum = list(accumulate([counts[k] for k in keys]))
+            return _Counted(keys, cum)
+        del counts
+    return sorted(values)
+
+
+def _series_stats(values: array) -> Stats | None:
+    """Stats of one series; ``None`` when empty."""
+    n = len(values)
+    if n == 0:
+        return None
+    total = math.fsum(values)
+    s = ordered(values)
+    return Stats(
+        n=n,
+        mean=total / n,
+        p50=percentile(s, 50),  # type: ignore[arg-type]
+        p90=percentile(s, 90),  # type: ignore[arg-type]
+        p99=percentile(s, 99),  # type: ignore[arg-type]
+        max=float(s[n - 1]),
+        total=total,
+    )
+
+
+def finish_group(g: Acc, key: tuple[tuple[str, Any], ...], run: str | None) -> GroupStats:
+    cycle = _series_stats(g.cyc)
+    assert cycle is not None
+    g.cyc = array("d")
+    g.cyc_app = None
+    cyc_total = cycle.total
+    host_cycle = _series_stats(g.hcyc)
+    g.hcyc = array("d")
+    g.hcyc_app = None
+    phases: list[PhaseStats] = []
+    for name in phase_order(set(g.ph) | set(g.hph)):
+        app = g.ph.pop(name, None)
+        st = _series_stats(app.__self__) if app is not None else None
+        del app
+        happ = g.hph.pop(name, None)
+        hst = _series_stats(happ.__self__) if happ is not None else None
+        del happ
+        if st is None:
+            continue  # a host time without a GPU time: not a phase of this group
+        share = st.total / cyc_total if cyc_total else 0.0
+        hshare = None
+        if hst is not None and host_cycle is not None:
+            hshare = hst.total / host_cycle.total if host_cycle.total else 0.0
+        phases.append(PhaseStats(name=name, stats=st, share=share, host=hst, host_share=hshare))
+
+    between: BetweenStats | None = None
+    bst = _series_stats(g.btw)
+    g.btw = array("d")
+    g.btw_app = None
+    if bst is not None:
+        between = BetweenStats(n=bst.n, mean=bst.mean, p50=bst.p50, p90=bst.p90, total=bst.total)
+
+    # No record with accepted (and bs) leaves these sums at 0: the values are then null.
+    accept_len = g.acc_ab / g.bs_ab if g.bs_ab > 0 else None
+    tokens_per_s = g.acc / g.cyc_acc * 1000.0 if g.cyc_acc > 0 else None
+    # What a client sees follows the cadence of cycle starts on the host: each cycle's host-clock time plus the gap
+    # before it. Under the overlap scheduler the GPU's cycle (cycle_ms of the events timer) overlaps the
+    # scheduler's work between cycles, so cycle_ms + between would count that time twice.
+    wall_den = g.wcyc_acc + g.btw_acc
+    wall = g.acc / wall_den * 1000.0 if g.cyc_acc > 0 and wall_den > 0 else None
+    n_acc = len(g.walls)
+    cadence = wall_den / n_acc if n_acc and wall_den > 0 else None
+    windows = _window_rates(g.accs, g.walls)
+    g.accs = array("f")
+    g.walls = array("f")
+    hist = tuple(sorted(g.ahist.items()))
+    acceptance = Acceptance(samples=sum(n for _t, n in hist), hist=hist) if hist else None
+    return GroupStats(
+        mode=g.mode,
+        key=key,
+        n=cycle.n,
+        cycle=cycle,
+        phases=tuple(phases),
+        accept_len=accept_len,
+        tokens_per_s=tokens_per_s,
+        between=between,
+        wall_tokens_per_s=wall,
+        tokens=g.acc,
+        host_cycle=host_cycle,
+        run=run,
+        acceptance=acceptance,
+        cadence_ms=cadence,
+        accepted_cycles=n_acc,
+        window_tokens_per_s=windows,
+        spec=g.spec,
+    )
+
+
+_WINDOWS = 10  # windows of a group's records for the spread of its tok/s
+_WINDOW_MIN = 50  # records a window holds at least
+
+
+def _window_rates(accs: array, walls: array) -> tuple[float, ...]:
+    """Wall tok/s of up to ``_WINDOWS`` successive, equal windows of the records (tokens over their wall time), at
+    least ``_WINDOW_MIN`` records each; ``()`` when there are too few records for two windows."""
+    n = len(accs)
+    w = min(_WINDOWS, n // _WINDOW_MIN)
+    if w < 2:
+        return ()
+    out = []
+    for i in range(w):
+        lo, hi = i * n // w, (i + 1) * n // w
+        den = math.fsum(walls[lo:hi])
+        if den > 0:
+            out.append(math.fsum(accs[lo:hi]) / den * 1000.0)
+    return tuple(out)
+
+
+def merge_into(a: Acc, b: Acc) -> None:
+    """Append ``b``'s series to ``a``'s and add its sums (``merge_runs``); ``b`` is left empty."""
+    a.cyc.extend(b.cyc)
+    a.btw.extend(b.btw)
+    a.hcyc.extend(b.hcyc)
+    for mine, theirs in ((a.ph, b.ph), (a.hph, b.hph)):
+        for name, app in theirs.items():
+            have = mine.get(name)
+            if have is None:
+                mine[name] = app
+            else:
+                have.__self__.extend(app.__self__)
+        theirs.clear()
+    b.cyc = array("d")
+    b.btw = array("d")
+    b.hcyc = array("d")
+    a.acc += b.acc
+    a.cyc_acc += b.cyc_acc
+    a.btw_acc += b.btw_acc
+    a.acc_ab += b.acc_ab
+    a.bs_ab += b.bs_ab
+    a.wcyc_acc += b.wcyc_acc
+    for t, n in b.ahist.items():
+        a.ahist[t] = a.ahist.get(t, 0) + n
+    b.ahist.clear()
+    a.accs.extend(b.accs)
+    a.walls.extend(b.walls)
+    b.accs = array("f")
+    b.walls = array("f")
