@@ -398,7 +398,7 @@ def _tps(v: float) -> str:
 
 
 def sweep_scene(doc: Mapping[str, Any]) -> Scene:
-    """Lay out the chart of a sweep summary (``eaglepatch.tuning.sweep.summarize``, the ``sweep --json`` object)."""
+    """Lay out the chart of a sweep summary (``tuning.sweep_summary.summarize``, the ``sweep --json`` object)."""
     points = list(doc.get("points") or [])
     n = max(1, len(points))
     best = doc.get("best")

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from eaglepatch.tuning import sweep_state
 from eaglepatch.tuning import sweep as sw
 from eaglepatch.doctor import rules as R
 from eaglepatch.doctor.collect import find_sweep, load_records
@@ -193,7 +194,7 @@ def state_file(cache: Path, results: dict, port: int = 30000, argv_of=None, targ
     its tok/s."""
     points = [sw.Point(baseline=True)] + [sw.Point(flags=(("speculative-num-steps", str(k)),))
                                           for k in results if k is not None]
-    st = sw.StateFile(str(cache / f"{target}-{len(results)}.jsonl"))
+    st = sweep_state.StateFile(str(cache / f"{target}-{len(results)}.jsonl"))
     st.write_header({"version": 1, "target": target, "original": {"argv": ARGV, "port": port},
                      "points": [p.key for p in points], "repeat": 1,
                      "load": {"requests": 32, "concurrency": 4}})
