@@ -26,7 +26,8 @@ from eaglepatch.doctor.facts import (
     parse_topo,
     server_args_of,
 )
-from eaglepatch.doctor.rules import Finding, diagnose
+from eaglepatch.doctor.finding import Finding
+from eaglepatch.doctor.rules import diagnose
 from eaglepatch.doctor.facts import evidence
 from eaglepatch.redact import mask_argv
 

@@ -1,4 +1,4 @@
-"""Each rule of ``eaglepatch doctor`` (eaglepatch/doctor/rules.py) on facts, with its healthy counterpart: the
+"""Each rule of ``eaglepatch doctor`` (eaglepatch/doctor/rules/) on facts, with its healthy counterpart: the
 finding when its condition holds, none when it does not (no false alarm), none when the evidence it needs is
 missing. Timing records are written as JSONL and read through the real aggregation (``collect.load_records``);
 sweeps through real state files (``collect.find_sweep``); log lines come from the real corpus.
@@ -19,6 +19,7 @@ import pytest
 from eaglepatch.tuning import sweep_state
 from eaglepatch.tuning import sweep as sw
 from eaglepatch.doctor import rules as R
+from eaglepatch.doctor.finding import SEVERITIES
 from eaglepatch.doctor.collect import find_sweep, load_records
 from eaglepatch.doctor.facts import ModelConfig, ServerFacts, parse_log, parse_topo
 
@@ -513,7 +514,7 @@ def test_findings_are_ordered_by_severity_and_shaped_as_the_contract_says(tmp_pa
     found = R.diagnose(f)
     assert [x.id for x in found] == ["eagle3-draft-as-eagle", "accept-length-low", "draft-context-short",
                                      "tp-communication", "not-patched"]
-    sev = [R.SEVERITIES.index(x.severity) for x in found]
+    sev = [SEVERITIES.index(x.severity) for x in found]
     assert sev == sorted(sev)
     for x in found:
         doc = x.to_json()
