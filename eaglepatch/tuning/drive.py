@@ -30,7 +30,7 @@ from eaglepatch.tuning.load import SHORT_LOAD_S, LoadFailed, LoadSpec, run_load,
 from eaglepatch.failpoints import failpoint
 from eaglepatch.ops.actions import Connect, _facts, _launch_of, _Target, fetch_logs_from, logs_of
 from eaglepatch.ops.core import Session, new_lock_owner
-from eaglepatch.server.flags import check_speculative_point
+from eaglepatch.server.eagle_limits import check_speculative_point
 from eaglepatch.transform.recipe import builtin_recipe
 
 Say = Callable[[str], None]
