@@ -198,6 +198,7 @@ t0 = time.perf_counter()
 import eaglepatch.cli as cli
 t1 = time.perf_counter()
 import eaglepatch.hosts.ssh as S   # paramiko (the CLI imports it on the first SSH target)
+from eaglepatch.hosts.ssh_process import SSHProcess
 t2 = time.perf_counter()
 import eaglepatch.ops.core as core, eaglepatch.ops.actions as actions
 # Not imported here: the transform (libcst). The CLI imports it on a thread of its own while the facts round trip
@@ -228,7 +229,7 @@ if mode == "cli":
         io[id(proc)] = [0, 0]
         return proc
     S.SSHHost.spawn = _spawn_io
-    _send, _read = S._SSHProcess.send, S._SSHProcess.read
+    _send, _read = SSHProcess.send, SSHProcess.read
     def _send_io(self, data, deadline):
         io[id(self)][0] += len(data)
         return _send(self, data, deadline)
@@ -236,7 +237,7 @@ if mode == "cli":
         r = _read(self, deadline)
         io[id(self)][1] += len(r or b"")
         return r
-    S._SSHProcess.send, S._SSHProcess.read = _send_io, _read_io
+    SSHProcess.send, SSHProcess.read = _send_io, _read_io
     wrap(S.SSHHost, "_sftp_call", "sftp", lambda a, k: a[1])
     wrap(core, "call", "remote_op", lambda a, k: a[2])
     for mod in (core, actions):

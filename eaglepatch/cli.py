@@ -584,7 +584,7 @@ def sweep(
       eaglepatch sweep root@gpu-host --live --grid speculative-num-steps=0,1,3,7 --emit-adaptive-config a.json
     """
     def go() -> None:
-        from eaglepatch.tuning import sweep as sw
+        from eaglepatch.tuning import sweep_summary as sw
         from eaglepatch.tuning import drive as tuning
 
         if json_out and csv_out:

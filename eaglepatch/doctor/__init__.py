@@ -7,13 +7,16 @@ its evidence and the next step to take. docs/doctor.md lists every finding with 
 
 - ``facts``: ``ServerFacts`` (what was read about one server) and the pure parsers (log lines, flags, configs,
   ``nvidia-smi``);
-- ``rules``: one small named function per finding, its condition and thresholds in its docstring; ``diagnose``;
+- ``finding``: ``Finding``, what a rule returns;
+- ``rules``: one small named function per finding, its condition and thresholds in its docstring (by kind of
+  finding: ``draft``, ``steps``, ``pace``, ``measurement``; the thresholds in ``thresholds``); ``diagnose``;
 - ``collect``: reading a target (one request on the host: ``op_doctor`` in ops/_remote.py) into facts, and the
   ``doctor --json`` document;
 - ``render``: the text for people.
 """
 
 from eaglepatch.doctor.facts import ServerFacts, evidence
-from eaglepatch.doctor.rules import RULES, SEVERITIES, Finding, diagnose
+from eaglepatch.doctor.finding import SEVERITIES, Finding
+from eaglepatch.doctor.rules import RULES, diagnose
 
 __all__ = ["RULES", "SEVERITIES", "Finding", "ServerFacts", "diagnose", "evidence"]

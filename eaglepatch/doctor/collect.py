@@ -26,7 +26,8 @@ from eaglepatch.doctor.facts import (
     parse_topo,
     server_args_of,
 )
-from eaglepatch.doctor.rules import Finding, diagnose
+from eaglepatch.doctor.finding import Finding
+from eaglepatch.doctor.rules import diagnose
 from eaglepatch.doctor.facts import evidence
 from eaglepatch.redact import mask_argv
 
@@ -226,12 +227,12 @@ def find_sweep(name: str, srv: Any, cache: str | None = None) -> dict[str, Any] 
     ``name`` and whose server listened on the same port; ``srv`` None: any server of the target), preferring one
     with a baseline that ran: its ``sweep --json`` summary, plus ``path``, ``load`` and ``current`` (the point
     whose runs had this very command line, or None)."""
-    from eaglepatch.tuning import sweep as sw
+    from eaglepatch.tuning import sweep_state, sweep_summary
 
     found = []
-    for path in glob.glob(os.path.join(cache or sw.cache_dir(), "*.jsonl")):
+    for path in glob.glob(os.path.join(cache or sweep_state.cache_dir(), "*.jsonl")):
         try:
-            state = sw.StateFile(path)
+            state = sweep_state.StateFile(path)
         except OSError:
             continue
         head = state.header or {}
@@ -243,7 +244,8 @@ def find_sweep(name: str, srv: Any, cache: str | None = None) -> dict[str, Any] 
             continue
         if not points or not state.runs:
             continue
-        summary = sw.summarize(name, points, state.runs, any(p.baseline for p in points), int(head.get("repeat", 1)))
+        summary = sweep_summary.summarize(name, points, state.runs, any(p.baseline for p in points),
+                                          int(head.get("repeat", 1)))
         summary["path"] = path
         summary["load"] = head.get("load") or {}
         summary["current"] = None

@@ -253,7 +253,7 @@ def covers(tiers: Mapping[int, Sequence[int]], steps: Sequence[int], max_bs: int
 
 
 def unsupported_reason(release: AdaptiveRelease, values: Mapping[str, str]) -> str | None:
-    """Why ``release``'s adaptive mode would not run with the launch flags ``values`` (``sweep.flag_values``, every
+    """Why ``release``'s adaptive mode would not run with the launch flags ``values`` (``cmdline.flag_values``, every
     flag with its last value; a bare flag "on"), in one line; None when it would."""
     algo = values.get("speculative-algorithm")
     if algo in (None, "", "None", "none"):

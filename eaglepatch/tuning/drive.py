@@ -6,7 +6,7 @@ loaded directly), then the timing records of the server's processes whose ``t`` 
 (measured on the host's clock), aggregated as ``report`` does. The patch's runtime writes its records in batches
 (every 2 s at the latest), so bench waits ``log_wait`` seconds after the load before it fetches them.
 
-sweep: see ``eaglepatch.tuning.sweep`` for the grid and the state file. Each run is: rewrite the original launch command
+sweep: see ``sweep`` for the grid and ``sweep_state`` for the state file. Each run is: rewrite the original launch command
 for the point, ``restart(current=<what runs>, launch=<the point>)``, wait until ready, bench, save the run's
 figures to the state file. A point whose server does not come up is saved as failed with the log's tail and the
 sweep goes on. At the end (also after Ctrl-C or an error) the server is started again with the original command
@@ -30,7 +30,7 @@ from eaglepatch.tuning.load import SHORT_LOAD_S, LoadFailed, LoadSpec, run_load,
 from eaglepatch.failpoints import failpoint
 from eaglepatch.ops.actions import Connect, _facts, _launch_of, _Target, fetch_logs_from, logs_of
 from eaglepatch.ops.core import Session, new_lock_owner
-from eaglepatch.server.flags import check_speculative_point
+from eaglepatch.server.eagle_limits import check_speculative_point
 from eaglepatch.transform.recipe import builtin_recipe
 
 Say = Callable[[str], None]
@@ -361,6 +361,7 @@ class _Owned:
 
 
 def sweep(text: str, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]:
+    from eaglepatch.tuning import cmdline, sweep_state, sweep_summary
     from eaglepatch.tuning import sweep as sw
     from eaglepatch.server import _remote
     from eaglepatch.server.process import LaunchSpec
@@ -373,8 +374,8 @@ def sweep(text: str, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]
         host = t.host
         flags = server_flags(host, python, facts.package_dir, facts.version, say)
         flag_axes, env_axes, points = opts.points(flags)
-        ident = sw.sweep_id(name, points, opts.repeat, opts.bench.load.to_json())
-        state = sw.StateFile(sw.state_path(name, ident))
+        ident = sweep_state.sweep_id(name, points, opts.repeat, opts.bench.load.to_json())
+        state = sweep_state.StateFile(sweep_state.state_path(name, ident))
         if opts.fresh and state.header is not None:
             say(f"--fresh: starting over (forgetting {len(state.runs)} saved run(s) in {state.path})")
             state.remove()
@@ -382,7 +383,7 @@ def sweep(text: str, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]
         if state.header is not None and state.restore is not None and not _pending(state, points, plan):
             # finished, and the server was put back: the table again, and nothing on the host is touched
             say(f"{name}: this sweep is complete ({state.path}): nothing was started; --fresh runs it again")
-            summary = sw.summarize(name, points, state.runs, opts.baseline, opts.repeat)
+            summary = sweep_summary.summarize(name, points, state.runs, opts.baseline, opts.repeat)
             summary.update(state_file=state.path, restore=dict(state.restore, restarted=False))
             return summary
         server = _launch_of(facts, c.facts.server_ports)
@@ -397,15 +398,15 @@ def sweep(text: str, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]
             if args_index < 0:
                 raise Unsupported(f"{name}: the server's command line is not one eaglepatch can rewrite: "
                                   f"{shown_argv(original.argv)}")
-        sw.check_speculation(original.argv[args_index:], flag_axes, flags)
+        cmdline.check_speculation(original.argv[args_index:], flag_axes, flags)
         launches = []
         notes: list[str] = []
         refused: dict[str, str] = {}  # point key -> why sglang would not start with it
         for p in points:
-            argv, derived = sw.point_argv(original.argv, args_index, p, flags)
+            argv, derived = cmdline.point_argv(original.argv, args_index, p, flags)
             notes.extend(derived)
-            launches.append(dataclasses.replace(original, argv=argv, env=sw.point_env(original.env, p)))
-            why = None if p.baseline else check_speculative_point(sw.flag_values(argv[args_index:], flags))
+            launches.append(dataclasses.replace(original, argv=argv, env=cmdline.point_env(original.env, p)))
+            why = None if p.baseline else check_speculative_point(cmdline.flag_values(argv[args_index:], flags))
             if why:
                 refused[p.key] = why
         if refused and len(refused) == sum(1 for p in points if not p.baseline):
@@ -414,7 +415,7 @@ def sweep(text: str, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]
         for p in points:
             if p.key in refused:
                 notes.append(f"not launched: {p.label}: {refused[p.key]}")
-        if not sw.runs_speculation(original.argv[args_index:], flags) and opts.baseline:
+        if not cmdline.runs_speculation(original.argv[args_index:], flags) and opts.baseline:
             notes.append("the server runs no speculation: the baseline is its own command line")
 
         with sweep_locks(host, python, facts, state):
@@ -451,10 +452,10 @@ def header_of(name: str, facts: Any, original: Any, args_index: int, server: Any
     """The first line of a sweep's state file, as far as every sweep has it: the original launch, the server it
     starts from, and the install's other servers beside it (never stopped, never a conflict)."""
     from eaglepatch.ops.lifecycle import servers_of
-    from eaglepatch.tuning import sweep as sw
+    from eaglepatch.tuning import sweep_state
 
     beside = [s for s in servers_of(facts) if s.pid != server.pid]
-    return {"version": 1, "target": name, "created": sw.now_iso(), "original": original.to_json(),
+    return {"version": 1, "target": name, "created": sweep_state.now_iso(), "original": original.to_json(),
             "args_index": args_index, "server": {"pid": server.pid, "start": server.start, "port": server.port},
             "beside": [{"pid": s.pid, "start": s.start, "port": s.port} for s in beside]}
 
@@ -469,7 +470,7 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
                launches: list[Any], original: Any, opts: SweepOptions, notes: list[str], say: Say, *,
                env_names: Sequence[str], plan: Sequence[tuple[int, int]], owned: _Owned,
                refused: dict[str, str]) -> dict[str, Any]:
-    from eaglepatch.tuning import sweep as sw
+    from eaglepatch.tuning import sweep_summary
     from eaglepatch.server.restart import RestartOptions
 
     ropts = RestartOptions(timeout=opts.timeout, poll_interval=0.5)
@@ -506,7 +507,7 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
             failpoint("sweep:after-run")
     except BaseException as exc:  # Ctrl-C, a lost connection, a bug: put the server back, then report it
         interrupted = exc
-    summary = sw.summarize(name, points, state.runs, opts.baseline, opts.repeat)
+    summary = sweep_summary.summarize(name, points, state.runs, opts.baseline, opts.repeat)
     target_launch, why = original, "the original command line"
     if opts.keep_best and interrupted is None:
         if summary["best"] is not None:
@@ -546,7 +547,7 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
 
 def _one_run(host: Host, name: str, python: str, launch: Any, ropts: Any, log_dir: str | None,
              opts: SweepOptions, index: int, rep: int, point: Any, say: Say, owned: _Owned) -> dict[str, Any]:
-    from eaglepatch.tuning import sweep as sw
+    from eaglepatch.tuning import sweep_summary
     from eaglepatch.server.restart import restart
 
     base = {"point": point.key, "index": index, "rep": rep, "argv": list(launch.argv),
@@ -566,7 +567,7 @@ def _one_run(host: Host, name: str, python: str, launch: Any, ropts: Any, log_di
     except LoadFailed as exc:
         say(f"  failed: {exc}")
         return dict(base, status="failed", error=str(exc), pid=server.pid, log_tail="")
-    fig = sw.run_figures(doc)
+    fig = sweep_summary.run_figures(doc)
     acc = fig["accept_len"]
     say(f"  {fig['tokens_per_s']:.1f} tok/s" + (f", accept length {acc:.2f}" if acc is not None else "")
         + (f", cycle p50 {fig['phases_p50']['cycle']:.2f} ms" if "cycle" in fig["phases_p50"] else ""))

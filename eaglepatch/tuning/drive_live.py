@@ -39,7 +39,7 @@ from eaglepatch.ops.core import call
 from eaglepatch.transform.recipe import builtin_recipe
 from eaglepatch.tuning import adaptive as ad
 from eaglepatch.tuning import live as lv
-from eaglepatch.tuning import sweep as sw
+from eaglepatch.tuning import cmdline, sweep_state
 from eaglepatch.tuning.drive import (
     BenchOptions,
     Say,
@@ -155,7 +155,7 @@ def live_sweep(text: str, c: Connect, opts: LiveOptions, say: Say) -> dict[str, 
         release = ad.check_live_grid(_read_release(host, python, facts), steps)
         load = opts.bench.load
         ident = lv.live_id(name, steps, opts.rounds, opts.window, load.to_json())
-        state = sw.StateFile(sw.state_path(name, "live-" + ident))
+        state = sweep_state.StateFile(sweep_state.state_path(name, "live-" + ident))
         if opts.fresh and state.header is not None:
             say(f"--fresh: starting over (forgetting {len(state.runs)} saved window(s) in {state.path})")
             state.remove()
@@ -180,7 +180,7 @@ def live_sweep(text: str, c: Connect, opts: LiveOptions, say: Say) -> dict[str, 
                 raise Unsupported(f"{name}: the server's command line is not one eaglepatch can rewrite: "
                                   f"{' '.join(original.argv)}")
             reuse = False
-        values = sw.flag_values(original.argv[args_index:], flags)
+        values = cmdline.flag_values(original.argv[args_index:], flags)
         why = ad.unsupported_reason(release, values)
         if why:
             raise Unsupported(f"{name}: sweep --live: {why}: sweep without --live (a launch per point)")

@@ -16,6 +16,7 @@ import statistics
 from typing import Any, Iterable, Mapping, Sequence
 
 from eaglepatch.errors import UsageError
+from eaglepatch.tuning import cmdline, sweep_summary
 from eaglepatch.tuning import sweep as sw
 
 STEPS_FLAG = "speculative-num-steps"
@@ -71,11 +72,11 @@ def live_argv(argv: Sequence[str], args_index: int, steps: Sequence[int], config
     crashes building a state for more steps than the launch's) with its draft tokens (steps + 1), and top-k 1."""
     head, args = list(argv[:args_index]), list(argv[args_index:])
     top = max(steps)
-    args = sw.set_flag(args, "speculative-adaptive", "on", flags)
-    args = sw.set_flag(args, "speculative-adaptive-config", config_path, flags)
-    args = sw.set_flag(args, STEPS_FLAG, str(top), flags)
-    args = sw.set_flag(args, "speculative-num-draft-tokens", str(top + 1), flags)
-    args = sw.set_flag(args, "speculative-eagle-topk", "1", flags)
+    args = cmdline.set_flag(args, "speculative-adaptive", "on", flags)
+    args = cmdline.set_flag(args, "speculative-adaptive-config", config_path, flags)
+    args = cmdline.set_flag(args, STEPS_FLAG, str(top), flags)
+    args = cmdline.set_flag(args, "speculative-num-draft-tokens", str(top + 1), flags)
+    args = cmdline.set_flag(args, "speculative-eagle-topk", "1", flags)
     return head + args
 
 
@@ -126,11 +127,11 @@ def window_figures(client: Mapping[str, Any], timings: Mapping[str, Any] | None,
     (when the target is patched) the p50 of its pinned decode cycles' phases, their own accept length
     (``accept_len_log``: accepted tokens per request-cycle, without the prefill token the client's counts) and how
     its cycles ran."""
-    fig = sw.run_figures({"client": client, "timings": None})
+    fig = sweep_summary.run_figures({"client": client, "timings": None})
     fig["accept_len_log"] = None
     if timings:
         for g in pinned_group(timings.get("groups") or [], steps):
-            fig = sw.run_figures({"client": client, "timings": dict(timings, groups=[g])})
+            fig = sweep_summary.run_figures({"client": client, "timings": dict(timings, groups=[g])})
             fig["accept_len_log"] = g.get("accept_len")
     if cycles is not None:
         fig["cycles"] = dict(cycles)
@@ -175,7 +176,7 @@ def summarize(target: str, steps: Sequence[int], runs: Sequence[Mapping[str, Any
     length, when patched), ``spread`` ((max - min) / median of its windows' tok/s), ``window_tokens_per_s`` (in the order
     measured) and ``cycles`` (its pinned and other decode cycles, when patched)."""
     points = points_of(steps)
-    doc = sw.summarize(target, points, runs, baseline=False, repeat=rounds)
+    doc = sweep_summary.summarize(target, points, runs, baseline=False, repeat=rounds)
     by_point: dict[str, list[Mapping[str, Any]]] = {}
     for r in runs:
         by_point.setdefault(r["point"], []).append(r)

@@ -49,7 +49,7 @@ SLANT = 35.0  # degrees: the slant of long or many point labels
 
 
 def sweep_scene(doc: Mapping[str, Any]) -> Scene:
-    """Lay out the chart of a sweep summary (``eaglepatch.tuning.sweep.summarize``, the ``sweep --json`` object)."""
+    """Lay out the chart of a sweep summary (``eaglepatch.tuning.sweep_summary.summarize``, the ``sweep --json`` object)."""
     points = list(doc.get("points") or [])
     n = max(1, len(points))
     best = doc.get("best")

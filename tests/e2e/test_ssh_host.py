@@ -17,7 +17,8 @@ import pytest
 from eaglepatch.errors import ConnectionFailed
 from eaglepatch.hosts.base import Host, RemoteScriptError, run_python
 from eaglepatch.hosts.local import LocalHost
-from eaglepatch.hosts.ssh import SSHHost, _os_error
+from eaglepatch.hosts.ssh import SSHHost
+from eaglepatch.hosts.ssh_files import sftp_os_error
 from eaglepatch.hosts.target import SSHOptions, open_host, parse_target
 
 pytestmark = pytest.mark.e2e
@@ -546,10 +547,10 @@ def test_lazy_connect_and_failure_on_first_call(sshd, ssh_home):
 
 
 def test_sftp_error_mapping():
-    assert isinstance(_os_error(OSError(errno.ENOENT, "No such file"), "read", "/x", "h"), FileNotFoundError)
-    err = _os_error(OSError(errno.EACCES, "Permission denied"), "write", "/x", "h")
+    assert isinstance(sftp_os_error(OSError(errno.ENOENT, "No such file"), "read", "/x", "h"), FileNotFoundError)
+    err = sftp_os_error(OSError(errno.EACCES, "Permission denied"), "write", "/x", "h")
     assert isinstance(err, PermissionError) and err.filename == "/x"
-    err = _os_error(OSError("Failure"), "rename", "/x", "h")
+    err = sftp_os_error(OSError("Failure"), "rename", "/x", "h")
     assert type(err) is OSError and "rename failed on h: Failure" in str(err) and err.filename == "/x"
 
 

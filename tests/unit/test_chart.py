@@ -17,6 +17,7 @@ import pytest
 from eaglepatch.report.chart import draw
 from eaglepatch.report.chart.compare import render_compare_chart, write_compare_chart
 from eaglepatch.report.chart.draw import check_chart_path
+from eaglepatch.tuning import sweep_summary
 from eaglepatch.tuning import sweep as sw
 from eaglepatch.tuning.sweep_chart import render_chart, sweep_scene, write_chart
 from eaglepatch.errors import ExitCode, UsageError
@@ -40,7 +41,7 @@ def _doc(baseline: bool = True, phases: dict | None = PH, repeat: int = 1) -> di
             _run(spec[2], 0, None, status="failed", error="not ready within 900 s")]
     if baseline:
         runs.append(_run(pts[0], 0, 90.2))
-    return sw.summarize("root@gpu1", pts, runs, baseline=baseline, repeat=repeat)
+    return sweep_summary.summarize("root@gpu1", pts, runs, baseline=baseline, repeat=repeat)
 
 
 def _svg(data: bytes) -> ET.Element:
@@ -169,7 +170,7 @@ def test_many_long_labels_are_slanted_and_kept_whole():
     flags = sw.parse_grid(["speculative-num-steps=1,2,3,5", "speculative-eagle-topk=1,4"])
     pts = sw.make_points(flags, sw.parse_env_grid(["NCCL_ALGO=Ring,Tree"]), baseline=True)
     runs = [_run(p, 0, 1000.0 + 10 * i, 3.0, None if i == 0 else PH) for i, p in enumerate(pts)]
-    doc = sw.summarize("t", pts, runs, baseline=True, repeat=1)
+    doc = sweep_summary.summarize("t", pts, runs, baseline=True, repeat=1)
     root = _svg(render_chart(doc, "s.svg"))
     slanted = [t for t in root.iter(f"{NS}text") if (t.get("transform") or "").startswith("rotate(-35 ")]
     assert len(slanted) == len(pts)
@@ -185,7 +186,7 @@ def test_many_long_labels_are_slanted_and_kept_whole():
 def test_text_is_escaped_and_terminal_codes_dropped():
     pts = sw.make_points(sw.parse_grid(["speculative-num-steps=1"]), sw.parse_env_grid(["X=<a&b>"]), False)
     runs = [_run(pts[0], 0, None, status="failed", error="boom \x1b[31mred\x1b[0m \x00 <tag> & \"q\"")]
-    doc = sw.summarize('host<&>"', pts, runs, baseline=False, repeat=1)
+    doc = sweep_summary.summarize('host<&>"', pts, runs, baseline=False, repeat=1)
     data = render_chart(doc, "s.svg")
     assert b"\x1b" not in data and b"\x00" not in data and b"[31m" not in data
     texts = _texts(_svg(data))

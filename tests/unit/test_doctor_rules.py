@@ -1,4 +1,4 @@
-"""Each rule of ``eaglepatch doctor`` (eaglepatch/doctor/rules.py) on facts, with its healthy counterpart: the
+"""Each rule of ``eaglepatch doctor`` (eaglepatch/doctor/rules/) on facts, with its healthy counterpart: the
 finding when its condition holds, none when it does not (no false alarm), none when the evidence it needs is
 missing. Timing records are written as JSONL and read through the real aggregation (``collect.load_records``);
 sweeps through real state files (``collect.find_sweep``); log lines come from the real corpus.
@@ -16,8 +16,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from eaglepatch.tuning import sweep_state
 from eaglepatch.tuning import sweep as sw
 from eaglepatch.doctor import rules as R
+from eaglepatch.doctor.finding import SEVERITIES
 from eaglepatch.doctor.collect import find_sweep, load_records
 from eaglepatch.doctor.facts import ModelConfig, ServerFacts, parse_log, parse_topo
 
@@ -193,7 +195,7 @@ def state_file(cache: Path, results: dict, port: int = 30000, argv_of=None, targ
     its tok/s."""
     points = [sw.Point(baseline=True)] + [sw.Point(flags=(("speculative-num-steps", str(k)),))
                                           for k in results if k is not None]
-    st = sw.StateFile(str(cache / f"{target}-{len(results)}.jsonl"))
+    st = sweep_state.StateFile(str(cache / f"{target}-{len(results)}.jsonl"))
     st.write_header({"version": 1, "target": target, "original": {"argv": ARGV, "port": port},
                      "points": [p.key for p in points], "repeat": 1,
                      "load": {"requests": 32, "concurrency": 4}})
@@ -512,7 +514,7 @@ def test_findings_are_ordered_by_severity_and_shaped_as_the_contract_says(tmp_pa
     found = R.diagnose(f)
     assert [x.id for x in found] == ["eagle3-draft-as-eagle", "accept-length-low", "draft-context-short",
                                      "tp-communication", "not-patched"]
-    sev = [R.SEVERITIES.index(x.severity) for x in found]
+    sev = [SEVERITIES.index(x.severity) for x in found]
     assert sev == sorted(sev)
     for x in found:
         doc = x.to_json()

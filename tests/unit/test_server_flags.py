@@ -1,5 +1,6 @@
-"""eaglepatch.server.flags on small hand-written server_args.py sources of each style (explicit add_argument calls;
-an ``A[...]`` dataclass; namespace classes in other modules), the suggestion, and check_speculative_point."""
+"""eaglepatch.server.flags (and flags_ast) on small hand-written server_args.py sources of each style (explicit
+add_argument calls; an ``A[...]`` dataclass; namespace classes in other modules), the suggestion, and
+check_speculative_point (eaglepatch.server.eagle_limits)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,8 @@ import textwrap
 
 import pytest
 
-from eaglepatch.server.flags import (
-    ServerFlags,
-    check_speculative_point,
-    draft_tree_candidates,
-    module_path,
-    parse_server_flags,
-    resolve_server_flags,
-)
+from eaglepatch.server.eagle_limits import check_speculative_point, draft_tree_candidates
+from eaglepatch.server.flags import ServerFlags, module_path, parse_server_flags, resolve_server_flags
 
 OLD_STYLE = textwrap.dedent('''
     import argparse

@@ -124,7 +124,10 @@ def test_resolution_needs_no_paramiko_and_ssh_keeps_invoke_lazy():
 
 def test_public_names_still_importable():
     from eaglepatch.hosts import spec, target
-    from eaglepatch.hosts.ssh import SSHHost, _os_error, _SSHProcess, append_known_host, fingerprint  # noqa: F401
+    from eaglepatch.hosts.known_hosts import append_known_host, fingerprint  # noqa: F401
+    from eaglepatch.hosts.ssh import SSHHost  # noqa: F401
+    from eaglepatch.hosts.ssh_files import sftp_os_error  # noqa: F401
+    from eaglepatch.hosts.ssh_process import SSHProcess  # noqa: F401
     from eaglepatch.hosts.tunnel import Tunnel, pump  # noqa: F401
 
     for name in ("DEFAULT_CONNECT_TIMEOUT", "Hop", "SSHOptions", "TargetSpec", "format_destination", "parse_hop",

@@ -1,6 +1,6 @@
-"""The pure parts of ``eaglepatch sweep`` (eaglepatch/tuning/sweep.py): the grid and its validation, the points and the
-shuffled plan, rewriting the launch command, the state file, the summary (the CONTRACT.md ``sweep --json`` shape),
-the table and CSV. Its chart: tests/unit/test_chart.py."""
+"""The pure parts of ``eaglepatch sweep``: the grid and its validation, the points and the shuffled plan
+(eaglepatch/tuning/sweep.py), rewriting the launch command (cmdline.py), the state file (sweep_state.py), the summary
+(the CONTRACT.md ``sweep --json`` shape), the table and CSV (sweep_summary.py). Its chart: tests/unit/test_chart.py."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from eaglepatch.tuning import cmdline, sweep_state, sweep_summary
 from eaglepatch.tuning import sweep as sw
 from eaglepatch.errors import Conflict, UsageError
 
@@ -113,63 +114,64 @@ def test_plan_runs_each_point_r_times_shuffled_and_reproducible():
 
 def test_set_flag_replaces_in_place_every_spelling_and_values():
     args = ["--tp", "2", "--x", "1", "--tp-size=4", "--cuda-graph-bs", "1", "2", "4", "--y"]
-    assert sw.set_flag(args, "tp-size", "8") == ["--tp-size", "8", "--x", "1", "--cuda-graph-bs", "1", "2", "4", "--y"]
-    assert sw.set_flag(args, "cuda-graph-bs", "16") == ["--tp", "2", "--x", "1", "--tp-size=4", "--cuda-graph-bs",
+    assert cmdline.set_flag(args, "tp-size", "8") == ["--tp-size", "8", "--x", "1", "--cuda-graph-bs", "1", "2", "4",
+                                                      "--y"]
+    assert cmdline.set_flag(args, "cuda-graph-bs", "16") == ["--tp", "2", "--x", "1", "--tp-size=4", "--cuda-graph-bs",
                                                         "16", "--y"]
-    assert sw.set_flag(args, "mem-fraction-static", "0.8")[-2:] == ["--mem-fraction-static", "0.8"]
-    assert sw.set_flag(args, "x", None) == ["--tp", "2", "--tp-size=4", "--cuda-graph-bs", "1", "2", "4", "--y"]
+    assert cmdline.set_flag(args, "mem-fraction-static", "0.8")[-2:] == ["--mem-fraction-static", "0.8"]
+    assert cmdline.set_flag(args, "x", None) == ["--tp", "2", "--tp-size=4", "--cuda-graph-bs", "1", "2", "4", "--y"]
 
 
 def test_boolean_flags_are_added_and_removed():
     args = ["--disable-cuda-graph", "--port", "1"]
-    assert sw.set_flag(args, "disable-cuda-graph", "off") == ["--port", "1"]
-    assert sw.set_flag(["--port", "1"], "disable-cuda-graph", "on") == ["--port", "1", "--disable-cuda-graph"]
-    assert sw.flag_value(args, "disable-cuda-graph") == "on"
+    assert cmdline.set_flag(args, "disable-cuda-graph", "off") == ["--port", "1"]
+    assert cmdline.set_flag(["--port", "1"], "disable-cuda-graph", "on") == ["--port", "1", "--disable-cuda-graph"]
+    assert cmdline.flag_value(args, "disable-cuda-graph") == "on"
 
 
 def test_flag_value():
-    assert sw.flag_value(ARGS, "speculative-num-steps") == "3"
-    assert sw.flag_value(ARGS, "cuda-graph-bs") == "1 2 4"
-    assert sw.flag_value(["--tp=2"], "tp-size") == "2"
-    assert sw.flag_value(ARGS, "nope") is None
+    assert cmdline.flag_value(ARGS, "speculative-num-steps") == "3"
+    assert cmdline.flag_value(ARGS, "cuda-graph-bs") == "1 2 4"
+    assert cmdline.flag_value(["--tp=2"], "tp-size") == "2"
+    assert cmdline.flag_value(ARGS, "nope") is None
 
 
 def test_baseline_removes_every_speculative_flag_only():
-    argv, notes = sw.point_argv(HEAD + ARGS, 3, sw.Point(baseline=True))
+    argv, notes = cmdline.point_argv(HEAD + ARGS, 3, sw.Point(baseline=True))
     assert argv == HEAD + ["--model-path", "m", "--port", "30000", "--cuda-graph-bs", "1", "2", "4",
                            "--disable-radix-cache"]
     assert notes == []
-    assert not sw.runs_speculation(argv[3:]) and sw.runs_speculation(ARGS)
+    assert not cmdline.runs_speculation(argv[3:]) and cmdline.runs_speculation(ARGS)
 
 
 def test_point_argv_sets_flags_and_derives_draft_tokens_for_topk_1():
     p = sw.Point(flags=(("speculative-num-steps", "5"),))
-    argv, notes = sw.point_argv(HEAD + ARGS, 3, p)
+    argv, notes = cmdline.point_argv(HEAD + ARGS, 3, p)
     assert argv[:3] == HEAD
-    assert sw.flag_value(argv[3:], "speculative-num-steps") == "5"
-    assert sw.flag_value(argv[3:], "speculative-num-draft-tokens") == "6"
+    assert cmdline.flag_value(argv[3:], "speculative-num-steps") == "5"
+    assert cmdline.flag_value(argv[3:], "speculative-num-draft-tokens") == "6"
     assert notes and "steps + 1" in notes[0]
     assert argv.index("--speculative-num-steps") == (HEAD + ARGS).index("--speculative-num-steps")  # in place
     # given explicitly: kept as given
     p = sw.Point(flags=(("speculative-num-steps", "5"), ("speculative-num-draft-tokens", "9")))
-    assert sw.flag_value(sw.point_argv(HEAD + ARGS, 3, p)[0][3:], "speculative-num-draft-tokens") == "9"
+    assert cmdline.flag_value(cmdline.point_argv(HEAD + ARGS, 3, p)[0][3:], "speculative-num-draft-tokens") == "9"
     # top-k above 1: the command line's own value stays
     p = sw.Point(flags=(("speculative-num-steps", "5"), ("speculative-eagle-topk", "4")))
-    assert sw.flag_value(sw.point_argv(HEAD + ARGS, 3, p)[0][3:], "speculative-num-draft-tokens") == "4"
+    assert cmdline.flag_value(cmdline.point_argv(HEAD + ARGS, 3, p)[0][3:], "speculative-num-draft-tokens") == "4"
 
 
 def test_point_env_overrides_the_original():
     p = sw.Point(env=(("NCCL_ALGO", "Tree"),))
-    assert sw.point_env({"NCCL_ALGO": "Ring", "PATH": "/bin"}, p) == {"NCCL_ALGO": "Tree", "PATH": "/bin"}
+    assert cmdline.point_env({"NCCL_ALGO": "Ring", "PATH": "/bin"}, p) == {"NCCL_ALGO": "Tree", "PATH": "/bin"}
 
 
 def test_a_server_without_speculation_refuses_speculative_axes():
     plain = ["--model-path", "m"]
     with pytest.raises(UsageError, match="runs no speculation"):
-        sw.check_speculation(plain, sw.parse_grid(["speculative-num-steps=1,2"]))
-    sw.check_speculation(plain, sw.parse_grid(["cuda-graph-max-bs=8,16"]))
-    sw.check_speculation(plain, sw.parse_grid(["speculative-algorithm=EAGLE3", "speculative-num-steps=1,2"]))
-    sw.check_speculation(ARGS, sw.parse_grid(["speculative-num-steps=1,2"]))
+        cmdline.check_speculation(plain, sw.parse_grid(["speculative-num-steps=1,2"]))
+    cmdline.check_speculation(plain, sw.parse_grid(["cuda-graph-max-bs=8,16"]))
+    cmdline.check_speculation(plain, sw.parse_grid(["speculative-algorithm=EAGLE3", "speculative-num-steps=1,2"]))
+    cmdline.check_speculation(ARGS, sw.parse_grid(["speculative-num-steps=1,2"]))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -179,30 +181,30 @@ def test_a_server_without_speculation_refuses_speculative_axes():
 def test_state_file_round_trip_and_a_line_cut_short(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     pts = sw.make_points(sw.parse_grid(["speculative-num-steps=1,2"]), (), False)
-    ident = sw.sweep_id("root@gpu1", pts, 2, {"requests": 8})
-    assert ident == sw.sweep_id("root@gpu1", pts, 2, {"requests": 8})
-    assert ident != sw.sweep_id("root@gpu1", pts, 3, {"requests": 8})
-    assert ident != sw.sweep_id("root@gpu2", pts, 2, {"requests": 8})
-    path = sw.state_path("root@gpu1", ident)
+    ident = sweep_state.sweep_id("root@gpu1", pts, 2, {"requests": 8})
+    assert ident == sweep_state.sweep_id("root@gpu1", pts, 2, {"requests": 8})
+    assert ident != sweep_state.sweep_id("root@gpu1", pts, 3, {"requests": 8})
+    assert ident != sweep_state.sweep_id("root@gpu2", pts, 2, {"requests": 8})
+    path = sweep_state.state_path("root@gpu1", ident)
     assert path.startswith(str(tmp_path / "cache" / "eaglepatch" / "sweeps"))
-    st = sw.StateFile(path)
+    st = sweep_state.StateFile(path)
     assert st.header is None and st.runs == []
     st.write_header({"original": {"argv": ["x"]}})
     st.add_run({"point": pts[0].key, "rep": 0, "status": "ok"})
     with open(path, "a") as f:
         f.write('{"kind": "run", "point": "cut sh')  # a crash in the middle of a write
-    st2 = sw.StateFile(path)
+    st2 = sweep_state.StateFile(path)
     assert st2.header["original"] == {"argv": ["x"]}
     assert st2.done() == {(pts[0].key, 0)}
     st2.add_run({"point": pts[1].key, "rep": 1, "status": "failed"})
-    st3 = sw.StateFile(path)
+    st3 = sweep_state.StateFile(path)
     assert st3.done() == {(pts[0].key, 0), (pts[1].key, 1)}
     assert st3.failed_points() == {pts[1].key}
 
 
 def test_state_file_lock_is_exclusive(tmp_path):
-    a = sw.StateFile(str(tmp_path / "s.jsonl"))
-    b = sw.StateFile(str(tmp_path / "s.jsonl"))
+    a = sweep_state.StateFile(str(tmp_path / "s.jsonl"))
+    b = sweep_state.StateFile(str(tmp_path / "s.jsonl"))
     a.lock()
     try:
         with pytest.raises(Conflict, match="another eaglepatch sweep"):
@@ -235,7 +237,7 @@ def test_summary_has_the_contract_shape_medians_speedup_and_best():
         _run(pts[2], 0, 94.0, 2.9, ph), _run(pts[2], 1, 92.5, 3.1, dict(ph, draft=3.2)), _run(pts[2], 2, 95.1, 2.8, ph),
         _run(pts[3], 0, 89.0, 3.2, ph), _run(pts[3], 1, 93.0, 3.2, ph), _run(pts[3], 2, 85.0, 3.2, ph),
     ]
-    doc = sw.summarize("root@gpu1", pts, runs, baseline=True, repeat=3)
+    doc = sweep_summary.summarize("root@gpu1", pts, runs, baseline=True, repeat=3)
     assert set(doc) >= {"target", "baseline", "points", "best"}
     assert (doc["target"], doc["baseline"], doc["best"]) == ("root@gpu1", 0, 2)
     contract_keys = {"flags", "env", "status", "runs", "tokens_per_s", "accept_len", "phases_p50", "speedup"}
@@ -260,7 +262,7 @@ def test_summary_failed_pending_and_no_baseline():
     pts = sw.make_points(sw.parse_grid(["speculative-num-steps=2,99,3"]), (), False)
     runs = [_run(pts[0], 0, 50.0, 3.0),
             _run(pts[1], 0, None, status="failed", error="sglang exited during startup", log_tail="boom")]
-    doc = sw.summarize("t", pts, runs, baseline=False, repeat=1)
+    doc = sweep_summary.summarize("t", pts, runs, baseline=False, repeat=1)
     assert doc["baseline"] is None and doc["best"] == 0
     ok, bad, pending = doc["points"]
     assert ok["speedup"] is None  # no baseline: no speedups
@@ -268,7 +270,7 @@ def test_summary_failed_pending_and_no_baseline():
                        error="sglang exited during startup", log_tail="boom", speedup=None)
     assert pending["status"] == "pending"
     assert any("not patched" in n for n in doc["notes"])
-    table = sw.render_table(doc)
+    table = sweep_summary.render_table(doc)
     assert "failed: speculative-num-steps=99: sglang exited during startup" in table
     assert "*0" in table
 
@@ -276,10 +278,10 @@ def test_summary_failed_pending_and_no_baseline():
 def test_summary_with_a_failed_baseline_has_no_speedups_and_no_best_when_nothing_ran():
     pts = _points()
     runs = [_run(pts[0], 0, None, status="failed", error="x"), _run(pts[1], 0, 10.0)]
-    doc = sw.summarize("t", pts, runs, baseline=True, repeat=1)
+    doc = sweep_summary.summarize("t", pts, runs, baseline=True, repeat=1)
     assert all(p["speedup"] is None for p in doc["points"])
     assert any("baseline did not run" in n for n in doc["notes"])
-    assert sw.summarize("t", pts, [], baseline=True, repeat=1)["best"] is None
+    assert sweep_summary.summarize("t", pts, [], baseline=True, repeat=1)["best"] is None
 
 
 def test_summary_says_when_a_run_measured_too_short_a_load():
@@ -287,11 +289,12 @@ def test_summary_says_when_a_run_measured_too_short_a_load():
     runs = [_run(pts[0], 0, 3000.0, client={"seconds": 0.84}), _run(pts[1], 0, 1200.0, client={"seconds": 12.0}),
             _run(pts[2], 0, 1500.0, client={"seconds": 3.1}),
             _run(pts[3], 0, None, status="failed", error="x", client={"seconds": 0.1})]
-    notes = sw.summarize("t", pts, runs, baseline=True, repeat=1)["notes"]
+    notes = sweep_summary.summarize("t", pts, runs, baseline=True, repeat=1)["notes"]
     short = [n for n in notes if "of load" in n]
     assert short == [short[0]] and short[0].startswith("2 of 3 run(s) measured under 5 s of load (the shortest 0.8 s)")
     long_only = [_run(pts[0], 0, 90.0, client={"seconds": 5.0}), _run(pts[1], 0, 95.0)]
-    assert not any("of load" in n for n in sw.summarize("t", pts, long_only, baseline=True, repeat=1)["notes"])
+    notes = sweep_summary.summarize("t", pts, long_only, baseline=True, repeat=1)["notes"]
+    assert not any("of load" in n for n in notes)
 
 
 def test_table_and_csv():
@@ -299,15 +302,15 @@ def test_table_and_csv():
     ph = {"draft": 3.1, "verify": 7.9, "draft_extend": 1.0, "cycle": 12.2}
     runs = [_run(pts[0], 0, 90.2), _run(pts[1], 0, 94.0, 2.9, ph), _run(pts[2], 0, 70.0, 3.3, ph),
             _run(pts[3], 0, None, status="failed", error="no")]
-    doc = sw.summarize("root@gpu1", pts, runs, baseline=True, repeat=1)
-    table = sw.render_table(doc)
+    doc = sweep_summary.summarize("root@gpu1", pts, runs, baseline=True, repeat=1)
+    table = sweep_summary.render_table(doc)
     for words in ("baseline (no speculation)", "speculative-num-steps=1", "94.0", "1.042x", "7.90", "12.20",
                   "one launch per point"):
         assert words in table
-    lines = sw.render_csv(doc).splitlines()
-    assert lines[0].split(",") == sw.CSV_COLUMNS
+    lines = sweep_summary.render_csv(doc).splitlines()
+    assert lines[0].split(",") == sweep_summary.CSV_COLUMNS
     assert len(lines) == 5
-    row = dict(zip(sw.CSV_COLUMNS, lines[2].split(",", len(sw.CSV_COLUMNS) - 1)))
+    row = dict(zip(sweep_summary.CSV_COLUMNS, lines[2].split(",", len(sweep_summary.CSV_COLUMNS) - 1)))
     assert (row["label"], row["tokens_per_s_median"], row["best"], row["speedup"]) == (
         "speculative-num-steps=1", "94.0", "1", "1.042")
 
@@ -319,9 +322,9 @@ def test_run_figures_from_a_bench_document():
                  {"mode": "decode", "phases": {"draft": {"p50": 1.0}, "verify": {"p50": 2.0},
                                                "draft_extend": {"p50": 0.5}},
                   "cycle_ms": {"p50": 3.6}, "accept_len": 2.5}]}}
-    assert sw.run_figures(bench) == {"tokens_per_s": 100.0, "accept_len": 2.5, "records": 10,
+    assert sweep_summary.run_figures(bench) == {"tokens_per_s": 100.0, "accept_len": 2.5, "records": 10,
                                      "phases_p50": {"draft": 1.0, "verify": 2.0, "draft_extend": 0.5, "cycle": 3.6}}
-    assert sw.run_figures({"client": {"tokens_per_s": 5.0, "accept_len": 3.0}, "timings": None}) == {
+    assert sweep_summary.run_figures({"client": {"tokens_per_s": 5.0, "accept_len": 3.0}, "timings": None}) == {
         "tokens_per_s": 5.0, "accept_len": 3.0, "phases_p50": {}, "records": None}
 
 
@@ -332,4 +335,4 @@ def test_a_point_prints_its_secrets_masked_and_keeps_them_to_launch():
     assert p.label == "api-key=*** speculative-num-draft-tokens=4 HF_TOKEN=***"
     assert p.to_json() == {"flags": {"api-key": "***", "speculative-num-draft-tokens": "4"}, "env": {"HF_TOKEN": "***"}}
     assert "sk-1" in p.key and "hf_x" in p.key
-    assert sw.point_env({}, p) == {"HF_TOKEN": "hf_x"}
+    assert cmdline.point_env({}, p) == {"HF_TOKEN": "hf_x"}

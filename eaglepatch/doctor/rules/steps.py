@@ -1,0 +1,161 @@
+"""Findings about whether speculation pays, and at which step count: slower than no speculation (measured by a
+sweep, else predicted from the timing records), too many or too few draft steps (predicted).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from eaglepatch.doctor.facts import ServerFacts, evidence
+from eaglepatch.doctor.finding import Finding
+from eaglepatch.doctor.rules.thresholds import ACCEPT_LOW, STEPS_GAIN
+
+
+def speculation_slower_predicted(f: ServerFacts) -> Finding | None:
+    """``speculation-slower`` (predicted): no sweep of this server measured a baseline, but the model of its
+    timing records predicts more tok/s without speculation than at every step count 1..max(8, k + 2), by at
+    least ``STEPS_GAIN``: high when the two stay apart by more than their uncertainties, else medium."""
+    m = _model(f)
+    if m is None:
+        return None
+    k, pts, here = m
+    zero = next((p for p in pts if p["steps"] == 0), None)
+    spec = [p for p in pts if p["steps"] >= 1]
+    if zero is None or not spec:
+        return None
+    best = max(spec, key=lambda p: p["tokens_per_s"])
+    if zero["tokens_per_s"] < STEPS_GAIN * best["tokens_per_s"]:
+        return None
+    apart = zero["tokens_per_s"] * (1 - zero.get("spread", 0)) > best["tokens_per_s"] * (1 + best.get("spread", 0))
+    ev = [_model_ev(f, pts, [0, k, best["steps"]])]
+    ev += [evidence("model", n) for n in (f.model or {}).get("predict_notes") or () if n.startswith("estimate")]
+    # a live sweep's steps 0 is sglang's zero-step state, which still runs the draft extend: not plain decoding
+    nxt = (f"measure it before relaunching: eaglepatch sweep {f.target} --baseline --repeat 3 --grid "
+           f"speculative-num-steps={','.join(str(s) for s in sorted({best['steps'], k}))} (the baseline is a launch "
+           "without speculation)")
+    return Finding("speculation-slower", "high" if apart else "medium",
+                   f"predicted: no speculation would be about {(zero['tokens_per_s'] / here['tokens_per_s'] - 1) * 100:.0f}% "
+                   f"faster than {k} steps, and faster than any step count", ev, nxt, predicted=True)
+
+
+def speculation_slower(f: ServerFacts) -> Finding | None:
+    """``speculation-slower`` (high): a sweep of this server with ``--baseline`` (kept on this machine) measured
+    less client tok/s with speculation than without: the point that ran this very command line has a median
+    below the baseline's median, or, when no point ran it, every speculative point that ran has. Needs a sweep
+    with ``--baseline`` whose baseline ran; without one, the prediction from the timing records decides
+    (``speculation_slower_predicted``)."""
+    sw = f.sweep or {}
+    pts = sw.get("points") or []
+    b = sw.get("baseline")
+    if b is None or b >= len(pts) or pts[b].get("status") != "ok":
+        return speculation_slower_predicted(f)
+    base = pts[b]["tokens_per_s"]["median"]
+    spec = [i for i, p in enumerate(pts) if i != b and p.get("status") == "ok"]
+    if not spec:
+        return None
+    cur = sw.get("current")
+    if cur is not None and cur in spec:
+        slow = [cur] if pts[cur]["tokens_per_s"]["median"] < base else []
+    else:
+        slow = spec if all(pts[i]["tokens_per_s"]["median"] < base for i in spec) else []
+    if not slow:
+        return None
+
+    def point(i: int) -> dict[str, Any]:
+        t = pts[i]["tokens_per_s"]
+        return evidence("sweep", f"{pts[i].get('label', '#' + str(i))}: {t['median']:.1f} tok/s (min {t['min']:.1f}, "
+                                 f"max {t['max']:.1f}, {pts[i].get('runs')} run(s))"
+                        + (f", accept length {pts[i]['accept_len']:.2f}" if pts[i].get("accept_len") else ""),
+                        path=sw.get("path"))
+
+    ev = [point(b)] + [point(i) for i in slow]
+    best = sw.get("best")
+    if best is not None and best != b and pts[best]["tokens_per_s"]["median"] > base:
+        nxt = (f"relaunch with the sweep's best point ({pts[best].get('label')}), or run the same sweep again "
+               "with --keep-best --fresh")
+    else:
+        nxt = ("run the server without speculation (drop the --speculative-* flags) until the accept length is "
+               f"fixed: every speculative point measured was slower (eaglepatch doctor {f.target} names causes)")
+    title = ("this command line is slower with speculation than without" if cur is not None and cur in slow
+             else "every speculative point the sweep ran was slower than no speculation")
+    return Finding("speculation-slower", "high", title, ev, nxt)
+
+
+def adaptive(f: ServerFacts) -> bool:
+    """Whether the server runs sglang's adaptive speculation (``--speculative-adaptive``): it picks the step
+    count itself, among candidates, so a flag for the steps is not what to change."""
+    on, _ = f.flag_on("speculative_adaptive")
+    return bool(on)
+
+
+def _model(f: ServerFacts) -> tuple[int, list[dict[str, Any]], dict[str, Any]] | None:
+    """``(k, points, the point at k)`` of the prediction from the timing records (``f.model``), when there is
+    one with a point at the measured step count."""
+    m = f.model or {}
+    pts = m.get("predict") or []
+    k = m.get("steps")
+    here = next((p for p in pts if p.get("steps") == k), None)
+    if not pts or here is None or not here.get("tokens_per_s"):
+        return None
+    return k, pts, here
+
+
+def _model_ev(f: ServerFacts, pts: Sequence[dict[str, Any]], shown: Sequence[int]) -> dict[str, Any]:
+    """The model's figures for the step counts ``shown``, as evidence."""
+    by = {p["steps"]: p for p in pts}
+    parts = [f"{'no speculation' if s == 0 else f'{s} steps'} {by[s]['tokens_per_s']:.0f} tok/s "
+             f"(\u00b1{by[s].get('spread', 0) * 100:.0f}%, {by[s]['basis']}, accept length {by[s]['accept_len']:.2f})"
+             for s in sorted(set(shown)) if s in by]
+    return evidence("model", "predicted from the timing records (report --predict): " + "; ".join(parts))
+
+
+def steps_next(f: ServerFacts, grid: Sequence[int]) -> str:
+    """The measurement that confirms a step count: a live sweep of these candidates (one launch at most); on an
+    adaptive server, with the adaptive config to deploy."""
+    g = ",".join(str(n) for n in sorted(set(grid)))
+    if adaptive(f):
+        return (f"eaglepatch sweep {f.target} --live --grid speculative-num-steps={g} --emit-adaptive-config "
+                "adaptive.json (the adaptive mode picks the steps itself: tune its candidates, then launch with "
+                "--speculative-adaptive-config adaptive.json)")
+    return (f"confirm it: eaglepatch sweep {f.target} --live --grid speculative-num-steps={g} (one launch), or "
+            f"eaglepatch sweep {f.target} --grid speculative-num-steps={g} --baseline --repeat 3")
+
+
+def _steps_finding(f: ServerFacts, fewer: bool) -> Finding | None:
+    m = _model(f)
+    topk, _ = f.int_setting("speculative_eagle_topk")
+    if m is None or (topk is not None and topk > 1):
+        return None
+    k, pts, here = m
+    if here["accept_len"] <= ACCEPT_LOW:
+        return None  # accept-length-low's: nothing a step count fixes
+    spec = [p for p in pts if p["steps"] >= 1]
+    best = max(spec, key=lambda p: (p["tokens_per_s"], -p["steps"]))
+    wanted = best["steps"] < k if fewer else best["steps"] > k
+    if not wanted or best["tokens_per_s"] < STEPS_GAIN * here["tokens_per_s"]:
+        return None
+    gain = best["tokens_per_s"] / here["tokens_per_s"] - 1
+    k_ev = f.int_setting("speculative_num_steps")[1]
+    ev = [k_ev, _model_ev(f, pts, [0, best["steps"], k, (best["steps"] + k) // 2])]
+    ev += [evidence("model", n) for n in (f.model or {}).get("predict_notes") or () if n.startswith(("profile", "extrapolated", "cost"))]
+    if fewer:
+        title = f"{k} draft steps cost more than they buy: {best['steps']} would be about {gain * 100:.0f}% faster"
+    else:
+        title = f"{k} draft steps leave accepted tokens unbought: {best['steps']} would be about {gain * 100:.0f}% faster"
+    return Finding("too-few-steps" if not fewer else "too-many-steps", "medium", title, ev,
+                   steps_next(f, [best["steps"], (best["steps"] + k) // 2, k]), predicted=True)
+
+
+def too_many_steps(f: ServerFacts) -> Finding | None:
+    """``too-many-steps`` (medium, predicted): the model of the timing records (``report --predict``: acceptance
+    profile, phase costs, the cadence of cycles) favours fewer draft steps than ``--speculative-num-steps k``, by
+    at least ``STEPS_GAIN`` (5%) in tok/s, among 1..max(``STEPS_MAX``, k + 2). Top-k 1 only; left to
+    ``accept-length-low`` when the accept length is at most ``ACCEPT_LOW``."""
+    return _steps_finding(f, fewer=True)
+
+
+def too_few_steps(f: ServerFacts) -> Finding | None:
+    """``too-few-steps`` (medium, predicted): the same model favours more draft steps than ``k`` by at least
+    ``STEPS_GAIN``: the draft's guesses are accepted often enough that longer chains would pay (the points beyond
+    ``k`` are extrapolated from the last position's rate, and said so)."""
+    return _steps_finding(f, fewer=False)

@@ -1,0 +1,201 @@
+"""The summary of a sweep: each run's figures, then per point the median tok/s, its range, the accept length, the
+p50 of each phase, the speedup over the baseline and which points are within noise of the best (the ``sweep
+--json`` object of docs/contract.md), as a table and as CSV for people.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import statistics
+from typing import Any, Iterable, Mapping, Sequence
+
+from eaglepatch.tuning.load import SHORT_LOAD_S
+from eaglepatch.tuning.sweep import Point
+
+PHASES = ("draft", "verify", "draft_extend", "cycle")
+
+
+def run_figures(bench: Mapping[str, Any]) -> dict[str, Any]:
+    """What the summary needs of one bench (``eaglepatch.tuning.drive.bench_doc``): client tok/s, accept length
+    (the server's own, from the responses, else the timing log's), p50 of the decode phases and cycle."""
+    client = bench.get("client") or {}
+    timings = bench.get("timings") or {}
+    # the newest run's decode group (a window that spans a restart has one per run, oldest first)
+    decode = ([g for g in timings.get("groups") or [] if g.get("mode") == "decode"] or [None])[-1]
+    phases: dict[str, float] = {}
+    acc = client.get("accept_len")
+    if decode is not None:
+        for name, st in (decode.get("phases") or {}).items():
+            if name in PHASES and st.get("p50") is not None:
+                phases[name] = st["p50"]
+        if (decode.get("cycle_ms") or {}).get("p50") is not None:
+            phases["cycle"] = decode["cycle_ms"]["p50"]
+        if acc is None:
+            acc = decode.get("accept_len")
+    return {"tokens_per_s": client.get("tokens_per_s"), "accept_len": acc, "phases_p50": phases,
+            "records": (timings or {}).get("records")}
+
+
+def _r(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, Any]], baseline: bool,
+              repeat: int) -> dict[str, Any]:
+    """The ``sweep --json`` object of docs/contract.md, plus per point ``label``, ``within_noise`` (its tok/s range
+    overlaps the best point's: it may be as good), ``failed_runs``, and for a failed point ``log_tail``; and
+    top-level ``repeat`` and ``notes``."""
+    by_point: dict[str, list[Mapping[str, Any]]] = {}
+    for r in runs:
+        by_point.setdefault(r["point"], []).append(r)
+    docs = []
+    windows: list[float] = []  # seconds of load of every run that counted
+    for p in points:
+        rs = by_point.get(p.key, [])
+        ok = [r for r in rs if r.get("status") == "ok" and r.get("tokens_per_s") is not None]
+        windows += [w for w in ((r.get("client") or {}).get("seconds") for r in ok) if isinstance(w, (int, float))]
+        bad = [r for r in rs if r.get("status") == "failed"]
+        doc: dict[str, Any] = p.to_json()
+        doc["label"] = p.label
+        if ok:
+            tps = [r["tokens_per_s"] for r in ok]
+            accs = [r["accept_len"] for r in ok if r.get("accept_len") is not None]
+            names = [n for n in PHASES if any(n in (r.get("phases_p50") or {}) for r in ok)]
+            doc.update({
+                "status": "ok", "runs": len(ok),
+                "tokens_per_s": {"median": _r(statistics.median(tps)), "min": _r(min(tps)), "max": _r(max(tps))},
+                "accept_len": _r(statistics.median(accs), 4) if accs else None,
+                "phases_p50": {n: _r(statistics.median([r["phases_p50"][n] for r in ok
+                                                        if n in (r.get("phases_p50") or {})]), 4) for n in names},
+            })
+        else:
+            doc.update({"status": "failed" if bad else "pending", "runs": 0, "tokens_per_s": None,
+                        "accept_len": None, "phases_p50": {}})
+        if bad:
+            doc["failed_runs"] = len(bad)
+            if not ok:
+                doc["error"] = bad[-1].get("error") or "failed"
+                doc["log_tail"] = bad[-1].get("log_tail") or ""
+        doc["speedup"] = None
+        docs.append(doc)
+
+    base = 0 if baseline else None
+    base_tps = None
+    if base is not None and docs[base]["status"] == "ok":
+        base_tps = docs[base]["tokens_per_s"]["median"]
+    for d in docs:
+        if base_tps and d["status"] == "ok":
+            d["speedup"] = _r(d["tokens_per_s"]["median"] / base_tps)
+    oks = [i for i, d in enumerate(docs) if d["status"] == "ok"]
+    best = max(oks, key=lambda i: docs[i]["tokens_per_s"]["median"]) if oks else None
+    notes: list[str] = []
+    for i, d in enumerate(docs):
+        if d["status"] != "ok":
+            continue
+        if best is None:
+            d["within_noise"] = False
+            continue
+        b = docs[best]["tokens_per_s"]
+        d["within_noise"] = i == best or d["tokens_per_s"]["max"] >= b["min"]
+    if best is not None:
+        ties = [docs[i]["label"] for i in oks if i != best and docs[i]["within_noise"]]
+        if ties:
+            notes.append(f"within noise of the best ({docs[best]['label']}): {', '.join(ties)}: their tok/s ranges "
+                         "overlap; more --repeat may separate them")
+    if repeat < 2 and len(oks) > 1:
+        notes.append("one launch per point: a host's speed drifts by tens of percent between launches, so "
+                     "differences of that size decide nothing; use --repeat 3 or more")
+    short = [w for w in windows if w < SHORT_LOAD_S]
+    if short:
+        notes.append(f"{len(short)} of {len(windows)} run(s) measured under {SHORT_LOAD_S:.0f} s of load (the shortest "
+                     f"{min(short):.1f} s): a start-up transient weighs heavily in so short a window; raise --requests "
+                     "or --max-new-tokens")
+    if oks and not any(docs[i]["phases_p50"] for i in oks):
+        notes.append("no per-phase timings: the target is not patched (eaglepatch apply TARGET first); tok/s and "
+                     "accept length are the client's")
+    if base is not None and docs[base]["status"] != "ok":
+        notes.append("the baseline did not run: no speedups")
+    return {"target": target, "baseline": base, "points": docs, "best": best, "repeat": repeat, "notes": notes}
+
+
+def _fmt(x: Any, nd: int = 1) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+def render_table(doc: Mapping[str, Any]) -> str:
+    """One table: the point, accept length, p50 of draft, verify, draft extend and cycle (ms), tok/s (median and
+    range), speedup over the baseline; ``*`` marks the best point and ``~`` those within noise of it."""
+    from tabulate import tabulate
+
+    live = bool(doc.get("live"))
+    unit = "window" if live else "run"
+    rows = []
+    for i, p in enumerate(doc["points"]):
+        ph = p.get("phases_p50") or {}
+        tps = p.get("tokens_per_s") or {}
+        mark = "*" if i == doc.get("best") else ("~" if p.get("within_noise") else "")
+        count = _count(p)
+        status = p["status"] if p["status"] != "ok" else f"{count} {unit}{'s' if count != 1 else ''}"
+        row = [
+            f"{mark}{i}", p.get("label", ""), status, _fmt(p.get("accept_len"), 2),
+            _fmt(ph.get("draft"), 2), _fmt(ph.get("verify"), 2), _fmt(ph.get("draft_extend"), 2),
+            _fmt(ph.get("cycle"), 2), _fmt(tps.get("median")),
+            f"{_fmt(tps.get('min'))}-{_fmt(tps.get('max'))}" if tps else "-",
+        ]
+        if live:
+            row.append(f"{p['spread'] * 100:.1f}%" if p.get("spread") is not None else "-")
+        rows.append(row + [f"{p['speedup']:.3f}x" if p.get("speedup") is not None else "-"])
+    head = ["#", "point", unit + "s", "accept", "draft", "verify", "d.extend", "cycle", "tok/s", "range"]
+    head += (["spread"] if live else []) + ["speedup"]
+    if live:
+        title = (f"live sweep of {doc['target']}: {len(doc['points'])} points x {doc.get('rounds', 1)} rounds of "
+                 f"{doc.get('window_s', 0):g} s windows in one server ({doc.get('launches', 0)} launch"
+                 f"{'es' if doc.get('launches', 0) != 1 else ''}; p50 ms per phase; tok/s as the client saw it; "
+                 "spread: (max - min) / median over the windows; * best, ~ within noise of it)")
+    else:
+        title = (f"sweep of {doc['target']}: {len(doc['points'])} points x {doc.get('repeat', 1)} (p50 ms per phase; "
+                 "tok/s as the client saw it; * best, ~ within noise of it)")
+    out = [title, tabulate(rows, headers=head, tablefmt="simple", disable_numparse=True)]
+    for p in doc["points"]:
+        if p["status"] == "failed":
+            out.append(f"failed: {p['label']}: {p.get('error')}")
+    for n in doc.get("notes") or []:
+        out.append(f"note: {n}")
+    return "\n".join(out)
+
+
+def _count(point: Mapping[str, Any]) -> int:
+    """How many runs (a live sweep: windows) measured a point."""
+    return point["windows"] if "windows" in point else point["runs"]
+
+
+CSV_COLUMNS = ["index", "label", "status", "runs", "accept_len", "draft_p50_ms", "verify_p50_ms",
+               "draft_extend_p50_ms", "cycle_p50_ms", "tokens_per_s_median", "tokens_per_s_min",
+               "tokens_per_s_max", "speedup", "best", "baseline", "within_noise", "flags", "env", "error"]
+
+
+def render_csv(doc: Mapping[str, Any]) -> str:
+    import csv
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    for i, p in enumerate(doc["points"]):
+        ph = p.get("phases_p50") or {}
+        tps = p.get("tokens_per_s") or {}
+
+        def c(x: Any) -> Any:
+            return "" if x is None else x
+
+        w.writerow([i, p.get("label", ""), p["status"], _count(p), c(p.get("accept_len")), c(ph.get("draft")),
+                    c(ph.get("verify")), c(ph.get("draft_extend")), c(ph.get("cycle")), c(tps.get("median")),
+                    c(tps.get("min")), c(tps.get("max")), c(p.get("speedup")), int(i == doc.get("best")),
+                    int(i == doc.get("baseline")), int(bool(p.get("within_noise"))),
+                    json.dumps(p["flags"], sort_keys=True), json.dumps(p["env"], sort_keys=True),
+                    c(p.get("error"))])
+    return buf.getvalue()
