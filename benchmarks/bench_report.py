@@ -2,7 +2,8 @@
 
 Generates (seeded) a realistic timing log of ``--records`` records (default 1,000,000) as two files, one per
 rank, the way the runtime writes them: a run header line at the top of each file and the run's id in every
-record (one run: both ranks of one launch), decode cycles at bs 1/2/4/8 with draft/verify/draft_extend, about
+record (one run: both ranks of one launch), decode cycles at bs 1/2/4/8 with draft/verify/draft_extend and each
+request's tokens (``accepts``), about
 2 % prefill cycles (target/draft_extend), gaps of a millisecond or two between cycles and a few idle pauses.
 ``--legacy`` writes the older format instead (no header line, no ``"run"``: each file is then a run of its own).
 Then times, median of ``--repeat`` runs each, the two sides interleaved (``ratio`` is the median of the
@@ -126,11 +127,13 @@ def generate(folder: str, records: int, seed: int = 1234, legacy: bool = False) 
                     verify = round(rng.gauss(6.4, 0.4) + 0.3 * bs, 4)
                     dext = round(rng.gauss(1.05, 0.05), 4)
                     cyc = round(draft + verify + dext + rng.uniform(0.05, 0.3), 4)
-                    acc = sum(min(4, 1 + int(rng.expovariate(0.6))) for _ in range(bs))
+                    accepts = [min(4, 1 + int(rng.expovariate(0.6))) for _ in range(bs)]
                     rec = {"v": 1, "t": round(t, 6), "host": host, "pid": pid, "rank": rank,
                            "worker": "EAGLEWorker", "mode": "decode", "bs": bs, "cycle_ms": cyc,
                            "timer": "sync", "phases": {"draft": draft, "verify": verify, "draft_extend": dext},
-                           "accepted": acc}
+                           "accepted": sum(accepts)}
+                    if not legacy:
+                        rec["accepts"] = accepts  # per request, as the runtime writes them since issue 22
                 if not legacy:
                     rec["run"] = RUN_ID
                 buf.append(json.dumps(rec))
