@@ -195,7 +195,7 @@ def wrap(obj, name, what, label=None):
     setattr(obj, name, w)
 
 t0 = time.perf_counter()
-import eaglepatch.cli as cli
+import eaglepatch.cli as cli, eaglepatch.entry as entry
 t1 = time.perf_counter()
 import eaglepatch.hosts.ssh as S   # paramiko (the CLI imports it on the first SSH target)
 t2 = time.perf_counter()
@@ -265,7 +265,7 @@ if mode == "cli":
     t3 = time.perf_counter()
     rc = 0
     try:
-        cli.main()
+        entry.main()
     except SystemExit as e:
         rc = e.code or 0
     t4 = time.perf_counter()

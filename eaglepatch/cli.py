@@ -454,10 +454,3 @@ def run_app() -> None:
     """The Typer app (``eaglepatch.entry.main`` runs it, with Ctrl-C handled). Usage errors from Click exit 2, as
     docs/contract.md says."""
     app(standalone_mode=True)
-
-
-def main() -> None:
-    """Console entry point (kept for scripts that name it): ``eaglepatch.entry.main``."""
-    from eaglepatch.entry import main as entry_main
-
-    entry_main()
