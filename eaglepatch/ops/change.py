@@ -30,6 +30,8 @@ def _change_doc(target: str, plan: Plan, changed: bool, restarted: bool, **extra
 
 
 def render_change(doc: dict[str, Any]) -> str:
+    """apply's or revert's one line: what changed, in which files, and whether the server restarted (``--dry-run``: the
+    diff)."""
     if doc.get("dry_run"):
         return doc.get("diff", "")
     verb = doc.get("action", "apply")
@@ -48,6 +50,8 @@ def lifecycle() -> Any:
 
 def apply(spec: TargetSpec, c: Connect, recipe: Recipe, ropts: RuntimeOptions, restart: Any, dry_run: bool,
           say: Say) -> dict[str, Any]:
+    """``apply`` on one target: the worker files instrumented under the install's lock, then (``restart``) its servers
+    restarted, rolled back if one does not come up; returns the ``apply --json`` document."""
     lc = lifecycle()
     with Target(spec, c) as t:
         owner = None if dry_run else new_lock_owner("apply")
@@ -153,6 +157,8 @@ def _restart_after_apply(t: Target, recipe: Recipe, session: Session, servers: S
 
 
 def revert(spec: TargetSpec, c: Connect, recipe: Recipe, force: bool, restart: Any, say: Say) -> dict[str, Any]:
+    """``revert`` on one target: the original bytes back under the install's lock, then (``restart``) its servers
+    restarted in the same request; returns the ``revert --json`` document."""
     lc = lifecycle()
     with Target(spec, c) as t:
         owner = new_lock_owner("revert")
@@ -266,6 +272,8 @@ def _restart_after_revert(t: Target, facts: HostFacts, ropts: Any, pairs: Sequen
 
 
 def restart_target(spec: TargetSpec, c: Connect, ropts: Any, say: Say) -> dict[str, Any]:
+    """``restart`` on one target: its servers (those apply recorded, when none runs) restarted one by one under the
+    install's lock; returns the ``restart --json`` document."""
     from eaglepatch.server.restart import NoServerRunning, restart
 
     lc = lifecycle()
@@ -306,5 +314,6 @@ def restart_target(spec: TargetSpec, c: Connect, ropts: Any, say: Say) -> dict[s
 
 
 def render_restart(doc: dict[str, Any]) -> str:
+    """One line per restarted server: how, its pid and port, how long it took to be ready."""
     return "\n".join(f"{doc['target']}: restarted ({r['strategy']}), pid {r['pid']} on :{r['port']}, ready in "
                      f"{r['seconds']:.1f} s" for r in doc.get("servers") or [doc])

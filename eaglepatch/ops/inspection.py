@@ -23,6 +23,7 @@ Say = Callable[[str], None]
 
 
 def worker_json(w: WorkerInfo) -> dict[str, Any]:
+    """One worker class of a file, as ``show --json`` and ``status --json`` give it."""
     out: dict[str, Any] = {"class": w.cls, "method": w.method, "phases": w.phase_names}
     if w.status == "supported":
         out["timer"] = w.timer or "sync"  # the family's: what --mode auto gives it
@@ -113,6 +114,7 @@ def source_slices(facts: HostFacts, analyses: dict[str, TransformResult]) -> lis
 
 
 def show(spec: TargetSpec, c: Connect, recipe: Recipe) -> dict[str, Any]:
+    """``show`` of one target: the ``show --json`` document (``describe`` plus the numbered source slices)."""
     with Target(spec, c) as t:
         facts = target_facts(t, recipe)
         analyses = analyze_all(facts, recipe)
@@ -122,6 +124,7 @@ def show(spec: TargetSpec, c: Connect, recipe: Recipe) -> dict[str, Any]:
 
 
 def render_show(doc: dict[str, Any]) -> str:
+    """``show``'s text: the install, its servers, each file's workers, phases and call sites, the source slices."""
     out = [f"{doc['target']}: sglang {shown(doc['sglang_version'] or '?')} at {shown(doc['package_dir'])}"]
     out.extend(_server_lines(doc))
     for f in doc["files"]:
@@ -192,11 +195,13 @@ def _server_lines(doc: dict[str, Any]) -> list[str]:
 
 
 def status(spec: TargetSpec, c: Connect, recipe: Recipe) -> dict[str, Any]:
+    """``status`` of one target: the ``status --json`` document."""
     with Target(spec, c) as t:
         return describe(target_facts(t, recipe), recipe)
 
 
 def render_status(doc: dict[str, Any]) -> str:
+    """``status``'s text: one line per worker file, a missing runtime, the servers and a lock."""
     rows = [f"{doc['target']}: sglang {shown(doc['sglang_version'] or '?')} at {shown(doc['package_dir'])}"]
     for f in doc["files"]:
         phases = sorted({p for w in f["workers"] for p in w.get("phases", [])})
@@ -210,6 +215,7 @@ def render_status(doc: dict[str, Any]) -> str:
 
 
 def diff(spec: TargetSpec, c: Connect, recipe: Recipe, ropts: RuntimeOptions, say: Say) -> str:
+    """``diff`` of one target: the unified diff apply would make (notes said through ``say``); changes nothing."""
     with Target(spec, c) as t:
         facts = target_facts(t, recipe)
         plan = plan_apply(facts, recipe, ropts)

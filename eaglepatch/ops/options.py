@@ -59,6 +59,7 @@ def worker_timer(mode: str, family_timer: str | None) -> tuple[str, str]:
 
 
 def load_recipe(path: str | None) -> Recipe:
+    """The recipe: the built-in one, or the file given with ``--recipe``."""
     return builtin_recipe() if path is None else load_recipe_file(path)
 
 

@@ -20,6 +20,7 @@ _CONFIG_LINE = re.compile(r"^_CONFIG = .*# eaglepatch:config$", re.M)
 
 @functools.lru_cache(maxsize=1)
 def runtime_template() -> str:
+    """The runtime module's source as eaglepatch ships it (read once)."""
     return (pathlib.Path(__file__).parent.parent / "runtime" / RUNTIME_FILE).read_text(encoding="utf-8")
 
 
