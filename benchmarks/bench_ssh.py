@@ -195,14 +195,15 @@ def wrap(obj, name, what, label=None):
     setattr(obj, name, w)
 
 t0 = time.perf_counter()
-import eaglepatch.cli as cli
+import eaglepatch.cli as cli, eaglepatch.entry as entry
 t1 = time.perf_counter()
 import eaglepatch.hosts.ssh as S   # paramiko (the CLI imports it on the first SSH target)
 from eaglepatch.hosts.ssh_process import SSHProcess
 t2 = time.perf_counter()
-import eaglepatch.ops.core as core, eaglepatch.ops.actions as actions
+import eaglepatch.ops.lazy_engine as lazy_engine, eaglepatch.ops.facts as facts, eaglepatch.ops.session as session
+import eaglepatch.ops.hostcall as hostcall, eaglepatch.ops.target as ops_target, eaglepatch.ops.change as change
 # Not imported here: the transform (libcst). The CLI imports it on a thread of its own while the facts round trip
-# waits on the host (core.preload_transform); the wrapper of core._engine below times that import.
+# waits on the host (lazy_engine.preload_transform); the wrapper of lazy_engine.engine below times that import.
 imports = {"eaglepatch.cli (typer, ops)": t1 - t0, "paramiko (eaglepatch.hosts.ssh)": t2 - t1}
 
 def exec_label(a, k):
@@ -239,12 +240,11 @@ if mode == "cli":
         return r
     SSHProcess.send, SSHProcess.read = _send_io, _read_io
     wrap(S.SSHHost, "_sftp_call", "sftp", lambda a, k: a[1])
-    wrap(core, "call", "remote_op", lambda a, k: a[2])
-    for mod in (core, actions):
-        for n in ("gather", "plan_apply", "plan_revert"):
-            if hasattr(mod, n):
-                wrap(mod, n, "step", (lambda n: lambda a, k: n)(n))
-    _engine = core._engine
+    for mod in (facts, session):  # the modules that call the host for apply and revert
+        wrap(mod, "call", "remote_op", lambda a, k: a[2])
+    for mod, n in ((ops_target, "gather"), (change, "plan_apply"), (change, "plan_revert")):
+        wrap(mod, n, "step", (lambda n: lambda a, k: n)(n))
+    _engine = lazy_engine.engine
     def _engine_timed():
         t = time.perf_counter()
         first = "eaglepatch.transform.engine" not in sys.modules
@@ -261,16 +261,16 @@ if mode == "cli":
             import libcst
             wrap(libcst, "parse_module", "libcst_parse")
         return eng
-    core._engine = _engine_timed
+    lazy_engine.engine = _engine_timed
     sys.argv = ["eaglepatch", *sys.argv[3:]]
     t3 = time.perf_counter()
     rc = 0
     try:
-        cli.main()
+        entry.main()
     except SystemExit as e:
         rc = e.code or 0
     t4 = time.perf_counter()
-    prog = core.remote_program()
+    prog = hostcall.remote_program()
     cts = []
     for _ in range(5):
         t = time.perf_counter()
@@ -279,10 +279,11 @@ if mode == "cli":
     doc = {"rc": rc, "imports": imports, "main_s": t4 - t3, "harness_s": t4 - t_start, "events": events,
            "io": list(io.values()), "remote_program_bytes": len(prog.encode()), "remote_compile_s": sorted(cts)[2]}
 else:  # probe: what one remote command costs on an open connection
-    from eaglepatch.hosts.target import SSHOptions, open_host
+    from eaglepatch.hosts.spec import SSHOptions
+    from eaglepatch.hosts.target import open_host, parse_target
     target, key, n = sys.argv[3], sys.argv[4], int(sys.argv[5])
     t3 = time.perf_counter()
-    host = open_host(target, SSHOptions(identity=key))
+    host = open_host(parse_target(target, SSHOptions(identity=key)))
     connect_s = time.perf_counter() - t3
     probes = {}
     def probe(name, argv):

@@ -1,17 +1,17 @@
-"""The thin command line: parse options, call the ops, print data to stdout and messages to stderr.
+"""The thin command line: the commands and their options; each calls the ops and prints what they return (data to
+stdout, messages to stderr: eaglepatch.cli_output). The options several commands share are declared once
+(eaglepatch.cli_options).
 
-This is the only place that turns errors into exit codes (``_exit_code``); nothing below it calls ``sys.exit``.
+This, with eaglepatch.cli_output, is the only place that turns errors into exit codes; nothing below it calls
+``sys.exit``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import json
 import os
 import sys
-import time
-import traceback
 from typing import Any, Callable, List, Optional
 
 import typer
@@ -21,11 +21,15 @@ from eaglepatch.failpoints import failpoint
 failpoint("startup:imports")  # the tests' Ctrl-C during start-up: typer is in, the ops are not yet
 
 from eaglepatch import __version__
-from eaglepatch import console, progress
-from eaglepatch.errors import EaglepatchError, ExitCode, Interrupted, UsageError
-from eaglepatch.ops import actions
-from eaglepatch.ops.core import FactsOptions, RuntimeOptions
-from eaglepatch.redact import shown
+from eaglepatch.cli_options import (
+    ConcurrencyOpt, CsvOpt, InputLenOpt, JsonOpt, LogWaitOpt, MaxNewOpt, ReadyTimeoutOpt, RecipeOpt, RequestsOpt,
+    RestartCmdOpt, SeedOpt, UnitOpt, WarmupOpt, connected,
+)
+from eaglepatch.cli_output import finish, for_each_target, say, terminal_text
+from eaglepatch.errors import ExitCode, UsageError
+from eaglepatch.ops import change, inspection, reporting
+from eaglepatch.ops.options import RuntimeOptions, load_recipe, restart_options
+from eaglepatch.ops.target import Connect
 
 EXIT_CODES = (
     "Exit codes: 0 done (or nothing to do); 1 internal error; 2 usage error (also: an install this user cannot "
@@ -62,212 +66,17 @@ class By(str, enum.Enum):
     host = "host"
 
 
-class _Out:
-    """Where messages go (stderr): ``--quiet`` keeps only warnings and errors; on a terminal, the progress lines
-    of a restart ("waiting for sglang ...") and a sweep ("run k/N ...") share one live status line (rich), elsewhere
-    they are plain lines."""
-
-    # without a terminal, a restart's "waiting for sglang" lines (one per poll) at most this often
-    PLAIN_EVERY_S = 15.0
-
-    def __init__(self) -> None:
-        self.quiet = False
-        self.status: Any = None
-        self.head = ""
-        self.last_wait = 0.0
-
-    def live(self) -> bool:
-        return not self.quiet and sys.stderr.isatty() and not os.environ.get("EAGLEPATCH_PLAIN")
-
-    def __call__(self, msg: str) -> None:
-        # host-supplied text reaches the terminal with its control characters escaped (the lines stay lines)
-        msg = terminal_text(msg)
-        text = msg.strip()
-        transient = text.startswith(("waiting for sglang on", "run ")) or text.startswith("waiting up to")
-        if self.quiet and not text.startswith(("note:", "warning:", "eaglepatch:")):
-            return
-        if transient and self.live():
-            if text.startswith("run "):
-                self.head = text
-            line = f"{self.head}  {text}" if self.head and not text.startswith("run ") else text
-            if self.status is None:
-                from rich.console import Console
-
-                self.status = Console(stderr=True).status(line[:200])
-                self.status.start()
-            else:
-                self.status.update(line[:200])
-            return
-        if text.startswith("waiting for sglang on"):
-            now = time.monotonic()
-            if now - self.last_wait < self.PLAIN_EVERY_S:
-                return
-            self.last_wait = now
-        self.stop()
-        console.line(msg)
-
-    def stop(self) -> None:
-        if self.status is not None:
-            self.status.stop()
-            self.status = None
-
-
-def terminal_text(text: str) -> str:
-    """What eaglepatch writes for people (messages, tables): every control character escaped but the newlines
-    and tabs that lay it out (eaglepatch.redact.shown); the fields that come from a host are escaped whole where
-    they are rendered, so that a newline in one cannot forge a line."""
-    return shown(text, keep="\n\t")
-
-
-say = _Out()
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Messages and exit codes
-
-
-def _exit_code(exc: BaseException) -> ExitCode:
-    if isinstance(exc, EaglepatchError):
-        return exc.exit_code
-    if isinstance(exc, (typer.BadParameter, typer.Abort)):
-        return ExitCode.USAGE
-    return ExitCode.INTERNAL
-
-
-def _message(exc: BaseException) -> str:
-    if isinstance(exc, EaglepatchError):
-        return str(exc)
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted"
-    if os.environ.get("EAGLEPATCH_DEBUG"):
-        traceback.print_exception(type(exc), exc, exc.__traceback__)
-    first = str(exc).strip().splitlines()
-    return f"internal error: {type(exc).__name__}: {first[0] if first else ''} (EAGLEPATCH_DEBUG=1 shows more)"
-
-
-@dataclasses.dataclass
-class Outcome:
-    target: str
-    value: Any = None
-    error: BaseException | None = None
-
-    @property
-    def code(self) -> ExitCode:
-        return ExitCode.OK if self.error is None else _exit_code(self.error)
-
-
-def for_each_target(targets: List[str], fn: Callable[[str], Any]) -> list[Outcome]:
-    """Run ``fn`` per target, concurrently when several; one Outcome each, in the order given."""
-
-    for t in targets:  # every target has a state from the start: Ctrl-C may come before its thread runs
-        progress.stage(t, progress.NOTHING_CHANGED)
-
-    def one(t: str) -> Outcome:
-        try:
-            return Outcome(t, fn(t))
-        except BaseException as exc:  # noqa: BLE001 - every error becomes an outcome with its exit code
-            if isinstance(exc, (SystemExit, Interrupted)):
-                raise  # Ctrl-C: eaglepatch.entry says what each target looks like and exits 130
-            return Outcome(t, error=exc)
-
-    if len(targets) == 1:
-        return [one(targets[0])]
-    import concurrent.futures  # here: its import (logging with it) costs every command 9 ms, and one target needs none
-
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(targets)))
-    try:
-        outcomes = list(pool.map(one, targets))
-    except BaseException:
-        # Ctrl-C: the other targets are not waited for (each is left as a killed client leaves it; the host
-        # finishes what it was asked): no shutdown(wait=True) here
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
-    return outcomes
-
-
-def finish(outcomes: list[Outcome], emit_json: bool, render: Callable[[Any], str] | None, raw: bool = False) -> None:
-    """Print each outcome (data to stdout, errors to stderr) and exit with the worst code. ``raw``: the rendered
-    text is data to pass on byte for byte (a diff for patch(1)), not text for a terminal."""
-    say.stop()
-    values = []
-    for o in outcomes:
-        if o.error is not None:
-            prefix = f"{o.target}: " if len(outcomes) > 1 or not str(o.error).startswith(o.target) else ""
-            say(f"eaglepatch: {prefix}{_message(o.error)}")
-            if emit_json:
-                values.append({"target": o.target, "error": _message(o.error), "exit_code": int(o.code)})
-            continue
-        if emit_json:
-            values.append(o.value)
-        elif render is not None:
-            text = render(o.value)
-            if text and not raw:
-                text = terminal_text(text)
-            if text:
-                sys.stdout.write(text if text.endswith("\n") else text + "\n")
-    if emit_json:
-        doc = values[0] if len(values) == 1 and len(outcomes) == 1 else values
-        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
-    sys.stdout.flush()
-    raise typer.Exit(max((int(o.code) for o in outcomes), default=0))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Shared options
-
-JsonOpt = typer.Option(False, "--json", help="JSON on stdout (the shapes of docs/contract.md).")
-CsvOpt = typer.Option(False, "--csv", help="CSV on stdout.")
-IdentityOpt = typer.Option(None, "-i", "--identity", help="SSH private key file.")
-PortOpt = typer.Option(None, "-p", "--port", help="SSH port.")
-JumpOpt = typer.Option(None, "-J", "--jump", help="ProxyJump host: [user@]host[:port].")
-PythonOpt = typer.Option(None, "--python", help="The remote interpreter (default: the server's, else python3).")
-SglangPathOpt = typer.Option(None, "--sglang-path", help="The sglang package directory (skips discovery).")
-TimeoutOpt = typer.Option(None, "--connect-timeout",
-                          help="SSH connect timeout, seconds (default: ConnectTimeout of the SSH config, else 10).")
-AcceptOpt = typer.Option(False, "--accept-new-host-key", help="Accept and save an unknown host key.")
-RecipeOpt = typer.Option(None, "--recipe", help="A recipe file replacing the built-in one (see patches/README.md).")
-RestartCmdOpt = typer.Option(None, "--restart-cmd", help="Restart with this shell command on the target.")
-UnitOpt = typer.Option(None, "--systemd-unit", help="Restart with systemctl restart NAME.")
-ReadyTimeoutOpt = typer.Option(900.0, "--timeout", help="Seconds to wait for the server to be ready.")
-ServerPortOpt = typer.Option([], "--server-port", help="Act only on the install's server on this port "
-                             "(repeatable); default: all of its servers.")
-
-
-def conn(identity, port, jump, python, sglang_path, connect_timeout, accept,
-         server_ports: List[int] | None = None) -> actions.Connect:
-    for p in server_ports or ():
-        if not 0 < p < 65536:
-            raise UsageError(f"--server-port {p}: not a TCP port number")
-    return actions.Connect(identity=identity, port=port, jump=jump, connect_timeout=connect_timeout,
-                           accept_new_host_key=accept,
-                           facts=FactsOptions(python=python, sglang_path=sglang_path,
-                                              server_ports=tuple(server_ports or ())))
-
-
-def _guard(fn: Callable[[], None]) -> None:
-    """Errors raised before any target is touched (bad options): one line, their exit code."""
-    try:
-        fn()
-    except (typer.Exit, Interrupted):
-        raise
-    except BaseException as exc:  # noqa: BLE001
-        say(f"eaglepatch: {_message(exc)}")
-        raise typer.Exit(int(_exit_code(exc)))
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Commands
 
 
 @app.command()
+@connected()
 def show(
     target: str = typer.Argument(..., help="SSH destination or local path."),
     json_out: bool = JsonOpt,
     recipe: Optional[str] = RecipeOpt,
-    identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
-    python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
-    connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+    *, c: Connect,
 ) -> None:
     """The sglang install, its worker files, entry methods with numbered source, phase call sites, patch state.
 
@@ -276,21 +85,18 @@ def show(
       eaglepatch show root@gpu-host
       eaglepatch show /opt/venv --json
     """
-    def go() -> None:
-        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
-        r = actions.load_recipe(recipe)
-        finish(for_each_target([target], lambda t: actions.show(t, c, r)), json_out, actions.render_show)
-    _guard(go)
+    r = load_recipe(recipe)
+    finish(for_each_target([target], c, lambda t: inspection.show(t, c, r), check=False), json_out,
+           inspection.render_show)
 
 
 @app.command()
+@connected()
 def diff(
     target: str = typer.Argument(..., help="SSH destination or local path."),
     mode: Mode = typer.Option(Mode.auto, "--mode", help="auto (each worker its family's timer), sync or events."),
     recipe: Optional[str] = RecipeOpt,
-    identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
-    python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
-    connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+    *, c: Connect,
 ) -> None:
     """The unified diff that apply would make; changes nothing.
 
@@ -299,15 +105,14 @@ def diff(
       eaglepatch diff root@gpu-host | less
       eaglepatch diff root@gpu-host --mode events
     """
-    def go() -> None:
-        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
-        r = actions.load_recipe(recipe)
-        ropts = RuntimeOptions(mode=mode.value)
-        finish(for_each_target([target], lambda t: actions.diff(t, c, r, ropts, say)), False, lambda v: v, raw=True)
-    _guard(go)
+    r = load_recipe(recipe)
+    ropts = RuntimeOptions(mode=mode.value)
+    finish(for_each_target([target], c, lambda t: inspection.diff(t, c, r, ropts, say), check=False), False,
+           lambda v: v, raw=True)
 
 
 @app.command()
+@connected(server_port=True)
 def apply(
     targets: List[str] = typer.Argument(..., help="SSH destinations or local paths."),
     mode: Mode = typer.Option(Mode.auto, "--mode", help="auto (sync without the overlap scheduler, events under "
@@ -320,10 +125,7 @@ def apply(
     json_out: bool = JsonOpt,
     restart_cmd: Optional[str] = RestartCmdOpt, systemd_unit: Optional[str] = UnitOpt,
     timeout: float = ReadyTimeoutOpt,
-    server_port: List[int] = ServerPortOpt,
-    identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
-    python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
-    connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+    *, c: Connect,
 ) -> None:
     """Instrument every supported worker file, back up the originals, restart the server, wait until ready.
 
@@ -333,18 +135,15 @@ def apply(
       eaglepatch apply root@gpu-host --server-port 30000 --timeout 1800
       eaglepatch apply root@gpu-host --no-restart --dry-run
     """
-    def go() -> None:
-        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key, server_port)
-        r = actions.load_recipe(recipe)
-        ropts = RuntimeOptions(mode=mode.value, every=every, log_dir=log_dir)
-        restart = None if no_restart else actions.restart_options(restart_cmd, systemd_unit, timeout)
-        actions.check_targets(targets, c)
-        outcomes = for_each_target(targets, lambda t: actions.apply(t, c, r, ropts, restart, dry_run, say))
-        finish(outcomes, json_out, actions.render_change, raw=dry_run)
-    _guard(go)
+    r = load_recipe(recipe)
+    ropts = RuntimeOptions(mode=mode.value, every=every, log_dir=log_dir)
+    restart = None if no_restart else restart_options(restart_cmd, systemd_unit, timeout)
+    outcomes = for_each_target(targets, c, lambda t: change.apply(t, c, r, ropts, restart, dry_run, say))
+    finish(outcomes, json_out, change.render_change, raw=dry_run)
 
 
 @app.command()
+@connected(server_port=True)
 def revert(
     targets: List[str] = typer.Argument(..., help="SSH destinations or local paths."),
     force: bool = typer.Option(False, "--force", help="Revert a drifted file: keep a copy, remove our lines."),
@@ -352,10 +151,7 @@ def revert(
     json_out: bool = JsonOpt,
     restart_cmd: Optional[str] = RestartCmdOpt, systemd_unit: Optional[str] = UnitOpt,
     timeout: float = ReadyTimeoutOpt,
-    server_port: List[int] = ServerPortOpt,
-    identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
-    python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
-    connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+    *, c: Connect,
 ) -> None:
     """Put back the original bytes, remove what apply added, restart.
 
@@ -364,23 +160,18 @@ def revert(
       eaglepatch revert root@gpu-host
       eaglepatch revert root@gpu-host --force
     """
-    def go() -> None:
-        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key, server_port)
-        r = actions.load_recipe(None)
-        restart = None if no_restart else actions.restart_options(restart_cmd, systemd_unit, timeout)
-        actions.check_targets(targets, c)
-        outcomes = for_each_target(targets, lambda t: actions.revert(t, c, r, force, restart, say))
-        finish(outcomes, json_out, actions.render_change)
-    _guard(go)
+    r = load_recipe(None)
+    restart = None if no_restart else restart_options(restart_cmd, systemd_unit, timeout)
+    outcomes = for_each_target(targets, c, lambda t: change.revert(t, c, r, force, restart, say))
+    finish(outcomes, json_out, change.render_change)
 
 
 @app.command()
+@connected()
 def status(
     targets: List[str] = typer.Argument(..., help="SSH destinations or local paths."),
     json_out: bool = JsonOpt,
-    identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
-    python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
-    connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+    *, c: Connect,
 ) -> None:
     """Patch state per file (pristine, patched, drifted) and the server process.
 
@@ -389,24 +180,18 @@ def status(
       eaglepatch status root@gpu-host
       eaglepatch status gpu1 gpu2 --json
     """
-    def go() -> None:
-        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
-        r = actions.load_recipe(None)
-        actions.check_targets(targets, c)
-        finish(for_each_target(targets, lambda t: actions.status(t, c, r)), json_out, actions.render_status)
-    _guard(go)
+    r = load_recipe(None)
+    finish(for_each_target(targets, c, lambda t: inspection.status(t, c, r)), json_out, inspection.render_status)
 
 
 @app.command()
+@connected(server_port=True)
 def restart(
     targets: List[str] = typer.Argument(..., help="SSH destinations or local paths."),
     restart_cmd: Optional[str] = RestartCmdOpt, systemd_unit: Optional[str] = UnitOpt,
     timeout: float = ReadyTimeoutOpt,
     json_out: bool = JsonOpt,
-    server_port: List[int] = ServerPortOpt,
-    identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
-    python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
-    connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+    *, c: Connect,
 ) -> None:
     """Restart the server and wait until it is ready.
 
@@ -415,16 +200,13 @@ def restart(
       eaglepatch restart root@gpu-host
       eaglepatch restart root@gpu-host --systemd-unit sglang
     """
-    def go() -> None:
-        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key, server_port)
-        ropts = actions.restart_options(restart_cmd, systemd_unit, timeout)
-        actions.check_targets(targets, c)
-        outcomes = for_each_target(targets, lambda t: actions.restart_target(t, c, ropts, say))
-        finish(outcomes, json_out, actions.render_restart)
-    _guard(go)
+    ropts = restart_options(restart_cmd, systemd_unit, timeout)
+    outcomes = for_each_target(targets, c, lambda t: change.restart_target(t, c, ropts, say))
+    finish(outcomes, json_out, change.render_restart)
 
 
 @app.command()
+@connected()
 def report(
     sources: List[str] = typer.Argument(..., help="Timing logs: local files or folders, or TARGETs to fetch from."),
     json_out: bool = JsonOpt,
@@ -447,9 +229,7 @@ def report(
                                         "'2026-12-01 15:40', or an age: 30m, 2h, 1d."),
     all_runs: bool = typer.Option(False, "--all-runs", help="Every run, each apart (a TARGET's default: the runs "
                                   "of the servers that run now)."),
-    identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
-    python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
-    connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+    *, c: Connect,
 ) -> None:
     """Aggregate timing logs: per-phase mean and percentiles, share of the cycle, accept length, tokens/s.
 
@@ -460,47 +240,37 @@ def report(
       eaglepatch report --compare before/ after/ --chart phases.svg
       eaglepatch report root@gpu-host --predict --chart predict.svg
     """
-    def go() -> None:
-        if json_out and csv_out:
-            raise UsageError("--json and --csv exclude each other: give one")
-        if skip < 0:
-            raise UsageError("--skip must be 0 or more")
-        if compare and len(sources) < 2:
-            raise UsageError("--compare needs two or more sources")
-        if predict and (compare or csv_out):
-            raise UsageError("--predict prints a table or --json, of one report: leave out --compare and --csv")
-        if steps is not None and not predict:
-            raise UsageError("--steps goes with --predict")
-        step_list = None
-        if steps is not None:
-            from eaglepatch.report.predict import parse_steps
+    if json_out and csv_out:
+        raise UsageError("--json and --csv exclude each other: give one")
+    if skip < 0:
+        raise UsageError("--skip must be 0 or more")
+    if compare and len(sources) < 2:
+        raise UsageError("--compare needs two or more sources")
+    if predict and (compare or csv_out):
+        raise UsageError("--predict prints a table or --json, of one report: leave out --compare and --csv")
+    if steps is not None and not predict:
+        raise UsageError("--steps goes with --predict")
+    step_list = None
+    if steps is not None:
+        from eaglepatch.report.predict import parse_steps
 
-            step_list = parse_steps(steps)
-        if chart is not None:
-            if not compare and not predict:
-                raise UsageError("--chart goes with --compare or --predict (a sweep draws its own: eaglepatch sweep "
-                                 "--chart)")
-            from eaglepatch.report.chart.draw import check_chart_path
+        step_list = parse_steps(steps)
+    if chart is not None:
+        if not compare and not predict:
+            raise UsageError("--chart goes with --compare or --predict (a sweep draws its own: eaglepatch sweep "
+                             "--chart)")
+        from eaglepatch.report.chart.draw import check_chart_path
 
-            check_chart_path(chart)
-        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key)
-        runs = actions.RunSelection(merge=merge_runs, ids=tuple(run), all=all_runs,
-                                    since=None if since is None else actions.parse_since(since))
-        text = actions.report(sources, c, by=None if by is None else by.value, skip=skip, trace=trace, compare=compare, log_dir=log_dir,
-                              fmt="json" if json_out else "csv" if csv_out else "table", say=say, runs=runs,
-                              chart=chart, predict=predict, steps=step_list)
-        sys.stdout.write(text if json_out else terminal_text(text))
-    _guard(go)
-
-
-RequestsOpt = typer.Option(32, "--requests", help="Measured requests.")
-ConcurrencyOpt = typer.Option(4, "--concurrency", help="Requests in flight at a time.")
-InputLenOpt = typer.Option(128, "--input-len", help="Prompt tokens per request (seeded random token ids).")
-MaxNewOpt = typer.Option(128, "--max-new-tokens", help="Output tokens per request (ignore_eos).")
-WarmupOpt = typer.Option(4, "--warmup", help="Unmeasured requests first.")
-SeedOpt = typer.Option(0, "--seed", help="Seed of the prompts.")
-LogWaitOpt = typer.Option(4.5, "--log-wait", help="Seconds to wait after the load for the timing records "
-                          "(the runtime writes every 2 s); only when the target is patched.")
+        check_chart_path(chart)
+    runs = reporting.RunSelection(merge=merge_runs, ids=tuple(run), all=all_runs,
+                                  since=None if since is None else reporting.parse_since(since))
+    sweep_of = None
+    if predict:  # a TARGET's sweep kept here, with a baseline that ran: the measured no-speculation point
+        from eaglepatch.tuning.saved import sweep_with_baseline as sweep_of
+    text = reporting.report(sources, c, by=None if by is None else by.value, skip=skip, trace=trace, compare=compare,
+                            log_dir=log_dir, fmt="json" if json_out else "csv" if csv_out else "table", say=say,
+                            runs=runs, chart=chart, predict=predict, steps=step_list, sweep_of=sweep_of)
+    sys.stdout.write(text if json_out else terminal_text(text))
 
 
 def _bench_options(requests: int, concurrency: int, input_len: int, max_new_tokens: int, warmup: int, seed: int,
@@ -514,15 +284,13 @@ def _bench_options(requests: int, concurrency: int, input_len: int, max_new_toke
 
 
 @app.command()
+@connected(server_port=True)
 def bench(
     target: str = typer.Argument(..., help="SSH destination or local path."),
     requests: int = RequestsOpt, concurrency: int = ConcurrencyOpt, input_len: int = InputLenOpt,
     max_new_tokens: int = MaxNewOpt, warmup: int = WarmupOpt, seed: int = SeedOpt, log_wait: float = LogWaitOpt,
     json_out: bool = JsonOpt,
-    server_port: List[int] = ServerPortOpt,
-    identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
-    python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
-    connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+    *, c: Connect,
 ) -> None:
     """A fixed, seeded load on the running server (through the SSH connection): client tok/s, TTFT, latency,
     accept length, and the timing report of the same window.
@@ -531,17 +299,14 @@ def bench(
     Examples:
       eaglepatch bench root@gpu-host --requests 64 --concurrency 8
     """
-    def go() -> None:
-        from eaglepatch.tuning import drive as tuning
+    from eaglepatch.tuning import drive as tuning
 
-        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key, server_port)
-        opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait)
-        actions.check_targets([target], c)
-        finish(for_each_target([target], lambda t: tuning.bench(t, c, opts, say)), json_out, tuning.render_bench)
-    _guard(go)
+    opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait)
+    finish(for_each_target([target], c, lambda t: tuning.bench(t, c, opts, say)), json_out, tuning.render_bench)
 
 
 @app.command()
+@connected(server_port=True)
 def sweep(
     target: str = typer.Argument(..., help="SSH destination or local path."),
     grid: List[str] = typer.Option([], "--grid", help="FLAG=v1,v2: a launch flag and its values (repeatable)."),
@@ -569,10 +334,7 @@ def sweep(
                                                        "the target's --speculative-adaptive-config reads."),
     requests: int = RequestsOpt, concurrency: int = ConcurrencyOpt, input_len: int = InputLenOpt,
     max_new_tokens: int = MaxNewOpt, warmup: int = WarmupOpt, seed: int = SeedOpt, log_wait: float = LogWaitOpt,
-    server_port: List[int] = ServerPortOpt,
-    identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
-    python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
-    connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+    *, c: Connect,
 ) -> None:
     """Restart the server once per point of a grid of launch flags, bench each, one table with the speedup over
     the baseline; resumable; puts the server back at the end. With --live: every step count inside one server.
@@ -583,80 +345,74 @@ def sweep(
       eaglepatch sweep root@gpu-host --env NCCL_PROTO=LL,Simple --grid disable-custom-all-reduce=on,off
       eaglepatch sweep root@gpu-host --live --grid speculative-num-steps=0,1,3,7 --emit-adaptive-config a.json
     """
-    def go() -> None:
-        from eaglepatch.tuning import sweep_summary as sw
-        from eaglepatch.tuning import drive as tuning
+    from eaglepatch.tuning import sweep_summary as sw
+    from eaglepatch.tuning import drive as tuning
 
-        if json_out and csv_out:
-            raise UsageError("--json and --csv exclude each other: give one")
-        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key, server_port)
-        bench_opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait)
-        if live:
-            from eaglepatch.tuning import drive_live
+    if json_out and csv_out:
+        raise UsageError("--json and --csv exclude each other: give one")
+    bench_opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait)
+    if live:
+        from eaglepatch.tuning import drive_live
 
-            for flag, given in (("--baseline", baseline), ("--keep-best", keep_best), ("--env", bool(env)),
-                                ("--repeat", repeat != 1), ("--allow-flag", bool(allow_flag))):
-                if given:
-                    raise UsageError(f"{flag} does not go with --live (its points are step counts inside one "
-                                     "server; --rounds repeats them): sweep without --live for it")
-            opts: Any = drive_live.LiveOptions(
-                grid=tuple(grid), rounds=3 if rounds is None else rounds, window=20.0 if window is None else window,
-                emit=emit_adaptive_config, fresh=fresh, timeout=timeout, bench=bench_opts)
-            opts.steps()  # bad input: exit 2 before the target is touched
-            run: Callable[[str], Any] = lambda t: drive_live.live_sweep(t, c, opts, say)
-        else:
-            for flag, given in (("--rounds", rounds is not None), ("--window", window is not None),
-                                ("--emit-adaptive-config", emit_adaptive_config is not None)):
-                if given:
-                    raise UsageError(f"{flag} goes with --live")
-            opts = tuning.SweepOptions(
-                grid=tuple(grid), env=tuple(env), allow=tuple(allow_flag), baseline=baseline, repeat=repeat,
-                keep_best=keep_best, fresh=fresh, timeout=timeout, bench=bench_opts)
-            opts.points()  # bad input: exit 2 before the target is touched
-            run = lambda t: tuning.sweep(t, c, opts, say)  # noqa: E731
-        if chart is not None:
-            from eaglepatch.report.chart.draw import check_chart_path
+        for flag, given in (("--baseline", baseline), ("--keep-best", keep_best), ("--env", bool(env)),
+                            ("--repeat", repeat != 1), ("--allow-flag", bool(allow_flag))):
+            if given:
+                raise UsageError(f"{flag} does not go with --live (its points are step counts inside one "
+                                 "server; --rounds repeats them): sweep without --live for it")
+        opts: Any = drive_live.LiveOptions(
+            grid=tuple(grid), rounds=3 if rounds is None else rounds, window=20.0 if window is None else window,
+            emit=emit_adaptive_config, fresh=fresh, timeout=timeout, bench=bench_opts)
+        opts.steps()  # bad input: exit 2 before the target is touched
+        run: Callable[[Any], Any] = lambda t: drive_live.live_sweep(t, c, opts, say)
+    else:
+        for flag, given in (("--rounds", rounds is not None), ("--window", window is not None),
+                            ("--emit-adaptive-config", emit_adaptive_config is not None)):
+            if given:
+                raise UsageError(f"{flag} goes with --live")
+        opts = tuning.SweepOptions(
+            grid=tuple(grid), env=tuple(env), allow=tuple(allow_flag), baseline=baseline, repeat=repeat,
+            keep_best=keep_best, fresh=fresh, timeout=timeout, bench=bench_opts)
+        opts.points()  # bad input: exit 2 before the target is touched
+        run = lambda t: tuning.sweep(t, c, opts, say)  # noqa: E731
+    if chart is not None:
+        from eaglepatch.report.chart.draw import check_chart_path
 
-            check_chart_path(chart)  # folder, .svg/.png, matplotlib for .png: exit 2 before the sweep runs
-        actions.check_targets([target], c)
-        [outcome] = for_each_target([target], run)
-        if outcome.error is not None:
-            finish([outcome], json_out, None)
-        doc = outcome.value
-        if chart is not None:
-            from eaglepatch.tuning.sweep_chart import write_chart
+        check_chart_path(chart)  # folder, .svg/.png, matplotlib for .png: exit 2 before the sweep runs
+    [outcome] = for_each_target([target], c, run)
+    if outcome.error is not None:
+        finish([outcome], json_out, None)
+    doc = outcome.value
+    if chart is not None:
+        from eaglepatch.tuning.sweep_chart import write_chart
 
-            write_chart(doc, chart)
-            say(f"chart written to {chart}")
-        if csv_out:
-            text = sw.render_csv(doc)
-        elif json_out:
-            text = json.dumps(doc, indent=1) + "\n"
-        else:
-            text = terminal_text(sw.render_table(doc)) + "\n"
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        restore = doc.get("restore") or {}
-        if not restore.get("ready", True):
-            # the results stand; the server is not back as it was: say so, exit 7
-            say(f"eaglepatch: {target}: {restore.get('message')}")
-            if restore.get("log_tail"):
-                say(restore["log_tail"])
-            raise typer.Exit(int(ExitCode.RESTART))
-        raise typer.Exit(0)
-    _guard(go)
+        write_chart(doc, chart)
+        say(f"chart written to {chart}")
+    if csv_out:
+        text = sw.render_csv(doc)
+    elif json_out:
+        text = json.dumps(doc, indent=1) + "\n"
+    else:
+        text = terminal_text(sw.render_table(doc)) + "\n"
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    restore = doc.get("restore") or {}
+    if not restore.get("ready", True):
+        # the results stand; the server is not back as it was: say so, exit 7
+        say(f"eaglepatch: {target}: {restore.get('message')}")
+        if restore.get("log_tail"):
+            say(restore["log_tail"])
+        raise typer.Exit(int(ExitCode.RESTART))
+    raise typer.Exit(0)
 
 
 @app.command()
+@connected(server_port=True)
 def doctor(
     target: str = typer.Argument(..., help="SSH destination or local path."),
     json_out: bool = JsonOpt,
     log_dir: Optional[str] = typer.Option(None, "--log-dir", help="Timing log directory on the target "
                                           "(default: from its manifest)."),
-    server_port: List[int] = ServerPortOpt,
-    identity: Optional[str] = IdentityOpt, port: Optional[int] = PortOpt, jump: Optional[str] = JumpOpt,
-    python: Optional[str] = PythonOpt, sglang_path: Optional[str] = SglangPathOpt,
-    connect_timeout: Optional[float] = TimeoutOpt, accept_new_host_key: bool = AcceptOpt,
+    *, c: Connect,
 ) -> None:
     """Name what makes speculative decoding slow on the running server, with the evidence and the next step;
     reads only (docs/doctor.md).
@@ -666,14 +422,10 @@ def doctor(
       eaglepatch doctor root@gpu-host
       eaglepatch doctor root@gpu-host --json
     """
-    def go() -> None:
-        from eaglepatch.doctor.collect import doctor as run_doctor
-        from eaglepatch.doctor.render import render
+    from eaglepatch.doctor.collect import doctor as run_doctor
+    from eaglepatch.doctor.render import render
 
-        c = conn(identity, port, jump, python, sglang_path, connect_timeout, accept_new_host_key, server_port)
-        actions.check_targets([target], c)
-        finish(for_each_target([target], lambda t: run_doctor(t, c, say, log_dir=log_dir)), json_out, render)
-    _guard(go)
+    finish(for_each_target([target], c, lambda t: run_doctor(t, c, say, log_dir=log_dir)), json_out, render)
 
 
 def version_callback(value: bool) -> None:
@@ -702,10 +454,3 @@ def run_app() -> None:
     """The Typer app (``eaglepatch.entry.main`` runs it, with Ctrl-C handled). Usage errors from Click exit 2, as
     docs/contract.md says."""
     app(standalone_mode=True)
-
-
-def main() -> None:
-    """Console entry point (kept for scripts that name it): ``eaglepatch.entry.main``."""
-    from eaglepatch.entry import main as entry_main
-
-    entry_main()

@@ -10,7 +10,6 @@ on this machine. Then the rules (``eaglepatch.doctor.rules``) per server.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 from typing import Any, Callable, Sequence
@@ -30,24 +29,27 @@ from eaglepatch.doctor.finding import Finding
 from eaglepatch.doctor.rules import diagnose
 from eaglepatch.doctor.facts import evidence
 from eaglepatch.redact import mask_argv
+from eaglepatch.tuning.saved import find_sweep
 
 Say = Callable[[str], None]
 # the server's environment variables that rules look at
 _ENV_KEEP = re.compile(r"^(SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN|NCCL_[A-Z_]+|CUDA_VISIBLE_DEVICES)$")
 
 
-def doctor(text: str, c: Any, say: Say, log_dir: str | None = None) -> Any:
+def doctor(spec: Any, c: Any, say: Say, log_dir: str | None = None) -> Any:
     """The ``doctor --json`` document of each server of the target's install (``--server-port`` picks): one
     object for one server, a list for several."""
     from eaglepatch.errors import EaglepatchError
     from eaglepatch.ops import lifecycle as lc
-    from eaglepatch.ops.actions import _facts, _Target, fetch_logs_from
-    from eaglepatch.ops.core import call, code_state
+    from eaglepatch.ops.facts import code_state
+    from eaglepatch.ops.hostcall import call
+    from eaglepatch.ops.logs import fetch_logs_from
+    from eaglepatch.ops.target import Target, target_facts
     from eaglepatch.transform.recipe import builtin_recipe
 
-    with _Target(text, c) as t:
+    with Target(spec, c) as t:
         name = t.spec.name
-        facts = _facts(t, builtin_recipe(), transform=False)  # no lock: doctor changes nothing
+        facts = target_facts(t, builtin_recipe(), transform=False)  # no lock: doctor changes nothing
         servers = lc.chosen(facts, c.facts.server_ports)
         if not servers:
             return no_server_doc(name, facts.version, facts.package_dir)
@@ -177,7 +179,7 @@ def load_records(folder: str, pids: set[int], launches: set[tuple[int, int]] | N
     (``model_of``); an empty dict when there are none."""
     from eaglepatch import report as rep
 
-    from eaglepatch.ops.actions import logs_of
+    from eaglepatch.ops.logs import logs_of
 
     # every host folder the logs came from has a subfolder of the cache (the runtime's private one too)
     files = logs_of(sorted(glob.glob(os.path.join(folder, "**", "*.jsonl"), recursive=True)), pids)
@@ -212,54 +214,6 @@ def model_of(res: Any, sweep: dict[str, Any] | None, flags: dict[str, Any] | Non
         return None
     g, p = max(decode, key=lambda gp: gp[0].n)
     return {"steps": p.measured_steps, "group": g.key_dict(), **p.to_json()}
-
-
-def _point_of(key: str) -> Any:
-    from eaglepatch.tuning import sweep as sw
-
-    d = json.loads(key)
-    return sw.Point(flags=tuple(tuple(x) for x in d.get("flags") or ()),
-                    env=tuple(tuple(x) for x in d.get("env") or ()), baseline=bool(d.get("baseline")))
-
-
-def find_sweep(name: str, srv: Any, cache: str | None = None) -> dict[str, Any] | None:
-    """The newest sweep of this server kept on this machine (a state file of ``eaglepatch sweep`` whose target is
-    ``name`` and whose server listened on the same port; ``srv`` None: any server of the target), preferring one
-    with a baseline that ran: its ``sweep --json`` summary, plus ``path``, ``load`` and ``current`` (the point
-    whose runs had this very command line, or None)."""
-    from eaglepatch.tuning import sweep_state, sweep_summary
-
-    found = []
-    for path in glob.glob(os.path.join(cache or sweep_state.cache_dir(), "*.jsonl")):
-        try:
-            state = sweep_state.StateFile(path)
-        except OSError:
-            continue
-        head = state.header or {}
-        if head.get("target") != name or (srv is not None and (head.get("original") or {}).get("port") != srv.port):
-            continue
-        try:
-            points = [_point_of(k) for k in head.get("points") or ()]
-        except (ValueError, TypeError):
-            continue
-        if not points or not state.runs:
-            continue
-        summary = sweep_summary.summarize(name, points, state.runs, any(p.baseline for p in points),
-                                          int(head.get("repeat", 1)))
-        summary["path"] = path
-        summary["load"] = head.get("load") or {}
-        summary["current"] = None
-        for i, p in enumerate(points):
-            if srv is not None and any(r.get("point") == p.key and r.get("status") == "ok"
-                                       and list(r.get("argv") or ()) == list(srv.argv) for r in state.runs):
-                summary["current"] = i
-                break
-        b = summary.get("baseline")
-        base_ok = b is not None and summary["points"][b].get("status") == "ok"
-        found.append((base_ok, os.path.getmtime(path), summary))
-    if not found:
-        return None
-    return max(found, key=lambda x: (x[0], x[1]))[2]
 
 
 def facts_for_log(lines: Sequence[str]) -> LogFacts:

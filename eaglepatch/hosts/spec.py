@@ -1,8 +1,7 @@
 """The parsed TARGET and the command line's SSH options, as data; ``[user@]host[:port]`` parsing and formatting.
 
 The bottom of ``eaglepatch.hosts``: it imports nothing of it, and every other module of it may import it
-(``target`` parses TARGET into a ``TargetSpec``, ``ssh_config`` resolves one, ``ssh`` connects). The names are
-also importable from ``eaglepatch.hosts.target``, where they lived first.
+(``target`` parses TARGET into a ``TargetSpec``, ``ssh_config`` resolves one, ``ssh`` connects).
 """
 
 from __future__ import annotations

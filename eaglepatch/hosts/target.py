@@ -1,11 +1,11 @@
 """Parsing TARGET: a local path, or an SSH destination plus the SSH options of docs/contract.md "Targets".
 
-``parse_target(text, options)`` turns what the user typed into a frozen ``TargetSpec``; ``open_host(spec)`` turns that
-into a ``Host`` (``LocalHost`` or ``SSHHost``). Nothing here touches the network; the SSH config is read later, by
-``eaglepatch.hosts.ssh_config``, when the connection is made (so a ``Host`` alias needs no special form here).
-The data types (``TargetSpec``, ``SSHOptions``, ``Hop``) and the ``[user@]host[:port]`` syntax live in
-``eaglepatch.hosts.spec`` and are importable from here too. This module imports ``ssh`` (paramiko) and ``local`` only
-inside ``open_host``, and neither imports it: no import cycle.
+``parse_target(text, options)`` turns what the user typed into a frozen ``TargetSpec``, once per TARGET;
+``open_host(spec)`` turns that spec into a ``Host`` (``LocalHost`` or ``SSHHost``): the one way to build either. Nothing
+here touches the network until ``open_host``; the SSH config is read then, by ``eaglepatch.hosts.ssh_config`` (so a
+``Host`` alias needs no special form here). The data types (``TargetSpec``, ``SSHOptions``, ``Hop``) and the
+``[user@]host[:port]`` syntax live in ``eaglepatch.hosts.spec``. This module imports ``ssh`` (paramiko) and ``local``
+only inside ``open_host``, and neither imports it: no import cycle.
 
 Forms:
 
@@ -21,24 +21,10 @@ import os
 from typing import TYPE_CHECKING
 
 from eaglepatch.errors import UsageError
-from eaglepatch.hosts.spec import (  # re-exported (__all__): ops, tests and benchmarks import them from here
-    DEFAULT_CONNECT_TIMEOUT,
-    Hop,
-    SSHOptions,
-    TargetSpec,
-    _check_port,
-    format_destination,
-    parse_hop,
-    parse_jump,
-)
+from eaglepatch.hosts.spec import SSHOptions, TargetSpec, _check_port, parse_hop, parse_jump
 
 if TYPE_CHECKING:  # pragma: no cover
     from eaglepatch.hosts.base import Host
-
-__all__ = [
-    "DEFAULT_CONNECT_TIMEOUT", "Hop", "SSHOptions", "TargetSpec", "format_destination", "is_local_target",
-    "open_host", "parse_hop", "parse_jump", "parse_target",
-]
 
 _LOCAL_PREFIXES = ("/", "./", "../", "~", "file:")
 
@@ -82,18 +68,13 @@ def parse_target(text: str, options: SSHOptions | None = None) -> TargetSpec:
     return _ssh_spec(text, text, options, timeout)
 
 
-def open_host(spec: TargetSpec | str, options: SSHOptions | None = None) -> Host:
-    """Return a connected ``Host`` for ``spec``: a ``LocalHost``, or an ``SSHHost`` (connects now, so connection,
-    authentication and host-key failures raise ``ConnectionFailed`` here). ``options``, when given, re-parse
-    ``spec`` with them (a string ``spec`` is parsed with them)."""
-    if isinstance(spec, str):
-        spec = parse_target(spec, options)
-    elif options is not None:
-        spec = parse_target(spec.text, options)
+def open_host(spec: TargetSpec) -> Host:
+    """Return a connected ``Host`` for a parsed TARGET: a ``LocalHost`` named as the target, or an ``SSHHost``
+    (connects now, so connection, authentication and host-key failures raise ``ConnectionFailed`` here)."""
     if spec.is_local:
         from eaglepatch.hosts.local import LocalHost
 
-        return LocalHost()
+        return LocalHost(spec.name)
     from eaglepatch.hosts.ssh import SSHHost  # imports paramiko: only when an SSH target is used
 
     host = SSHHost(spec)

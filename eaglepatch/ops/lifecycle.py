@@ -15,9 +15,11 @@ from typing import Any, Callable, Sequence
 
 from eaglepatch.errors import RestartFailed, UsageError
 from eaglepatch.failpoints import failpoint
-from eaglepatch.ops.core import HostFacts, Session, code_state, plan_revert
+from eaglepatch.ops.facts import HostFacts, code_state
+from eaglepatch.ops.plan import plan_revert
+from eaglepatch.ops.session import Session
 from eaglepatch.server.control import relaunch_payload, relaunch_timeout
-from eaglepatch.server.process import LaunchSpec, ServerProcess, select_servers
+from eaglepatch.server.process import LaunchSpec, ServerProcess, select_server, select_servers
 from eaglepatch.server.restart import RestartOptions, RestartResult, after_relaunch, restart
 from eaglepatch.transform.recipe import Recipe
 
@@ -36,6 +38,12 @@ def servers_of(facts: HostFacts) -> list[ServerProcess]:
 def chosen(facts: HostFacts, ports: Sequence[int]) -> list[ServerProcess]:
     """The servers to act on (``--server-port``); raises UsageError for a port without one."""
     return select_servers(servers_of(facts), ports)
+
+
+def launch_of(facts: HostFacts, ports: Sequence[int] = ()) -> ServerProcess | None:
+    """The one server of the install to load or sweep (``--server-port`` picks among several), or None; raises
+    UsageError when several run and no port says which."""
+    return select_server(chosen(facts, ports))
 
 
 def stale(servers: Sequence[ServerProcess], facts: HostFacts) -> list[ServerProcess]:

@@ -25,11 +25,14 @@ from typing import Any, Callable, Iterator, Sequence
 from eaglepatch import progress
 from eaglepatch.errors import ConnectionFailed, EaglepatchError, Interrupted, Unsupported, UsageError
 from eaglepatch.hosts.base import Host
+from eaglepatch.hosts.spec import TargetSpec
 from eaglepatch.redact import shown_argv
 from eaglepatch.tuning.load import SHORT_LOAD_S, LoadFailed, LoadSpec, run_load, short_load_note
 from eaglepatch.failpoints import failpoint
-from eaglepatch.ops.actions import Connect, _facts, _launch_of, _Target, fetch_logs_from, logs_of
-from eaglepatch.ops.core import Session, new_lock_owner
+from eaglepatch.ops.lifecycle import launch_of
+from eaglepatch.ops.logs import fetch_logs_from, logs_of
+from eaglepatch.ops.session import Session, new_lock_owner
+from eaglepatch.ops.target import Connect, Target, target_facts
 from eaglepatch.server.eagle_limits import check_speculative_point
 from eaglepatch.transform.recipe import builtin_recipe
 
@@ -177,10 +180,10 @@ def collect_timings(host: Host, name: str, python: str, log_dir: str, pids: set[
     return doc
 
 
-def bench(text: str, c: Connect, opts: BenchOptions, say: Say) -> dict[str, Any]:
-    with _Target(text, c) as t:
-        facts = _facts(t, builtin_recipe())
-        server = _launch_of(facts, c.facts.server_ports)
+def bench(spec: TargetSpec, c: Connect, opts: BenchOptions, say: Say) -> dict[str, Any]:
+    with Target(spec, c) as t:
+        facts = target_facts(t, builtin_recipe())
+        server = launch_of(facts, c.facts.server_ports)
         if server is None:
             raise _no_server(t.spec.name)
         return bench_on(t.host, t.spec.name, facts.python, server, _patched_log_dir(facts), opts, say)
@@ -262,7 +265,7 @@ def server_flags(host: Host, python: str, package_dir: str, version: str | None,
     ``server_args.py`` and the modules that builds its parser from), or eaglepatch's own list (``sweep.HAND``)
     with a note when they cannot be read."""
     from eaglepatch.tuning import sweep as sw
-    from eaglepatch.ops.core import call
+    from eaglepatch.ops.hostcall import call
     from eaglepatch.server import flags as fl
 
     modules: dict[str, str] = {}
@@ -360,16 +363,16 @@ class _Owned:
         return here[0] if here else None
 
 
-def sweep(text: str, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]:
+def sweep(spec: TargetSpec, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]:
     from eaglepatch.tuning import cmdline, sweep_state, sweep_summary
     from eaglepatch.tuning import sweep as sw
     from eaglepatch.server import _remote
     from eaglepatch.server.process import LaunchSpec
 
     opts.points()  # the syntax, before anything is read
-    with _Target(text, c) as t:
+    with Target(spec, c) as t:
         name = t.spec.name
-        facts = _facts(t, builtin_recipe())
+        facts = target_facts(t, builtin_recipe())
         python = facts.python
         host = t.host
         flags = server_flags(host, python, facts.package_dir, facts.version, say)
@@ -386,7 +389,7 @@ def sweep(text: str, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]
             summary = sweep_summary.summarize(name, points, state.runs, opts.baseline, opts.repeat)
             summary.update(state_file=state.path, restore=dict(state.restore, restarted=False))
             return summary
-        server = _launch_of(facts, c.facts.server_ports)
+        server = launch_of(facts, c.facts.server_ports)
         if state.header is not None:
             original = LaunchSpec.from_json(state.header["original"])
             args_index = int(state.header["args_index"])

@@ -34,8 +34,11 @@ from typing import Any, Sequence
 from eaglepatch.errors import ConnectionFailed, EaglepatchError, RestartFailed, Unsupported, UsageError
 from eaglepatch.failpoints import failpoint
 from eaglepatch.hosts.base import Host
-from eaglepatch.ops.actions import Connect, _facts, _launch_of, _Target, fetch_logs_from, logs_of
-from eaglepatch.ops.core import call
+from eaglepatch.hosts.spec import TargetSpec
+from eaglepatch.ops.hostcall import call
+from eaglepatch.ops.lifecycle import launch_of
+from eaglepatch.ops.logs import fetch_logs_from, logs_of
+from eaglepatch.ops.target import Connect, Target, target_facts
 from eaglepatch.transform.recipe import builtin_recipe
 from eaglepatch.tuning import adaptive as ad
 from eaglepatch.tuning import live as lv
@@ -134,8 +137,8 @@ def _tp(values: dict[str, str]) -> int:
     return 1
 
 
-def live_sweep(text: str, c: Connect, opts: LiveOptions, say: Say) -> dict[str, Any]:
-    """Carry out ``sweep --live`` on ``text``; returns the summary (``live.summarize``, with ``state_file``,
+def live_sweep(spec: TargetSpec, c: Connect, opts: LiveOptions, say: Say) -> dict[str, Any]:
+    """Carry out ``sweep --live`` on ``spec``; returns the summary (``live.summarize``, with ``state_file``,
     ``restore`` and, with ``--emit-adaptive-config``, ``adaptive_config``). Raises Unsupported (the install is not
     patched, no adaptive mode, a shape it does not run), UsageError, Conflict (the install's lock, a server it did
     not start), RestartFailed (the adaptive launch did not come up: the original is put back first)."""
@@ -143,9 +146,9 @@ def live_sweep(text: str, c: Connect, opts: LiveOptions, say: Say) -> dict[str, 
     from eaglepatch.server.process import LaunchSpec
 
     steps = opts.steps()
-    with _Target(text, c) as t:
+    with Target(spec, c) as t:
         name, host = t.spec.name, t.host
-        facts = _facts(t, builtin_recipe())
+        facts = target_facts(t, builtin_recipe())
         python = facts.python
         log_dir = _patched_log_dir(facts)
         if log_dir is None:
@@ -166,7 +169,7 @@ def live_sweep(text: str, c: Connect, opts: LiveOptions, say: Say) -> dict[str, 
                                                                           for r, i in plan):
             say(f"{name}: this live sweep is complete ({state.path}): nothing was started; --fresh runs it again")
             return _finish(name, release, steps, state, opts, dict(state.restore, restarted=False), say)
-        server = _launch_of(facts, c.facts.server_ports)
+        server = launch_of(facts, c.facts.server_ports)
         if state.header is not None:
             original = LaunchSpec.from_json(state.header["original"])
             args_index = int(state.header["args_index"])

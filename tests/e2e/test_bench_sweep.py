@@ -221,7 +221,8 @@ def test_bench_over_ssh_through_a_forwarded_port(standins, tmp_path, ssh):
 
 def test_ssh_host_tunnel_forwards_http(sshd, ssh_home, standins, tmp_path):
     """SSHHost.open_tunnel: a local port whose connections reach host:port as the SSH server sees it."""
-    from eaglepatch.hosts.target import SSHOptions, open_host, parse_target
+    from eaglepatch.hosts.spec import SSHOptions
+    from eaglepatch.hosts.target import open_host, parse_target
 
     srv = Server(standins, tmp_path, "--startup-delay", "0")
     host = open_host(parse_target(sshd.target, SSHOptions(identity=sshd.client_key)))

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from eaglepatch.hosts.local import LocalHost
-from eaglepatch.hosts.target import SSHOptions, open_host, parse_target
+from eaglepatch.hosts.spec import SSHOptions
+from eaglepatch.hosts.target import open_host, parse_target
 from eaglepatch.server import LaunchSpec, ReadyState, RestartOptions, Strategy, find_servers, restart, select_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]

@@ -24,7 +24,8 @@ import cli_helpers as h
 from eaglepatch.errors import ConnectionFailed, UsageError
 from eaglepatch.hosts import ssh_config
 from eaglepatch.hosts.ssh import SSHHost
-from eaglepatch.hosts.target import SSHOptions, open_host, parse_target
+from eaglepatch.hosts.spec import SSHOptions
+from eaglepatch.hosts.target import open_host, parse_target
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

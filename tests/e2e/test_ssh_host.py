@@ -19,7 +19,8 @@ from eaglepatch.hosts.base import Host, RemoteScriptError, run_python
 from eaglepatch.hosts.local import LocalHost
 from eaglepatch.hosts.ssh import SSHHost
 from eaglepatch.hosts.ssh_files import sftp_os_error
-from eaglepatch.hosts.target import SSHOptions, open_host, parse_target
+from eaglepatch.hosts.spec import SSHOptions
+from eaglepatch.hosts.target import open_host, parse_target
 
 pytestmark = pytest.mark.e2e
 
@@ -626,8 +627,9 @@ def test_apply_and_revert_each_run_on_one_ssh_channel(sshd, ssh_home, tmp_path, 
     import paramiko
 
     import cli_helpers as h
-    from eaglepatch.ops import actions
-    from eaglepatch.ops.core import FactsOptions, RuntimeOptions
+    from eaglepatch.ops import change
+    from eaglepatch.ops.options import FactsOptions, RuntimeOptions
+    from eaglepatch.ops.target import Connect, target_spec
     from eaglepatch.transform.recipe import builtin_recipe
 
     tree = h.make_tree(tmp_path / "host", full=False)
@@ -640,13 +642,13 @@ def test_apply_and_revert_each_run_on_one_ssh_channel(sshd, ssh_home, tmp_path, 
         return real(self, *a, **k)
 
     monkeypatch.setattr(paramiko.Transport, "open_session", counting)
-    c = actions.Connect(identity=sshd.client_key, facts=FactsOptions(sglang_path=str(tree.root)))
-    doc = actions.apply(sshd.target, c, builtin_recipe(), RuntimeOptions(), None, False, lambda m: None)
+    c = Connect(identity=sshd.client_key, facts=FactsOptions(sglang_path=str(tree.root)))
+    doc = change.apply(target_spec(sshd.target, c), c, builtin_recipe(), RuntimeOptions(), None, False, lambda m: None)
     assert doc["changed"] and len(doc["files"]) == len(tree.patched_names)
     assert len(opened) == 1
     assert not tree.lock.exists()
     opened.clear()
-    doc = actions.revert(sshd.target, c, builtin_recipe(), False, None, lambda m: None)
+    doc = change.revert(target_spec(sshd.target, c), c, builtin_recipe(), False, None, lambda m: None)
     assert doc["changed"]
     assert len(opened) == 1
     h.assert_same(h.snapshot(tree.root), before, "revert after apply")

@@ -239,7 +239,7 @@ def test_a_failure_after_the_interpreter_started_is_not_a_missing_interpreter(tm
     after that is the program's failure, reported as such (exit 1), not as a wrong --python (exit 4)."""
     from eaglepatch.errors import Unsupported
     from eaglepatch.hosts.base import CommandResult
-    from eaglepatch.ops.core import call_error
+    from eaglepatch.ops.hostcall import call_error
 
     class Grumpy(LocalHost):
         def spawn(self, argv):

@@ -276,13 +276,12 @@ def test_check_chart_path_folder_and_extension(tmp_path):
 def test_sweep_cli_refuses_a_png_chart_without_matplotlib_before_it_runs(monkeypatch, tmp_path):
     from typer.testing import CliRunner
 
-    from eaglepatch import cli
-    from eaglepatch.ops import actions
+    from eaglepatch import cli, cli_output
 
     def touched(*a, **kw):
         raise AssertionError("the target was touched")
 
-    monkeypatch.setattr(actions, "check_targets", touched)
+    monkeypatch.setattr(cli_output, "check_targets", touched)
     _hide_matplotlib(monkeypatch)
     res = CliRunner().invoke(cli.app, ["sweep", str(tmp_path), "--grid", "speculative-num-steps=1,2",
                                        "--chart", str(tmp_path / "s.png")])

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from eaglepatch.doctor.facts import LOG_FILTER
-from eaglepatch.ops.core import remote_program
+from eaglepatch.ops.hostcall import remote_program
 
 
 @pytest.fixture(scope="module")

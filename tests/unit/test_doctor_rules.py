@@ -1,7 +1,7 @@
 """Each rule of ``eaglepatch doctor`` (eaglepatch/doctor/rules/) on facts, with its healthy counterpart: the
 finding when its condition holds, none when it does not (no false alarm), none when the evidence it needs is
 missing. Timing records are written as JSONL and read through the real aggregation (``collect.load_records``);
-sweeps through real state files (``collect.find_sweep``); log lines come from the real corpus.
+sweeps through real state files (``tuning.saved.find_sweep``); log lines come from the real corpus.
 
 Every test can fail: a threshold moved, a condition inverted, a rule that guesses without evidence, a healthy
 server flagged.
@@ -20,7 +20,8 @@ from eaglepatch.tuning import sweep_state
 from eaglepatch.tuning import sweep as sw
 from eaglepatch.doctor import rules as R
 from eaglepatch.doctor.finding import SEVERITIES
-from eaglepatch.doctor.collect import find_sweep, load_records
+from eaglepatch.doctor.collect import load_records
+from eaglepatch.tuning.saved import find_sweep
 from eaglepatch.doctor.facts import ModelConfig, ServerFacts, parse_log, parse_topo
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "sglang_logs" / "0.5.16"

@@ -30,7 +30,7 @@ def test_one_line_per_target_with_what_to_run_unless_nothing_changed():
 
 def test_a_session_does_not_unlock_a_host_whose_request_was_cut_short():
     """The host may still be carrying the request out under the lock: it stays (status names it)."""
-    from eaglepatch.ops.core import Session
+    from eaglepatch.ops.session import Session
 
     class NoCalls:
         name = "root@a"

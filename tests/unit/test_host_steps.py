@@ -8,7 +8,7 @@ server/_remote.py, and runs appended to it): ``Remote`` executes the whole progr
 builds it for the host, into a fresh namespace per test, so a test may replace one of its functions (``_replace``,
 ``_fault``, ``os``) the way the program's own functions will see it.
 
-The plans executed here are made with ``eaglepatch.ops.core.Write.payload``, as ``Session.execute`` makes them.
+The plans executed here are made with ``eaglepatch.ops.plan.Write.payload``, as ``Session.execute`` makes them.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from typing import Any, Callable
 
 import pytest
 
-from eaglepatch.ops.core import Write, remote_program
+from eaglepatch.ops.hostcall import remote_program
+from eaglepatch.ops.plan import Write
 
 _CODE = compile(remote_program(), "<eaglepatch remote program>", "exec")
 TOKEN = "0123456789abcdef"
@@ -743,7 +744,7 @@ def test_a_fetch_cut_off_keeps_what_it_wrote_and_the_next_run_goes_on_from_there
     """The connection breaks after two batches: the cache keeps those whole lines; the next ``report`` asks from
     the cached size (not from 0) and ends with the host's file, byte for byte."""
     from eaglepatch.errors import ConnectionFailed
-    from eaglepatch.ops import actions
+    from eaglepatch.ops import logs
 
     d = tmp_path / "logs"
     d.mkdir(mode=0o700)
@@ -760,15 +761,15 @@ def test_a_fetch_cut_off_keeps_what_it_wrote_and_the_next_run_goes_on_from_there
         asked.append(dict(payload["have"]))
         return json.loads(json.dumps(remote.op_logs(dict(payload, budget=1000))))
 
-    monkeypatch.setattr(actions, "call", call)
+    monkeypatch.setattr(logs, "call", call)
     with pytest.raises(ConnectionFailed):
-        actions.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
+        logs.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
     cached = list((tmp_path / "cache").rglob("h-1-rank0.jsonl"))
     assert len(cached) == 1
     kept = cached[0].read_bytes()
     assert 0 < len(kept) < len(body) and body.startswith(kept) and kept.endswith(b"\n")
     asked.clear()
     cut_after[0] = 10 ** 6
-    actions.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
+    logs.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
     assert asked[0] == {str(d) + "/h-1-rank0.jsonl": len(kept)}
     assert cached[0].read_bytes() == body

@@ -53,7 +53,7 @@ def test_apply_imports_it_on_its_own_thread_and_revert_not_at_all(tmp_path):
     original = (pkg / "srt" / "speculative" / "eagle_worker.py").read_bytes()
     code = """
         import json, sys, threading
-        from eaglepatch.ops import actions, core
+        from eaglepatch.ops import change, options, target
         from eaglepatch.transform.recipe import builtin_recipe
         loaders = []
         _start = threading.Thread.start
@@ -62,12 +62,12 @@ def test_apply_imports_it_on_its_own_thread_and_revert_not_at_all(tmp_path):
                 loaders.append(self)
             return _start(self)
         threading.Thread.start = start
-        c = actions.Connect()
+        c = target.Connect()
         say = lambda m: None
-        doc = getattr(actions, %r)(%r, c, builtin_recipe(), *%s, say)
+        doc = getattr(change, %r)(target.target_spec(%r, c), c, builtin_recipe(), *%s, say)
         print(json.dumps({"changed": doc["changed"], "libcst": "libcst" in sys.modules, "loaders": len(loaders)}))
     """
-    applied = _run(code % ("apply", str(pkg), "[core.RuntimeOptions(), None, False]"))
+    applied = _run(code % ("apply", str(pkg), "[options.RuntimeOptions(), None, False]"))
     assert applied == {"changed": True, "libcst": True, "loaders": 1}
     assert (pkg / "srt" / "speculative" / "eagle_worker.py").read_bytes() != original
     reverted = _run(code % ("revert", str(pkg), "[False, None]"))
@@ -78,10 +78,10 @@ def test_apply_imports_it_on_its_own_thread_and_revert_not_at_all(tmp_path):
 def test_preload_then_use_imports_once():
     doc = _run("""
         import json, sys, threading
-        from eaglepatch.ops import core
-        core.preload_transform()
+        from eaglepatch.ops import lazy_engine
+        lazy_engine.preload_transform()
         names = [t.name for t in threading.enumerate()]
-        engine = core._engine()  # waits for the import in flight, if it is not done
+        engine = lazy_engine.engine()  # waits for the import in flight, if it is not done
         print(json.dumps({"thread": "eaglepatch-import-transform" in names or "libcst" in sys.modules,
                           "engine": engine.__name__}))
     """)

@@ -50,16 +50,11 @@ import pytest
 
 from eaglepatch import __version__
 from eaglepatch.errors import EaglepatchError
-from eaglepatch.ops.core import (
-    HostFacts,
-    Plan,
-    RuntimeOptions,
-    Session,
-    WorkerFile,
-    plan_apply,
-    plan_revert,
-    render_runtime,
-)
+from eaglepatch.ops.facts import HostFacts, WorkerFile
+from eaglepatch.ops.options import RuntimeOptions
+from eaglepatch.ops.plan import Plan, plan_apply, plan_revert
+from eaglepatch.ops.runtime_file import render_runtime
+from eaglepatch.ops.session import Session
 from eaglepatch.transform.recipe import builtin_recipe
 
 PLANS = Path(__file__).resolve().parents[1] / "data" / "plans"

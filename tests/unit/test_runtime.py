@@ -619,7 +619,7 @@ def test_a_rewritten_config_line_is_used(tmp_path, clean_env):
     path.write_text("".join(src))
     mod = load_module(path)
     assert mod._stats()["config"] == new
-    # What `apply` writes (eaglepatch/ops/core.py render_runtime): no buffer_records/exit_seconds: defaults.
+    # What `apply` writes (eaglepatch/ops/runtime_file.py render_runtime): no buffer_records/exit_seconds: defaults.
     apply_line = {"mode": "auto", "timers": {"EAGLEWorkerV2": "events"}, "every": 1, "log_dir": str(tmp_path / "y"),
                   "summary_every": 2000, "flush_records": 256, "flush_seconds": 2.0}
     src = [("_CONFIG = %s  # eaglepatch:config\n" % json.dumps(apply_line)) if "eaglepatch:config" in l else l

@@ -60,7 +60,7 @@ def _top_level_names(source: str) -> set[str]:
 
 
 def test_the_facts_program_built_on_this_one_overrides_none_of_its_names():
-    """ops/_remote.py is appended to this file (eaglepatch.ops.core.remote_program): a helper it defines under a
+    """ops/_remote.py is appended to this file (eaglepatch.ops.hostcall.remote_program): a helper it defines under a
     name used here would silently replace ours (a shared ``_read`` that raises would break the /proc scan)."""
     from pathlib import Path
 

@@ -1,0 +1,234 @@
+"""Fetching a target's timing logs into this machine's cache (``fetch_logs``, ``fetch_logs_from``: new bytes only,
+in bounded rounds, every answer of the host checked before a byte is written), and picking a server's logs among
+files (``logs_of``). ``report``, ``doctor``, ``bench`` and ``sweep`` read the records from there."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import pathlib
+import re
+from typing import Any, Callable, Collection, Sequence
+
+from eaglepatch.errors import BadAnswer, Unsupported, UsageError
+from eaglepatch.hosts.base import Host
+from eaglepatch.hosts.spec import TargetSpec
+from eaglepatch.ops.facts import AmbiguousInstall
+from eaglepatch.ops.hostcall import call
+from eaglepatch.ops.target import Connect, Target, target_facts
+from eaglepatch.redact import shown
+from eaglepatch.transform.recipe import builtin_recipe
+
+Say = Callable[[str], None]
+
+
+def _cache_root() -> pathlib.Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "eaglepatch" / "logs"
+
+
+@dataclasses.dataclass(frozen=True)
+class FetchedLogs:
+    """A target's timing logs copied into the local cache: the ``folder``, and the processes of the servers of
+    the install that run now (launchers and their children: every rank), whose logs are the current run's."""
+
+    folder: str
+    current: frozenset[int] = frozenset()
+    launches: frozenset[tuple[int, int]] = frozenset()  # (pid, start ticks) of those servers: their runs' ids
+    package: str | None = None  # the install's sglang package: its runs' headers name a runtime inside it
+    servers: tuple[tuple[int, int | None], ...] = ()  # (pid, port) of the servers that run now
+    name: str = ""  # the target's name (as sweeps and the cache know it)
+
+
+def fetch_logs(spec: TargetSpec, c: Connect, log_dir: str | None, say: Say) -> FetchedLogs:
+    """Copy a target's timing logs into the local cache, fetching only bytes not fetched before."""
+    with Target(spec, c) as t:
+        python = c.facts.python or "python3"
+        current: frozenset[int] = frozenset()
+        launches: frozenset[tuple[int, int]] = frozenset()
+        package: str | None = None
+        servers: tuple[tuple[int, int | None], ...] = ()
+        try:
+            facts = target_facts(t, builtin_recipe(), transform=False)
+            log_dir = log_dir or ((facts.manifest or {}).get("runtime") or {}).get("log_dir")
+            python = facts.python
+            package = facts.package_dir
+            current = frozenset(p for s in facts.servers for p in (s["pid"], *(s.get("children") or ())))
+            launches = frozenset((s["pid"], s["start"]) for s in facts.servers if s.get("start") is not None)
+            servers = tuple((s["pid"], _port_of_scan(s)) for s in facts.servers)
+        except (Unsupported, AmbiguousInstall):
+            pass  # the logs can still be read (--log-dir, or the default folder); which run is current is unknown
+        folder = fetch_logs_from(t.host, t.spec.name, python, log_dir or "/tmp/eaglepatch", say, pids=current)
+        return FetchedLogs(folder, current, launches, package, servers, t.spec.name)
+
+
+def _port_of_scan(item: dict[str, Any]) -> int | None:
+    from eaglepatch.server.process import ServerProcess
+
+    try:
+        return ServerProcess.from_scan(item).port
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+# A timing log's name, as the runtime makes it (the host's ops/_remote.py checks the same): <host>-<pid>-rank<r>.jsonl
+_LOG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*-[0-9]+-rank[0-9]+\.jsonl")
+_DIR_FILE = ".host-folder"  # in each cache subfolder: the host folder it copies
+_MAX_ROUNDS = 4096  # log batches fetched in one command at most (LOG_BATCH each)
+
+
+def _cache_folder(root: pathlib.Path, host_dir: str) -> pathlib.Path:
+    """The cache subfolder for one folder of the host: named by a digest of its path (the path itself is the
+    host's word, never a path here)."""
+    return root / hashlib.sha256(host_dir.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def _refuse(name: str, why: str) -> BadAnswer:
+    return BadAnswer(f"{name}: the host's answer to the log request is refused: {why}: nothing of it was written "
+                     "(is the host's python the real one? see docs/safety.md, trust boundaries)")
+
+
+def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say,
+                    pids: Collection[int] = ()) -> str:
+    """``fetch_logs`` on an open host: copy the new bytes of the timing logs into the local cache folder of the
+    target ``name`` and ``log_dir`` (another ``--log-dir`` has a folder of its own), dropping the cached copies of
+    files that are no longer on the host; return that folder. The host reads by the runtime's own rules, from
+    ``log_dir`` and from wherever the runtime of ``pids`` (the servers' processes) really writes (its private
+    fallback folder); each host folder has a subfolder of its own here.
+
+    Everything in the answer is the host's word (docs/safety.md): a file name is a plain basename of the log
+    pattern, an offset is 0 or the size of the copy here, the data is base64 of whole lines; anything else raises
+    ``BadAnswer`` before a byte is written. Raises ``UsageError`` when the host has no log it may read."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_.@" else "_" for ch in name)
+    dest = _cache_root() / safe / hashlib.sha256(log_dir.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for old in dest.glob("*.jsonl"):  # the flat layout of earlier versions: fetched again into subfolders
+        old.unlink(missing_ok=True)
+    said: set[str] = set()
+    fetched = files_with_data = 0
+    listed: dict[str, list[str]] = {}
+    for _round in range(_MAX_ROUNDS):
+        known = _cached(dest)
+        have = {f"{d}/{n}": size for d, (_sub, sizes) in known.items() for n, size in sizes.items()}
+        res = call(host, python, "logs", log_dir=log_dir, have=have, pids=sorted(pids))
+        if not isinstance(res, dict):
+            raise _refuse(name, "not an object")
+        accepted = _check_dirs(name, res.get("dirs"))
+        if res.get("error"):
+            raise UsageError(f"{name}: {shown(res['error'])}")  # it names each folder refused, and why
+        for d in accepted.values():
+            if d.get("refused") and d["path"] not in said and d["kind"] in ("configured", "open"):
+                said.add(d["path"])
+                say(f"note: {name}: not reading {shown(d['path'])}: {shown(d['refused'])}")
+        listed = _check_names(name, res.get("names"), accepted)
+        writes = _check_files(name, res.get("files"), accepted, known)
+        for host_dir in listed:
+            sub = _cache_folder(dest, host_dir)
+            sub.mkdir(exist_ok=True, mode=0o700)
+            (sub / _DIR_FILE).write_text(host_dir, encoding="utf-8", errors="surrogateescape")
+            if host_dir != os.path.normpath(log_dir) and host_dir not in said and listed[host_dir]:
+                said.add(host_dir)
+                say(f"{name}: reading the timing logs in {shown(host_dir)} too (where the runtime writes them)")
+        for host_dir, file_name, offset, data in writes:
+            _write_log(_cache_folder(dest, host_dir) / file_name, offset, data)
+            fetched += len(data)
+            files_with_data += 1
+        if not res.get("more") or not writes:
+            break
+    # what is no longer on the host is never reported again
+    for host_dir, (sub, sizes) in _cached(dest).items():
+        keep = set(listed.get(host_dir, ()))
+        for gone in set(sizes) - keep:
+            (sub / gone).unlink(missing_ok=True)
+    n = sum(len(v) for v in listed.values())
+    where = ", ".join(shown(d) for d in listed) or shown(log_dir)
+    say(f"{name}: {n} log file(s) in {where}, {fetched} new bytes from {files_with_data} of them -> {dest}")
+    return str(dest)
+
+
+def _cached(dest: pathlib.Path) -> dict[str, tuple[pathlib.Path, dict[str, int]]]:
+    """host folder -> (its cache subfolder, {log name: size here})."""
+    out: dict[str, tuple[pathlib.Path, dict[str, int]]] = {}
+    for sub in dest.iterdir():
+        marker = sub / _DIR_FILE
+        if not sub.is_dir() or sub.is_symlink() or not marker.is_file():
+            continue
+        host_dir = marker.read_text(encoding="utf-8", errors="surrogateescape")
+        out[host_dir] = (sub, {p.name: p.stat().st_size for p in sub.glob("*.jsonl") if p.is_file()})
+    return out
+
+
+def _check_dirs(name: str, dirs: Any) -> dict[str, dict[str, Any]]:
+    if not isinstance(dirs, list):
+        raise _refuse(name, "no list of folders")
+    out = {}
+    for d in dirs:
+        if not (isinstance(d, dict) and isinstance(d.get("path"), str) and d["path"].startswith("/")
+                and "\0" not in d["path"] and d.get("kind") in ("configured", "open", "fallback")
+                and (d.get("refused") is None or isinstance(d["refused"], str))):
+            raise _refuse(name, f"a folder entry that is not one ({shown(str(d)[:200])})")
+        out[d["path"]] = d
+    return out
+
+
+def _check_name(name: str, file_name: Any) -> str:
+    if not (isinstance(file_name, str) and _LOG_NAME.fullmatch(file_name) and ".." not in file_name):
+        raise _refuse(name, f"a log file name that is not a plain <host>-<pid>-rank<r>.jsonl "
+                            f"({shown(repr(file_name)[:200])})")
+    return file_name
+
+
+def _check_names(name: str, names: Any, dirs: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    if not isinstance(names, dict):
+        raise _refuse(name, "no list of log files")
+    out = {}
+    for host_dir, files in names.items():
+        if host_dir not in dirs or dirs[host_dir].get("refused") or not isinstance(files, list):
+            raise _refuse(name, f"log files of a folder it did not read ({shown(repr(host_dir)[:200])})")
+        out[host_dir] = [_check_name(name, f) for f in files]
+    return out
+
+
+def _check_files(name: str, files: Any, dirs: dict[str, dict[str, Any]],
+                 known: dict[str, tuple[pathlib.Path, dict[str, int]]]) -> list[tuple[str, str, int, bytes]]:
+    """(host folder, name, offset, bytes) of each file in the answer, every one checked first."""
+    import base64
+    import binascii
+
+    if not isinstance(files, list):
+        raise _refuse(name, "no list of files")
+    out = []
+    for f in files:
+        if not isinstance(f, dict) or f.get("dir") not in dirs or dirs[f["dir"]].get("refused"):
+            raise _refuse(name, "bytes of a folder it did not read")
+        file_name = _check_name(name, f.get("name"))
+        offset = f.get("offset")
+        here = known.get(f["dir"], (None, {}))[1].get(file_name, 0)
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset not in (0, here):
+            raise _refuse(name, f"bytes of {file_name} at offset {shown(repr(offset)[:40])}, where the copy here "
+                                f"has {here} (only 0 or {here} are asked for)")
+        try:
+            data = base64.b64decode(f.get("data") or "", validate=True)
+        except (binascii.Error, TypeError, ValueError):
+            raise _refuse(name, f"bytes of {file_name} that are not base64") from None
+        out.append((f["dir"], file_name, offset, data))
+    return out
+
+
+def _write_log(path: pathlib.Path, offset: int, data: bytes) -> None:
+    """Write one batch into the cache: the whole file at offset 0, else appended; never through a link."""
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | (os.O_TRUNC if offset == 0 else os.O_APPEND)
+    fd = os.open(path, flags, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+# a timing log's name: <host>-<pid>-rank<r>.jsonl
+_LOG_PID = re.compile(r"-(\d+)-rank\d+\.jsonl$")
+
+
+def logs_of(files: Sequence[str], pids: Collection[int]) -> list[str]:
+    """The timing logs among ``files`` that the processes ``pids`` wrote (a server's launcher and children: every
+    rank), by the pid in their names."""
+    return [f for f in files if (m := _LOG_PID.search(os.path.basename(f))) and int(m.group(1)) in pids]

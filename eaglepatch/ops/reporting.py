@@ -1,0 +1,180 @@
+"""``report``: the timing logs of local files and of TARGETs (fetched into the cache), each source's runs chosen
+(``RunSelection``: by default a TARGET's current run), aggregated, compared or predicted, as a table, CSV or JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Callable, Sequence
+
+from eaglepatch.errors import UsageError
+from eaglepatch.hosts.target import is_local_target
+from eaglepatch.ops.logs import FetchedLogs, fetch_logs, logs_of
+from eaglepatch.ops.target import Connect, target_spec
+
+Say = Callable[[str], None]
+# the newest sweep kept on this machine of a target (by its name) whose baseline ran, else None: the measured
+# no-speculation point of --predict (``eaglepatch.tuning.saved.sweep_with_baseline``; the CLI hands it over)
+SweepOf = Callable[[str], "dict[str, Any] | None"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSelection:
+    """``report``'s choice of runs: ``merge`` (all together, said so), ``ids`` (these, by id or prefix), ``since``
+    (runs that started at or after an epoch), ``all`` (every run apart). None of them: a TARGET's current runs
+    (those of the servers that run now, else its newest), every run of local files."""
+
+    merge: bool = False
+    ids: tuple[str, ...] = ()
+    since: float | None = None
+    all: bool = False
+
+    def __post_init__(self) -> None:
+        if sum((self.merge, bool(self.ids), self.since is not None, self.all)) > 1:
+            raise UsageError("--merge-runs, --run, --since and --all-runs exclude each other: give one")
+
+    @property
+    def explicit(self) -> bool:
+        return self.merge or bool(self.ids) or self.since is not None or self.all
+
+
+def parse_since(text: str, now: float | None = None) -> float:
+    """``--since``: an epoch (``1764500000``), a local date and time (``2026-12-01 15:40``, ``2026-12-01T15:40:00``)
+    or an age (``30m``, ``2h``, ``1d``, ``90s``). Raises UsageError."""
+    import datetime
+
+    now = time.time() if now is None else now
+    t = text.strip()
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if t[-1:] in units and t[:-1].replace(".", "", 1).isdigit():
+        return now - float(t[:-1]) * units[t[-1]]
+    try:
+        return float(t)
+    except ValueError:
+        pass
+    try:
+        return datetime.datetime.fromisoformat(t.replace(" ", "T", 1)).timestamp()
+    except ValueError:
+        raise UsageError(f"--since {text!r}: give an epoch, a date and time (2026-12-01 15:40) or an age "
+                         "(30m, 2h, 1d)") from None
+
+
+def _is_log_source(path: str) -> bool:
+    """A local SOURCE that is timing logs itself (a .jsonl file, or a folder with some), not an install."""
+    from eaglepatch import report as rep
+
+    if os.path.isfile(path):
+        return True
+    try:
+        return bool(rep.iter_log_files([path]))
+    except UsageError:  # a folder without logs: an install, or nothing
+        return False
+
+
+def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, trace: str | None, compare: bool,
+           log_dir: str | None, fmt: str, say: Say, runs: RunSelection = RunSelection(),
+           chart: str | None = None, predict: bool = False, steps: Sequence[int] | None = None,
+           sweep_of: SweepOf | None = None) -> str:
+    """The report of ``sources`` (local timing logs, or TARGETs whose logs are fetched first), as the text to
+    print; ``sweep_of``: where ``--predict`` finds a TARGET's measured baseline (none: predicted without it)."""
+    from eaglepatch import report as rep
+
+    per_source: list[list[str]] = []  # the log files of each source
+    own: list[dict[str, Any]] = []  # each source's own selection: a TARGET's current run by default
+    sweep: dict[str, Any] | None = None  # a TARGET's sweep with a baseline, for --predict
+    for s in sources:
+        if (os.path.exists(s) or is_local_target(s)) and _is_log_source(s):
+            per_source.append(rep.iter_log_files([s]))
+            own.append({})
+            continue
+        # a TARGET: a remote one, or a local install (package, venv, checkout): the same code path
+        fetched = fetch_logs(target_spec(s, c), c, log_dir, say)
+        files = rep.iter_log_files([fetched.folder])
+        sel: dict[str, Any] = {}
+        if not runs.explicit:
+            # by default the current run: the runs of the servers that run now (every rank), read from their
+            # processes' files; never an earlier launch that had the same pid
+            mine = logs_of(files, fetched.current)
+            if mine:
+                files, sel = mine, {"launches": fetched.launches}
+            elif fetched.current:
+                # the server runs and has timed nothing: another server's numbers in its place would mislead
+                raise UsageError(f"{s}: {_no_records(fetched)}")
+            else:
+                # no server of the install runs: its newest run, never one that another install's runtime wrote
+                sel = {"latest": True, "install": fetched.package}
+                say(f"note: {s}: no server of this install runs: its newest run is shown (--all-runs for every "
+                    "run)")
+        per_source.append(files)
+        own.append(sel)
+        if predict and sweep is None and sweep_of is not None:
+            sweep = sweep_of(fetched.name)
+    select: dict[str, Any] = {"merge_runs": runs.merge, "run_ids": list(runs.ids) or None, "since": runs.since}
+    if compare:
+        results, traces = rep.aggregate_each(per_source, list(sources), trace_path=trace, by=by, skip=skip,
+                                             each=own, **select)
+        for path in traces:
+            say(f"trace written to {path}: open it in https://ui.perfetto.dev")
+        cmp = rep.compare(results, list(sources))
+        if chart is not None:
+            from eaglepatch.report.chart.compare import write_compare_chart
+
+            write_compare_chart(cmp.to_json(), chart)
+            say(f"chart written to {chart}")
+        if fmt == "json":
+            return json.dumps(cmp.to_json(), indent=1) + "\n"
+        if fmt == "csv":
+            return rep.render_compare_csv(cmp)
+        return rep.render_compare_table(cmp) + "\n"
+    files = [f for fs in per_source for f in fs]
+    if not files:
+        raise UsageError(f"no timing logs (*.jsonl) in {', '.join(sources)}: apply first, then put load on the "
+                         "server")
+    if any(own) and len(sources) > 1:
+        # several sources in one table: each source's own selection picks its run ids first (a TARGET's current
+        # run must not cut the runs of the files given beside it), then one aggregation of those runs
+        picked: list[str] = []
+        for fs, sel in zip(per_source, own):
+            if fs:
+                picked += [r.id for r in rep.aggregate(fs, by=None, skip=skip, **select, **sel).runs]
+        select = {**select, "run_ids": picked or None, "since": None}
+        own = [{}]
+        if not picked:
+            files = []
+    # several sources in one report: each run's table says which SOURCE it came from
+    origins = [src for fs, src in zip(per_source, sources) for _f in fs] if len(sources) > 1 else None
+    result = rep.aggregate(files, by=by, skip=skip, trace_path=trace, origins=origins, **select, **own[0]) \
+        if files else rep.aggregate([], by=by, skip=skip)
+    if trace:
+        say(f"trace written to {trace}: open it in https://ui.perfetto.dev")
+    preds = None
+    if predict:
+        from eaglepatch.report.predict import predict as predict_groups
+
+        preds = predict_groups(result, steps=steps, sweep=sweep)
+    if fmt == "json" or (predict and chart is not None):
+        doc = result.to_json()
+        doc["sources"] = list(sources)
+        for gd, pred in zip(doc["groups"], preds or ()):
+            if pred is not None:
+                gd.update(pred.to_json())
+        if predict and chart is not None:
+            from eaglepatch.report.chart.predict import write_predict_chart
+
+            write_predict_chart(doc, chart, sweep)
+            say(f"chart written to {chart}")
+        if fmt == "json":
+            return json.dumps(doc, indent=1) + "\n"
+    if fmt == "csv":
+        return rep.render_csv(result)
+    return rep.render_table(result, predictions=preds) + "\n"
+
+
+def _no_records(fetched: FetchedLogs) -> str:
+    """Why ``report TARGET`` shows nothing: the servers that run now have written no timing record."""
+    which = ", ".join(f"pid {pid}" + (f" on :{port}" if port else "") for pid, port in fetched.servers)
+    return (f"the server that runs now ({which or 'pid ' + ', '.join(map(str, sorted(fetched.current)))}) has "
+            "written no timing record yet: it is not patched, or has had no load since it started (eaglepatch "
+            "status says which; eaglepatch bench puts load on it); --all-runs shows the earlier runs")
