@@ -8,7 +8,7 @@ its evidence and the next step to take. docs/doctor.md lists every finding with 
 - ``facts``: ``ServerFacts`` (what was read about one server) and the pure parsers (log lines, flags, configs,
   ``nvidia-smi``);
 - ``rules``: one small named function per finding, its condition and thresholds in its docstring; ``diagnose``;
-- ``collect``: reading a target (one request on the host: ``op_doctor`` in ops/_remote.py) into facts, and the
+- ``collect``: reading a target (one request on the host: ``op_doctor`` in hostside/doctor.py) into facts, and the
   ``doctor --json`` document;
 - ``render``: the text for people.
 """

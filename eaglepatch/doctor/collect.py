@@ -1,7 +1,7 @@
 """Reading a target for ``doctor``, changing nothing, and the ``doctor --json`` document.
 
 One facts round trip (the install, its servers from /proc: pid, argv, cwd, environment, children; no lock taken),
-one ``doctor`` request on the host (``op_doctor`` in ops/_remote.py: each server's log from its stdout/stderr when
+one ``doctor`` request on the host (``op_doctor`` in hostside/doctor.py: each server's log from its stdout/stderr when
 they are files, its ``/server_info``, the config.json of the models its command line names, ``nvidia-smi``), the
 new bytes of the timing logs (into this machine's cache, as ``report`` fetches them), and the sweep state files
 on this machine. Then the rules (``eaglepatch.doctor.rules``) per server.
@@ -41,7 +41,8 @@ def doctor(text: str, c: Any, say: Say, log_dir: str | None = None) -> Any:
     from eaglepatch.errors import EaglepatchError
     from eaglepatch.ops import lifecycle as lc
     from eaglepatch.ops.actions import _facts, _Target, fetch_logs_from
-    from eaglepatch.ops.core import call, code_state
+    from eaglepatch.hosts.agent import call
+    from eaglepatch.ops.core import code_state
     from eaglepatch.transform.recipe import builtin_recipe
 
     with _Target(text, c) as t:

@@ -82,9 +82,9 @@ def parse_flags(args: Sequence[str]) -> dict[str, Any]:
 def server_args_of(argv: Sequence[str]) -> list[str]:
     """The sglang arguments of a launcher's argv (after ``-m sglang.launch_server``, ``launch_server.py`` or
     ``sglang serve``); the whole argv after argv[0] when it is not one eaglepatch recognises."""
-    from eaglepatch.server import _remote
+    from eaglepatch.hostside.launchers import launcher_args_index
 
-    idx = _remote.launcher_args_index(list(argv))
+    idx = launcher_args_index(list(argv))
     return list(argv[idx:]) if idx >= 0 else list(argv[1:])
 
 

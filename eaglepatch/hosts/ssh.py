@@ -76,7 +76,8 @@ from paramiko.ssh_exception import (  # noqa: E402
 
 from eaglepatch import console  # noqa: E402
 from eaglepatch.errors import ConnectionFailed  # noqa: E402
-from eaglepatch.hosts.base import MAX_STDERR, Agents, CommandResult, FileStat, OutputLimit  # noqa: E402
+from eaglepatch.hosts.agent import Agents  # noqa: E402
+from eaglepatch.hosts.base import MAX_STDERR, CommandResult, FileStat, OutputLimit  # noqa: E402
 from eaglepatch.hosts.spec import DEFAULT_CONNECT_TIMEOUT, TargetSpec, format_destination  # noqa: E402
 from eaglepatch.hosts.ssh_config import (  # noqa: E402
     CHECK_ACCEPT_NEW,

@@ -18,6 +18,7 @@ from typing import Any, Callable, Collection, Sequence
 from eaglepatch import progress
 from eaglepatch.errors import BadAnswer, RestartFailed, Unsupported, UsageError
 from eaglepatch.failpoints import failpoint
+from eaglepatch.hosts.agent import call
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.local import LocalHost
 from eaglepatch.hosts.target import SSHOptions, TargetSpec, is_local_target, open_host, parse_target
@@ -30,7 +31,6 @@ from eaglepatch.ops.core import (
     RuntimeOptions,
     Session,
     analyze_all,
-    call,
     describe,
     new_lock_owner,
     gather,
@@ -429,10 +429,9 @@ def revert(text: str, c: Connect, recipe: Recipe, force: bool, restart: Any, say
 def call_relaunch(host: Host, python: str, then: dict[str, Any], ropts: Any) -> Any:
     """A batch of relaunches in one request on the host (nothing to write with them)."""
     from eaglepatch.server.control import relaunch_timeout
-    from eaglepatch.server.process import call_remote
 
     n = len(then.get("batch") or ())
-    return call_remote(host, python, "relaunch", then, timeout=relaunch_timeout(ropts.grace, ropts.port_timeout, n))
+    return call(host, python, "relaunch", timeout=relaunch_timeout(ropts.grace, ropts.port_timeout, n), **then)
 
 
 def _revert_relaunches(t: _Target, facts: HostFacts, servers: Sequence[Any], ports: Sequence[int], ropts: Any,
@@ -579,7 +578,7 @@ def _port_of_scan(item: dict[str, Any]) -> int | None:
         return None
 
 
-# A timing log's name, as the runtime makes it (the host's ops/_remote.py checks the same): <host>-<pid>-rank<r>.jsonl
+# A timing log's name, as the runtime makes it (the host's hostside/logs.py checks the same): <host>-<pid>-rank<r>.jsonl
 _LOG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*-[0-9]+-rank[0-9]+\.jsonl")
 _DIR_FILE = ".host-folder"  # in each cache subfolder: the host folder it copies
 _MAX_ROUNDS = 4096  # log batches fetched in one command at most (LOG_BATCH each)

@@ -262,7 +262,7 @@ def server_flags(host: Host, python: str, package_dir: str, version: str | None,
     ``server_args.py`` and the modules that builds its parser from), or eaglepatch's own list (``sweep.HAND``)
     with a note when they cannot be read."""
     from eaglepatch.tuning import sweep as sw
-    from eaglepatch.ops.core import call
+    from eaglepatch.hosts.agent import call
     from eaglepatch.server import flags as fl
 
     modules: dict[str, str] = {}
@@ -362,7 +362,7 @@ class _Owned:
 
 def sweep(text: str, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]:
     from eaglepatch.tuning import sweep as sw
-    from eaglepatch.server import _remote
+    from eaglepatch.hostside.launchers import launcher_args_index
     from eaglepatch.server.process import LaunchSpec
 
     opts.points()  # the syntax, before anything is read
@@ -393,7 +393,7 @@ def sweep(text: str, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]
             if server is None:
                 raise _no_server(name)
             original = server.launch_spec()  # UsageError when it cannot be relaunched from here
-            args_index = _remote.launcher_args_index(list(original.argv))
+            args_index = launcher_args_index(list(original.argv))
             if args_index < 0:
                 raise Unsupported(f"{name}: the server's command line is not one eaglepatch can rewrite: "
                                   f"{shown_argv(original.argv)}")

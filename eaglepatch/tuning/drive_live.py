@@ -33,9 +33,9 @@ from typing import Any, Sequence
 
 from eaglepatch.errors import ConnectionFailed, EaglepatchError, RestartFailed, Unsupported, UsageError
 from eaglepatch.failpoints import failpoint
+from eaglepatch.hosts.agent import call
 from eaglepatch.hosts.base import Host
 from eaglepatch.ops.actions import Connect, _facts, _launch_of, _Target, fetch_logs_from, logs_of
-from eaglepatch.ops.core import call
 from eaglepatch.transform.recipe import builtin_recipe
 from eaglepatch.tuning import adaptive as ad
 from eaglepatch.tuning import live as lv
@@ -139,7 +139,7 @@ def live_sweep(text: str, c: Connect, opts: LiveOptions, say: Say) -> dict[str, 
     ``restore`` and, with ``--emit-adaptive-config``, ``adaptive_config``). Raises Unsupported (the install is not
     patched, no adaptive mode, a shape it does not run), UsageError, Conflict (the install's lock, a server it did
     not start), RestartFailed (the adaptive launch did not come up: the original is put back first)."""
-    from eaglepatch.server import _remote
+    from eaglepatch.hostside.launchers import launcher_args_index
     from eaglepatch.server.process import LaunchSpec
 
     steps = opts.steps()
@@ -175,7 +175,7 @@ def live_sweep(text: str, c: Connect, opts: LiveOptions, say: Say) -> dict[str, 
             if server is None:
                 raise _no_server(name)
             original = server.launch_spec()
-            args_index = _remote.launcher_args_index(list(original.argv))
+            args_index = launcher_args_index(list(original.argv))
             if args_index < 0:
                 raise Unsupported(f"{name}: the server's command line is not one eaglepatch can rewrite: "
                                   f"{' '.join(original.argv)}")
