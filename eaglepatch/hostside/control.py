@@ -16,7 +16,7 @@ import time
 
 from eaglepatch.hostside.discover import resolve_launcher, top_launchers
 from eaglepatch.hostside.launchers import parse_server_args
-from eaglepatch.hostside.proc import KEPT_SIGNALS, alive, descendants, listening, proc_stat, table
+from eaglepatch.hostside.proc import KEPT_SIGNALS, descendants, is_alive, listening, proc_stat, table
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -69,13 +69,13 @@ def op_stop(payload):
     targets.discard(os.getpid())
     if targets:
         if pid in _signal(sorted(targets), signal.SIGTERM, out["errors"]):
-            out["remaining"] = sorted(p for p in targets if alive(p))
+            out["remaining"] = sorted(p for p in targets if is_alive(p))
             out["stopped"] = []
             out["seconds"] = time.monotonic() - t0
             return out
 
         def still():
-            alive = {p for p in targets if alive(p)}
+            alive = {p for p in targets if is_alive(p)}
             if alive:
                 procs_now = table()
                 for p in list(alive):
@@ -94,7 +94,7 @@ def op_stop(payload):
             deadline = time.monotonic() + 10.0
             while alive and time.monotonic() < deadline:
                 time.sleep(0.1)
-                alive = {p for p in alive if alive(p)}
+                alive = {p for p in alive if is_alive(p)}
         out["remaining"] = sorted(alive)
     if port is not None:
         deadline = time.monotonic() + payload.get("port_timeout", 60.0)

@@ -9,7 +9,7 @@ import socket
 
 from eaglepatch.hostside.discover import top_launchers
 from eaglepatch.hostside.launchers import parse_server_args
-from eaglepatch.hostside.proc import alive, table
+from eaglepatch.hostside.proc import is_alive, table
 
 
 # the server's access-log lines for our own polls say nothing about its progress
@@ -69,7 +69,7 @@ def op_probe(payload):
     """One readiness poll: is the process alive, what does the health endpoint say, what did the log say last."""
     out = {}
     old = payload.get("old_pid")
-    out["old_alive"] = bool(old) and alive(old, payload.get("old_start"))
+    out["old_alive"] = bool(old) and is_alive(old, payload.get("old_start"))
     pid = payload.get("pid")
     if not pid and payload.get("discover"):
         # started by someone else (a restart command): find its launcher on the port, to notice when it dies
@@ -78,7 +78,7 @@ def op_probe(payload):
             if p != old and parse_server_args(argv[idx:])["port"] == payload["port"]:
                 out["found_pid"], out["found_start"] = p, procs[p]["start"]
                 break
-    out["alive"] = True if not pid else alive(pid, payload.get("start"))
+    out["alive"] = True if not pid else is_alive(pid, payload.get("start"))
     out["status"], out["error"], out["endpoint"] = None, None, None
     if out["alive"] and not out["old_alive"]:
         host = payload["host"]

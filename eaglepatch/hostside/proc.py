@@ -34,7 +34,7 @@ def proc_stat(pid):
         return None
 
 
-def alive(pid, start=None):
+def is_alive(pid, start=None):
     """True when ``pid`` runs (a zombie is dead) and, when ``start`` is given, is still the same process."""
     st = proc_stat(pid)
     if st is None or st["state"] in ("Z", "X", "x"):

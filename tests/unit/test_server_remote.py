@@ -50,3 +50,34 @@ def test_the_helper_runs_through_the_agent_on_this_machine(tmp_path):
         assert len(host.agents._agents) == 1  # the server's ops and the install's: one process
     finally:
         host.close()
+
+
+def test_stop_ends_a_process_with_its_children_and_a_relaunch_starts_one(tmp_path):
+    """op_stop and op_relaunch on real processes of this machine: a launcher that ignores SIGTERM is killed after
+    the grace period with its child; the relaunch starts the same command line, detached, its log written."""
+    import os
+    import subprocess
+    import time
+
+    from eaglepatch.hostside.control import op_relaunch, op_stop
+    from eaglepatch.hostside.proc import is_alive, proc_stat
+
+    script = "import signal, subprocess, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" \
+             "subprocess.Popen(['sleep', '60'])\ntime.sleep(60)\n"
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    time.sleep(0.5)
+    child = [int(c) for c in open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()]
+    start = proc_stat(proc.pid)["start"]
+    out = op_stop({"pid": proc.pid, "start": start, "grace": 0.5, "leader": True})
+    proc.wait(5)
+    assert out["killed"] and out["remaining"] == [] and set(child) <= set(out["stopped"]), out
+    assert not any(is_alive(c) for c in child)
+    spec = {"argv": ["sleep", "30"], "cwd": str(tmp_path), "env": {"PATH": os.environ["PATH"]},
+            "log_path": str(tmp_path / "logs" / "server.log"), "port": 1}
+    res = op_relaunch({"stop": None, "start": spec, "port": 1})
+    pid = res["start"]["pid"]
+    try:
+        assert is_alive(pid, res["start"]["start"]) and os.getsid(pid) == pid
+        assert "starting in" in (tmp_path / "logs" / "server.log").read_text()
+    finally:
+        os.kill(pid, 9)
