@@ -19,6 +19,7 @@ import functools
 import importlib
 import pathlib
 import sys
+from typing import Iterator
 
 PACKAGE = "eaglepatch.hostside"
 ENTRY = "eaglepatch.hostside.main"
@@ -77,10 +78,10 @@ def check_module(source: str, filename: str, package: str = PACKAGE) -> None:
     except SyntaxError as exc:
         raise BundleError(f"{filename}:{exc.lineno}: not Python 3.8: {exc.msg}") from None
     stdlib = set(sys.stdlib_module_names) | {"__future__"}
-    for node in ast.walk(tree):
+    for node in _imports(tree.body):
         if isinstance(node, ast.Import):
             wanted = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and not node.level:
+        elif not node.level:
             wanted = [node.module or ""]
         else:
             continue
@@ -88,6 +89,18 @@ def check_module(source: str, filename: str, package: str = PACKAGE) -> None:
             if mod != package and not mod.startswith(package + ".") and mod.split(".")[0] not in stdlib:
                 raise BundleError(f"{filename}:{node.lineno}: imports {mod}, which is neither the standard library "
                                   f"nor {package}: the host-side code must run where only Python is installed")
+
+
+def _imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements in ``body`` and in every block nested in it (functions, classes, if, try, with...).
+    Statements only: an import is never an expression, and not walking the expressions halves the check's time."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            inner = getattr(node, field, None)
+            if isinstance(inner, list):
+                yield from _imports(inner)
 
 
 def _file(name: str, is_package: bool) -> str:

@@ -117,6 +117,32 @@ def test_a_module_that_imports_what_the_host_may_not_have_is_refused(importable,
     assert "neither the standard library nor bundled_bad" in str(refused.value)
 
 
+def test_an_import_deep_in_blocks_is_found():
+    """Inside a class, a method, an if, a loop's else, a try's handler or its finally: each import is read."""
+    text = textwrap.dedent("""\
+        import os
+
+
+        class C:
+            def f(self):
+                if os.name:
+                    for _ in ():
+                        pass
+                    else:
+                        try:
+                            pass
+                        except Exception:
+                            with open(os.devnull):
+                                while False:
+                                    pass
+                        finally:
+                            import {}
+        """)
+    check_module(text.format("json"), "deep.py")
+    with pytest.raises(BundleError, match="deep.py:17: imports requests"):
+        check_module(text.format("requests"), "deep.py")
+
+
 def test_a_module_newer_than_python_3_8_is_refused():
     with pytest.raises(BundleError, match=r"demo.py:\d+: not Python 3.8: Pattern matching"):
         check_module("match x:\n    case 1:\n        pass\n", "demo.py")
