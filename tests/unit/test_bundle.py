@@ -143,6 +143,25 @@ def test_an_import_deep_in_blocks_is_found():
         check_module(text.format("requests"), "deep.py")
 
 
+def test_the_check_is_made_once_for_a_set_of_sources_and_again_when_one_changes(importable, monkeypatch):
+    """The verdict is kept beside the package's bytecode: the next process reads the same sources without parsing them
+    again; a module changed since (a new import) is read again, and refused."""
+    name = _package(importable, "bundled_kept", {"main": "import json\n\n\ndef main(payload):\n    return payload\n"})
+    real, checked = bundle.check_module, []
+    monkeypatch.setattr(bundle, "check_module", lambda text, filename, package: checked.append(filename) or real(
+        text, filename, package))
+    bundle.sources(name)
+    assert sorted(checked) == ["bundled_kept/__init__.py", "bundled_kept/main.py"]
+    assert [p.name.startswith("eaglepatch-bundle-checked-") for p in (importable / name / "__pycache__").iterdir()] \
+        == [True]
+    checked.clear()
+    assert bundle.sources(name)["bundled_kept.main"][1].startswith("import json")
+    assert checked == []
+    (importable / name / "main.py").write_text("import json\n\n\ndef main(payload):\n    import requests\n")
+    with pytest.raises(BundleError, match="bundled_kept/main.py:5: imports requests"):
+        bundle.sources(name)
+
+
 def test_a_module_newer_than_python_3_8_is_refused():
     with pytest.raises(BundleError, match=r"demo.py:\d+: not Python 3.8: Pattern matching"):
         check_module("match x:\n    case 1:\n        pass\n", "demo.py")
