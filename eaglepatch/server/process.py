@@ -8,7 +8,6 @@ even after it crashed).
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from typing import Any, Mapping, Sequence
 
 from eaglepatch.errors import UsageError

@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from eaglepatch.doctor.facts import LOG_FILTER
 from eaglepatch.hostside import doctor as host  # as the host runs it
