@@ -276,7 +276,7 @@ def report(
 def _bench_options(requests: int, concurrency: int, input_len: int, max_new_tokens: int, warmup: int, seed: int,
                    log_wait: float) -> Any:
     from eaglepatch.tuning.load import LoadSpec
-    from eaglepatch.tuning.drive import BenchOptions
+    from eaglepatch.tuning.bench import BenchOptions
 
     load = LoadSpec(requests=requests, concurrency=concurrency, input_len=input_len, max_new_tokens=max_new_tokens,
                     warmup=warmup, seed=seed)
@@ -299,10 +299,11 @@ def bench(
     Examples:
       eaglepatch bench root@gpu-host --requests 64 --concurrency 8
     """
-    from eaglepatch.tuning import drive as tuning
+    from eaglepatch.tuning import bench as tuning_bench
 
     opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait)
-    finish(for_each_target([target], c, lambda t: tuning.bench(t, c, opts, say)), json_out, tuning.render_bench)
+    finish(for_each_target([target], c, lambda t: tuning_bench.bench(t, c, opts, say)), json_out,
+           tuning_bench.render_bench)
 
 
 @app.command()

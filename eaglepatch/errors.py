@@ -71,6 +71,14 @@ class BadAnswer(EaglepatchError):
     exit_code = ExitCode.INTERNAL
 
 
+class HelperFailed(EaglepatchError):
+    """eaglepatch's program on the host failed a request: it raised (its traceback's last lines say where), its process
+    died or ran out of time (killed), or its answer was refused past a bound; ``str()`` names the host and the
+    interpreter."""
+
+    exit_code = ExitCode.INTERNAL
+
+
 class Interrupted(BaseException):
     """Ctrl-C (SIGINT), raised in the main thread by the handler ``eaglepatch.entry`` installs before anything is
     imported. A ``BaseException``, not an ``EaglepatchError`` (nor a ``KeyboardInterrupt``, which click turns into

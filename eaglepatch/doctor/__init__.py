@@ -10,7 +10,7 @@ its evidence and the next step to take. docs/doctor.md lists every finding with 
 - ``finding``: ``Finding``, what a rule returns;
 - ``rules``: one small named function per finding, its condition and thresholds in its docstring (by kind of
   finding: ``draft``, ``steps``, ``pace``, ``measurement``; the thresholds in ``thresholds``); ``diagnose``;
-- ``collect``: reading a target (one request on the host: ``op_doctor`` in ops/_remote.py) into facts, and the
+- ``collect``: reading a target (one request on the host: ``op_doctor`` in hostside/doctor.py) into facts, and the
   ``doctor --json`` document;
 - ``render``: the text for people.
 """

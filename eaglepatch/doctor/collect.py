@@ -1,7 +1,7 @@
 """Reading a target for ``doctor``, changing nothing, and the ``doctor --json`` document.
 
 One facts round trip (the install, its servers from /proc: pid, argv, cwd, environment, children; no lock taken),
-one ``doctor`` request on the host (``op_doctor`` in ops/_remote.py: each server's log from its stdout/stderr when
+one ``doctor`` request on the host (``op_doctor`` in hostside/doctor.py: each server's log from its stdout/stderr when
 they are files, its ``/server_info``, the config.json of the models its command line names, ``nvidia-smi``), the
 new bytes of the timing logs (into this machine's cache, as ``report`` fetches them), and the sweep state files
 on this machine. Then the rules (``eaglepatch.doctor.rules``) per server.
@@ -14,16 +14,15 @@ import os
 import re
 from typing import Any, Callable, Sequence
 
+from eaglepatch.server.argv import parse_flags, server_args_of
 from eaglepatch.doctor.facts import (
     LOG_FILTER,
     LogFacts,
     ServerFacts,
     model_config,
-    parse_flags,
     parse_gpu_list,
     parse_log,
     parse_topo,
-    server_args_of,
 )
 from eaglepatch.doctor.finding import Finding
 from eaglepatch.doctor.rules import diagnose
@@ -42,7 +41,7 @@ def doctor(spec: Any, c: Any, say: Say, log_dir: str | None = None) -> Any:
     from eaglepatch.errors import EaglepatchError
     from eaglepatch.ops import lifecycle as lc
     from eaglepatch.ops.facts import code_state
-    from eaglepatch.ops.hostcall import call
+    from eaglepatch.hosts.agent import call
     from eaglepatch.ops.logs import fetch_logs_from
     from eaglepatch.ops.target import Target, target_facts
     from eaglepatch.transform.recipe import builtin_recipe

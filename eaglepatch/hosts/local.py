@@ -9,7 +9,8 @@ import threading
 import time
 from typing import Sequence
 
-from eaglepatch.hosts.base import MAX_STDERR, Agents, CommandResult, FileStat, OutputLimit
+from eaglepatch.hosts.agent import Agents
+from eaglepatch.hosts.base import MAX_STDERR, CommandResult, FileStat, OutputLimit
 
 
 class LocalHost:

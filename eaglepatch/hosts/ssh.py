@@ -20,7 +20,7 @@ from paramiko.ssh_exception import ChannelException, SSHException
 
 from eaglepatch import console
 from eaglepatch.errors import ConnectionFailed
-from eaglepatch.hosts.base import Agents
+from eaglepatch.hosts.agent import Agents
 from eaglepatch.hosts.spec import DEFAULT_CONNECT_TIMEOUT, TargetSpec
 from eaglepatch.hosts.ssh_commands import SSHCommands
 from eaglepatch.hosts.ssh_config import ResolvedHop, describe, resolve

@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 from eaglepatch import progress
 from eaglepatch.errors import RestartFailed, UsageError
 from eaglepatch.failpoints import failpoint
+from eaglepatch.hosts.agent import call
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.spec import TargetSpec
 from eaglepatch.ops.facts import HostFacts
@@ -219,10 +220,9 @@ def revert(spec: TargetSpec, c: Connect, recipe: Recipe, force: bool, restart: A
 def call_relaunch(host: Host, python: str, then: dict[str, Any], ropts: Any) -> Any:
     """A batch of relaunches in one request on the host (nothing to write with them)."""
     from eaglepatch.server.control import relaunch_timeout
-    from eaglepatch.server.process import call_remote
 
     n = len(then.get("batch") or ())
-    return call_remote(host, python, "relaunch", then, timeout=relaunch_timeout(ropts.grace, ropts.port_timeout, n))
+    return call(host, python, "relaunch", timeout=relaunch_timeout(ropts.grace, ropts.port_timeout, n), **then)
 
 
 def _revert_relaunches(t: Target, facts: HostFacts, servers: Sequence[Any], ports: Sequence[int], ropts: Any,

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from eaglepatch.errors import Unsupported, UsageError
 from eaglepatch.hosts.base import Host
 from eaglepatch.ops import lazy_engine
-from eaglepatch.ops.hostcall import call
+from eaglepatch.hosts.agent import call
 from eaglepatch.ops.options import FactsOptions
 from eaglepatch.transform.marks import is_instrumented
 from eaglepatch.transform.recipe import Recipe

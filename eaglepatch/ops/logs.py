@@ -15,7 +15,7 @@ from eaglepatch.errors import BadAnswer, Unsupported, UsageError
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.spec import TargetSpec
 from eaglepatch.ops.facts import AmbiguousInstall
-from eaglepatch.ops.hostcall import call
+from eaglepatch.hosts.agent import call
 from eaglepatch.ops.target import Connect, Target, target_facts
 from eaglepatch.redact import shown
 from eaglepatch.transform.recipe import builtin_recipe
@@ -72,7 +72,7 @@ def _port_of_scan(item: dict[str, Any]) -> int | None:
         return None
 
 
-# A timing log's name, as the runtime makes it (the host's ops/_remote.py checks the same): <host>-<pid>-rank<r>.jsonl
+# A timing log's name, as the runtime makes it (the host's hostside/logs.py checks the same): <host>-<pid>-rank<r>.jsonl
 _LOG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*-[0-9]+-rank[0-9]+\.jsonl")
 _DIR_FILE = ".host-folder"  # in each cache subfolder: the host folder it copies
 _MAX_ROUNDS = 4096  # log batches fetched in one command at most (LOG_BATCH each)

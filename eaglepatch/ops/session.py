@@ -20,7 +20,7 @@ from eaglepatch.errors import Conflict, ConnectionFailed, EaglepatchError, Valid
 from eaglepatch.failpoints import remote_fault
 from eaglepatch.hosts.base import Host
 from eaglepatch.ops.facts import HostFacts
-from eaglepatch.ops.hostcall import call
+from eaglepatch.hosts.agent import call
 from eaglepatch.ops.plan import Plan, Write
 
 

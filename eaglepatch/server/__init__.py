@@ -5,8 +5,9 @@
 - ``restart(host, current=..., launch=..., options=RestartOptions(...))`` -> ``RestartResult``.
 - ``wait_until_ready(host, port, ...)`` -> ``Readiness`` (``.ready``, the state, the last log line).
 
-Everything on the host runs as small standard-library programs (``_remote.py``) through ``Host.run``, so it works
-the same on ``LocalHost`` and over SSH, and never imports sglang.
+Everything on the host runs in eaglepatch's host-side program (``eaglepatch.hostside``: standard library only, never
+sglang), one request per step through the host's agent (``eaglepatch.hosts.agent.call``), so it works the same on
+``LocalHost`` and over SSH.
 """
 
 from eaglepatch.server.control import StopResult, Started, read_log_tail, stop_server

@@ -1,12 +1,13 @@
-"""Stopping and starting a server on a host, each one round trip (``_remote.op_stop`` / ``_remote.op_start``)."""
+"""Stopping and starting a server on a host, each one request (``hostside.control``'s ``op_stop`` / ``op_start``)."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
+from eaglepatch.hosts.agent import call
 from eaglepatch.hosts.base import Host
-from eaglepatch.server.process import LaunchSpec, ServerProcess, call_remote
+from eaglepatch.server.process import LaunchSpec, ServerProcess
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,13 +52,12 @@ def stop_server(
     Never raises for a process that is already gone (that is success; orphans of a group it led are stopped);
     a permission error is reported in the result, with the server left running.
     """
-    out = call_remote(host, python, "stop", stop_payload(server, grace, port_timeout),
-                      timeout=grace + port_timeout + 60)
+    out = call(host, python, "stop", timeout=grace + port_timeout + 60, **stop_payload(server, grace, port_timeout))
     return stop_result(server.pid, out)
 
 
 def stop_payload(server: ServerProcess, grace: float, port_timeout: float) -> dict[str, Any]:
-    """What ``_remote.op_stop`` takes to stop ``server`` (and only it: its pid with its start time)."""
+    """What ``op_stop`` takes to stop ``server`` (and only it: its pid with its start time)."""
     return {
         "pid": server.pid,
         "start": server.start,
@@ -97,7 +97,7 @@ class Started:
 
 
 def start_payload(spec: LaunchSpec) -> dict[str, Any]:
-    """What ``_remote.op_start`` takes to start ``spec``."""
+    """What ``op_start`` takes to start ``spec``."""
     return {"argv": list(spec.argv), "cwd": spec.cwd, "env": dict(spec.env), "log_path": spec.log_path,
             "launcher": spec.launcher, "sig_ign": spec.sig_ign, "port": spec.port}
 
@@ -112,7 +112,7 @@ def started_result(out: dict[str, Any]) -> Started:
 
 def relaunch_payload(current: ServerProcess | None, spec: LaunchSpec, grace: float = 30.0,
                      port_timeout: float = 60.0) -> dict[str, Any]:
-    """What ``_remote.op_relaunch`` takes to stop ``current`` (if any) and start ``spec`` in one request."""
+    """What ``op_relaunch`` takes to stop ``current`` (if any) and start ``spec`` in one request."""
     return {"stop": stop_payload(current, grace, port_timeout) if current is not None else None,
             "start": start_payload(spec), "port": spec.port,
             "check_port": current is None or current.port != spec.port}
@@ -125,5 +125,5 @@ def relaunch_timeout(grace: float, port_timeout: float, n: int = 1) -> float:
 
 def read_log_tail(host: Host, log_path: str, *, offset: int = 0, lines: int = 30, python: str = "python3") -> str:
     """The last ``lines`` non-empty lines of the log written after ``offset``; "" when there is no log."""
-    out = call_remote(host, python, "tail", {"log_path": log_path, "offset": offset, "lines": lines}, timeout=60)
+    out = call(host, python, "tail", timeout=60, log_path=log_path, offset=offset, lines=lines)
     return "\n".join(out.get("lines") or [])

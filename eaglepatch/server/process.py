@@ -8,17 +8,14 @@ even after it crashed).
 from __future__ import annotations
 
 import dataclasses
-import functools
-import pathlib
-import shlex
 from typing import Any, Mapping, Sequence
 
 from eaglepatch.errors import UsageError
-from eaglepatch.hosts.base import Host, run_python
-from eaglepatch.server import _remote
+from eaglepatch.hostside import launchers
+from eaglepatch.hostside.launchers import DEFAULT_HOST, DEFAULT_PORT
+from eaglepatch.hosts.agent import call
+from eaglepatch.hosts.base import Host
 
-DEFAULT_PORT = _remote.DEFAULT_PORT
-DEFAULT_HOST = _remote.DEFAULT_HOST
 LOG_DIR = "/tmp/eaglepatch"
 
 # addresses a server listens on that are not addresses to connect to: probe the loopback instead
@@ -48,9 +45,9 @@ def parse_server_args(args: Sequence[str]) -> ServerArgs:
     """Read ``--port``, ``--host`` and ``--api-key`` from sglang's arguments (``--x V`` or ``--x=V``; last wins).
 
     A malformed ``--port`` value leaves the default, as the server itself would have refused to start with it.
-    (The same function runs on the host, in ``_remote``.)
+    (The same function runs on the host, in ``eaglepatch.hostside.launchers``.)
     """
-    parsed = _remote.parse_server_args(list(args))
+    parsed = launchers.parse_server_args(list(args))
     return ServerArgs(port=parsed["port"], host=parsed["host"], api_key=parsed["api_key"])
 
 
@@ -269,7 +266,7 @@ def describe_launch(server: ServerProcess) -> str:
         parts.append(("systemd user unit " if server.systemd.get("user") else "systemd unit ")
                      + str(server.systemd["unit"]))
     launch = server.launch or {}
-    idx = _remote.launcher_args_index(list(server.argv))
+    idx = launchers.launcher_args_index(list(server.argv))
     head = " ".join(server.argv[:idx]) if idx > 0 else (server.argv[0] if server.argv else "?")
     venv = launch.get("venv")
     where = ""
@@ -286,29 +283,18 @@ def describe_launch(server: ServerProcess) -> str:
     return "; ".join(parts)
 
 
-@functools.lru_cache(maxsize=1)
-def remote_program() -> str:
-    """The source of ``_remote.py``, shipped to the host's interpreter on every call."""
-    return pathlib.Path(__file__).with_name("_remote.py").read_text(encoding="utf-8")
-
-
-def call_remote(host: Host, python: str, op: str, payload: Mapping[str, Any], timeout: float | None = None) -> Any:
-    """Run one operation of ``_remote.py`` on the host; raises RemoteScriptError when the program fails."""
-    return run_python(host, python, remote_program(), dict(payload, op=op), timeout=timeout)
-
-
 def find_servers(host: Host, python: str = "python3", package_dir: str | None = None) -> list[ServerProcess]:
     """The running sglang servers on ``host`` (launcher processes only), by pid; one round trip.
 
     Each carries the sglang package its own interpreter imports (``package_dir``) and how it was launched; with
     ``package_dir`` only the servers of that package are returned: the servers of a target's install, the only
-    ones eaglepatch may stop or start. Raises ``RemoteScriptError`` when ``python`` cannot run there,
-    ``ConnectionFailed`` when the connection breaks.
+    ones eaglepatch may stop or start. Raises ``Unsupported`` when ``python`` cannot run there, ``HelperFailed``
+    when the scan fails, ``ConnectionFailed`` when the connection breaks.
     """
     payload: dict[str, Any] = {"identify": True}
     if package_dir is not None:
         payload["package_dir"] = package_dir
-    result = call_remote(host, python, "scan", payload, timeout=90)
+    result = call(host, python, "scan", timeout=90, **payload)
     return [ServerProcess.from_scan(item) for item in result["servers"]]
 
 

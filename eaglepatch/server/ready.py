@@ -1,7 +1,7 @@
 """Readiness: poll the server's health endpoint from the host itself until it answers 200, dies, or time runs out.
 
 The port is usually not reachable from where eaglepatch runs, so each poll is one small program run on the host
-over the existing connection (``_remote.op_probe``): it checks the process is alive, asks ``GET /health_generate``
+over the existing connection (``hostside.probe.op_probe``): it checks the process is alive, asks ``GET /health_generate``
 (``/ready`` where that is what exists), and reads the last line of the server log for the progress display.
 """
 
@@ -12,8 +12,10 @@ import enum
 import time
 from typing import Callable
 
-from eaglepatch.hosts.base import Host, RemoteScriptError
-from eaglepatch.server.process import call_remote, probe_address
+from eaglepatch.errors import HelperFailed
+from eaglepatch.hosts.agent import call
+from eaglepatch.hosts.base import Host
+from eaglepatch.server.process import probe_address
 
 Progress = Callable[[str], None]
 
@@ -74,8 +76,8 @@ def wait_until_ready(
     gone, waiting stops at once (DIED). While ``old_pid`` (the server being replaced) still runs, its answers do
     not count. With ``discover`` and no ``pid``, the launcher found listening for ``port`` (by its command line) is
     watched from then on, so its death ends the wait too. ``progress`` gets one line per poll. Raises
-    ``RemoteScriptError`` only when ``python`` cannot run on the host at all; a poll that fails otherwise counts
-    as "not ready yet".
+    ``Unsupported`` only when ``python`` cannot run on the host at all (and ``ConnectionFailed`` when the
+    connection breaks); a poll that fails otherwise (``HelperFailed``) counts as "not ready yet".
     """
     t0 = clock()
     deadline = t0 + timeout
@@ -99,10 +101,8 @@ def wait_until_ready(
             "discover": discover and not pid,
         }
         try:
-            last = call_remote(host, python, "probe", payload, timeout=http_timeout * 2 + 30)
-        except RemoteScriptError as exc:
-            if exc.result.rc == 127:  # the interpreter itself is missing: no point in polling on
-                raise
+            last = call(host, python, "probe", timeout=http_timeout * 2 + 30, **payload)
+        except HelperFailed as exc:  # not Unsupported: the interpreter itself is missing, no point in polling on
             last = dict(last, error=str(exc), status=None)
         if not pid and last.get("found_pid"):
             pid, start = last["found_pid"], last.get("found_start")

@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable
 
 from eaglepatch.errors import RestartFailed, UsageError
+from eaglepatch.hosts.agent import call
 from eaglepatch.hosts.base import Host
 from eaglepatch.redact import shown, shown_argv
 from eaglepatch.server.control import (
@@ -33,7 +34,6 @@ from eaglepatch.server.process import (
     DEFAULT_PORT,
     LaunchSpec,
     ServerProcess,
-    call_remote,
     default_log_path,
     find_servers,
 )
@@ -186,7 +186,7 @@ def after_relaunch(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> RestartResult:
-    """Wait for a server whose stop and start already ran on the host (``_remote.op_relaunch``'s ``answer``, as
+    """Wait for a server whose stop and start already ran on the host (``op_relaunch``'s ``answer``, as
     part of another request: a rollback's), as ``restart`` would have; same result."""
     run = _Run(host, options, progress, python, clock, sleep)
     return run.finish(current, spec, answer)
@@ -245,9 +245,9 @@ class _Run:
             )
         self.say(f"starting sglang on :{spec.port}: {shown_argv(spec.argv)} (in {shown(spec.cwd)})")
         # The stop and the start are one request: nothing between them waits on this client.
-        answer = call_remote(self.host, self.python, "relaunch",
-                             relaunch_payload(current, spec, self.options.grace, self.options.port_timeout),
-                             timeout=relaunch_timeout(self.options.grace, self.options.port_timeout))
+        answer = call(self.host, self.python, "relaunch",
+                      timeout=relaunch_timeout(self.options.grace, self.options.port_timeout),
+                      **relaunch_payload(current, spec, self.options.grace, self.options.port_timeout))
         failpoint("restart:after-relaunch")
         return self.finish(current, spec, answer)
 

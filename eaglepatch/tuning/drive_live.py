@@ -33,9 +33,9 @@ from typing import Any, Sequence
 
 from eaglepatch.errors import ConnectionFailed, EaglepatchError, RestartFailed, Unsupported, UsageError
 from eaglepatch.failpoints import failpoint
+from eaglepatch.hosts.agent import call
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.spec import TargetSpec
-from eaglepatch.ops.hostcall import call
 from eaglepatch.ops.lifecycle import launch_of
 from eaglepatch.ops.logs import fetch_logs_from, logs_of
 from eaglepatch.ops.target import Connect, Target, target_facts
@@ -43,16 +43,12 @@ from eaglepatch.transform.recipe import builtin_recipe
 from eaglepatch.tuning import adaptive as ad
 from eaglepatch.tuning import live as lv
 from eaglepatch.tuning import cmdline, sweep_state
+from eaglepatch.tuning.bench import BenchOptions, clock_offset, no_server, patched_log_dir, server_url
 from eaglepatch.tuning.drive import (
-    BenchOptions,
     Say,
-    _no_server,
     _Owned,
-    _patched_log_dir,
     _restore,
     _runs,
-    _url,
-    clock_offset,
     header_of,
     server_flags,
     sweep_locks,
@@ -142,7 +138,7 @@ def live_sweep(spec: TargetSpec, c: Connect, opts: LiveOptions, say: Say) -> dic
     ``restore`` and, with ``--emit-adaptive-config``, ``adaptive_config``). Raises Unsupported (the install is not
     patched, no adaptive mode, a shape it does not run), UsageError, Conflict (the install's lock, a server it did
     not start), RestartFailed (the adaptive launch did not come up: the original is put back first)."""
-    from eaglepatch.server import _remote
+    from eaglepatch.hostside.launchers import launcher_args_index
     from eaglepatch.server.process import LaunchSpec
 
     steps = opts.steps()
@@ -150,7 +146,7 @@ def live_sweep(spec: TargetSpec, c: Connect, opts: LiveOptions, say: Say) -> dic
         name, host = t.spec.name, t.host
         facts = target_facts(t, builtin_recipe())
         python = facts.python
-        log_dir = _patched_log_dir(facts)
+        log_dir = patched_log_dir(facts)
         if log_dir is None:
             raise Unsupported(f"{name}: sweep --live needs the patch (its runtime pins each step count inside the "
                               "server): eaglepatch apply TARGET first")
@@ -176,9 +172,9 @@ def live_sweep(spec: TargetSpec, c: Connect, opts: LiveOptions, say: Say) -> dic
             reuse = bool(state.header.get("reuse"))
         else:
             if server is None:
-                raise _no_server(name)
+                raise no_server(name)
             original = server.launch_spec()
-            args_index = _remote.launcher_args_index(list(original.argv))
+            args_index = launcher_args_index(list(original.argv))
             if args_index < 0:
                 raise Unsupported(f"{name}: the server's command line is not one eaglepatch can rewrite: "
                                   f"{' '.join(original.argv)}")
@@ -336,7 +332,7 @@ class _LiveRun:
             local = self.host.open_tunnel(server.probe_host, server.port)  # type: ignore[attr-defined]
         except OSError as exc:
             raise ConnectionFailed(f"{self.name}: cannot forward a local port to :{server.port}: {exc}") from None
-        url = _url(self.host, server.probe_host, local)
+        url = server_url(self.host, server.probe_host, local)
         try:
             self.leases = [f"live-{pid}.json" for pid in sorted({server.pid, *server.children})]
             self.lease()

@@ -17,7 +17,7 @@ PHASES = ("draft", "verify", "draft_extend", "cycle")
 
 
 def run_figures(bench: Mapping[str, Any]) -> dict[str, Any]:
-    """What the summary needs of one bench (``eaglepatch.tuning.drive.bench_doc``): client tok/s, accept length
+    """What the summary needs of one bench (``eaglepatch.tuning.bench.bench_on``): client tok/s, accept length
     (the server's own, from the responses, else the timing log's), p50 of the decode phases and cycle."""
     client = bench.get("client") or {}
     timings = bench.get("timings") or {}

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from eaglepatch.errors import ConnectionFailed
-from eaglepatch.hosts.base import Host, RemoteScriptError, run_python
+from eaglepatch.errors import ConnectionFailed, HelperFailed, Unsupported
+from eaglepatch.hosts.agent import RemoteScriptError, call
+from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.local import LocalHost
 from eaglepatch.hosts.ssh import SSHHost
 from eaglepatch.hosts.ssh_files import sftp_os_error
@@ -119,12 +120,15 @@ def test_run_quotes_every_argument(host, rdir):
     assert not monkey.exists()
 
 
-def test_run_python_over_ssh(host):
-    program = "import json,sys\nprint(json.dumps({'got': PAYLOAD, 'v': sys.version_info[0]}))"
-    out = run_python(host, "python3", program, payload={"a": [1, 2, "ü"]})
-    assert out == {"got": {"a": [1, 2, "ü"]}, "v": 3}
-    with pytest.raises(RemoteScriptError):
-        run_python(host, "python3", "raise SystemExit(4)")
+def test_the_host_side_package_answers_over_ssh(host, rdir):
+    """``call``: the bundled host-side package, run by the host's python3 through the agent; a failing op and a
+    missing interpreter read as one line each."""
+    (rdir / "server.log").write_text("loading\nready ü\n")
+    assert call(host, "python3", "tail", log_path=str(rdir / "server.log"), lines=1) == {"lines": ["ready ü"]}
+    with pytest.raises(HelperFailed, match="KeyError"):
+        call(host, "python3", "execute")
+    with pytest.raises(Unsupported, match="cannot run /nonexistent/python3"):
+        call(host, "/nonexistent/python3", "tail", log_path="x")
 
 
 def test_one_connection_reused(host):
@@ -588,7 +592,7 @@ def test_agent_over_ssh_serves_many_calls_on_one_channel(host, monkeypatch):
     with pytest.raises(RemoteScriptError) as err:
         host.agents.call("python3", "import os\ndef main(p):\n    os._exit(7)\n", {})
     assert err.value.result.rc == 7
-    with pytest.raises(RemoteScriptError) as err:  # as run_python says it: 127 when there is no such program
+    with pytest.raises(RemoteScriptError) as err:  # 127 when there is no such program, as a shell says it
         host.agents.call("/nonexistent/python3", program, {})
     assert err.value.result.rc == 127
 

@@ -1,5 +1,5 @@
-"""``Agents`` / ``PythonAgent`` (hosts/base.py) on this machine's LocalHost: one interpreter per host for all the
-ops of a command, and failures that read exactly as ``run_python``'s one process per call."""
+"""``Agents`` / ``PythonAgent`` and ``call`` (hosts/agent.py) on this machine's LocalHost: one interpreter per host
+and binary for all the calls of a command, and what its failures read as."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from eaglepatch.hosts.base import RemoteScriptError
+from eaglepatch.hosts.agent import RemoteScriptError
 from eaglepatch.hosts.local import LocalHost
 
 PY = os.path.realpath(sys.executable)
@@ -175,11 +175,11 @@ def test_big_requests_and_answers_travel_compressed_and_intact(host, monkeypatch
     """Frames over 4 kB are zlib-compressed both ways; what arrives is what was sent."""
     import base64
 
-    import eaglepatch.hosts.base as base
+    import eaglepatch.hosts.agent as agent
 
     sent = []
-    real = base._frame
-    monkeypatch.setattr(base, "_frame", lambda data: sent.append(real(data)) or sent[-1])
+    real = agent._frame
+    monkeypatch.setattr(agent, "_frame", lambda data: sent.append(real(data)) or sent[-1])
     blob = base64.b64encode(os.urandom(200000)).decode() + "ü" * 1000
     assert host.agents.call(PY, PROGRAM, {"op": "echo", "blob": blob}) == {"op": "echo", "blob": blob}
     assert sent[0] == b"%d\n" % len(PROGRAM.encode()) + PROGRAM.encode()  # the program: small, as it is
@@ -190,19 +190,15 @@ def test_big_requests_and_answers_travel_compressed_and_intact(host, monkeypatch
 
 def test_what_a_login_shell_prints_before_the_interpreter_is_skipped():
     """A banner on stdout before the program starts (a chatty ~/.bashrc, a ForceCommand's echo), digits and
-    newlines included, must not be read as a frame or as the answer: both paths skip to eaglepatch's marker."""
-    from eaglepatch.hosts.base import MARKER, CommandResult, run_python
+    newlines included, must not be read as a frame or as the answer: the agent skips to eaglepatch's marker."""
+    from eaglepatch.hosts.agent import MARKER
 
     class Chatty(LocalHost):
-        def run(self, argv, stdin=None, timeout=None, max_output=None):
-            r = super().run(argv, stdin=stdin, timeout=timeout)
-            return CommandResult(r.rc, b"welcome to gpu1\n42\n{not json\n" + r.stdout, r.stderr)
-
         def spawn(self, argv):
-            return super().spawn(["sh", "-c", 'echo "welcome to gpu1"; echo 42; exec "$0" "$@"', *argv])
+            return super().spawn(["sh", "-c", 'echo "welcome to gpu1"; echo 42; echo "{not json"; exec "$0" "$@"',
+                                  *argv])
 
     host = Chatty()
-    assert run_python(host, PY, "import json; print(json.dumps(PAYLOAD))", {"a": [1, 2]}) == {"a": [1, 2]}
     agents = host.agents
     assert agents.call(PY, PROGRAM, {"op": "echo", "x": 1}) == {"op": "echo", "x": 1}
     assert agents.call(PY, PROGRAM, {"op": "echo", "x": 2}) == {"op": "echo", "x": 2}
@@ -225,7 +221,7 @@ def test_the_agent_command_line_is_one_line_that_every_shell_passes_through():
     the command line is one line of letters, digits and a few punctuation marks, and it still runs the source."""
     import re
 
-    from eaglepatch.hosts.base import AGENT
+    from eaglepatch.hosts.agent import AGENT
 
     assert re.fullmatch(r'[A-Za-z0-9+/=.,;()_" ]+', AGENT), AGENT[:200]
     host = LocalHost()
@@ -238,8 +234,8 @@ def test_a_failure_after_the_interpreter_started_is_not_a_missing_interpreter(tm
     eaglepatch's code: a login shell's complaint (kept in the agent's stderr) or a FileNotFoundError's traceback
     after that is the program's failure, reported as such (exit 1), not as a wrong --python (exit 4)."""
     from eaglepatch.errors import Unsupported
+    from eaglepatch.hosts.agent import call_error
     from eaglepatch.hosts.base import CommandResult
-    from eaglepatch.ops.hostcall import call_error
 
     class Grumpy(LocalHost):
         def spawn(self, argv):
@@ -262,3 +258,37 @@ def test_a_failure_after_the_interpreter_started_is_not_a_missing_interpreter(tm
     assert isinstance(call_error("gpu1", "py", nopy.value), Unsupported)
     assert isinstance(call_error("gpu1", "py", RemoteScriptError("py", CommandResult(2, b"", b"py: No such file"))),
                       Unsupported)
+
+
+def test_a_program_made_by_a_function_is_made_once_the_process_is_started(host):
+    """``call`` gives the agents ``bundle.program`` itself: the program is made while the interpreter starts on the
+    host, once per process, and a second call on the same process does not make it again."""
+    made = []
+
+    def program() -> str:
+        made.append(host.agents._agents[0].proc is not None)  # is the process started already?
+        return PROGRAM
+
+    assert host.agents.call(PY, program, {"op": "echo"}) == {"op": "echo"}
+    assert host.agents.call(PY, program, {"op": "echo", "n": 2}) == {"op": "echo", "n": 2}
+    assert made == [True]
+
+
+def test_call_runs_the_host_side_package_and_says_what_a_failure_means(tmp_path):
+    """``call``: the bundled package's op answers; an interpreter that does not exist is exit 4 with the hint; an
+    op that fails on the host is one line naming the host and the interpreter (exit 1)."""
+    from eaglepatch.errors import HelperFailed, Unsupported
+    from eaglepatch.hosts.agent import call
+
+    host = LocalHost("gpu1")
+    try:
+        (tmp_path / "log").write_text("x\ny\n")
+        assert call(host, PY, "tail", log_path=str(tmp_path / "log"), lines=2) == {"lines": ["x", "y"]}
+        with pytest.raises(HelperFailed) as failed:
+            call(host, PY, "execute", timeout=30)  # no plan: KeyError on the host
+        assert str(failed.value).startswith(f"gpu1: {PY} exited 1:") and "KeyError" in str(failed.value)
+        assert failed.value.exit_code == 1
+        with pytest.raises(Unsupported, match="gpu1: cannot run /nonexistent/python3: give the interpreter"):
+            call(host, "/nonexistent/python3", "tail", log_path="x")
+    finally:
+        host.close()

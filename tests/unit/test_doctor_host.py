@@ -1,5 +1,5 @@
-"""The host side of ``eaglepatch doctor`` (``op_doctor`` and its helpers in eaglepatch/ops/_remote.py), run here as
-the host runs them: the remote program (server/_remote.py + ops/_remote.py) executed into a namespace.
+"""The host side of ``eaglepatch doctor`` (``op_doctor`` and its helpers in eaglepatch/hostside/doctor.py), the
+module the host runs, imported here.
 
 Each test can fail: a log read whole instead of its ends (or the wrong end), the lines of an earlier launch kept,
 a pipe read as a log (reading it would steal the server's output), a model found in the wrong place.
@@ -12,22 +12,12 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
-
-import pytest
 
 from eaglepatch.doctor.facts import LOG_FILTER
-from eaglepatch.ops.hostcall import remote_program
+from eaglepatch.hostside import doctor as host  # as the host runs it
 
 
-@pytest.fixture(scope="module")
-def host():
-    g: dict = {"__name__": "eaglepatch_remote_under_test"}
-    exec(compile(remote_program(), "<eaglepatch-remote>", "exec"), g)
-    return g
-
-
-def test_a_log_is_read_at_its_ends(host, tmp_path):
+def test_a_log_is_read_at_its_ends(tmp_path):
     """A 3 MB log (over head + tail): its first and last bytes are read, filtered; the middle is not (its decode
     line is missing); the line cut by the tail's start is dropped."""
     import re
@@ -42,15 +32,15 @@ def test_a_log_is_read_at_its_ends(host, tmp_path):
         f.write("[t] Decode batch, #running-req: 3, accept len: 1.00, cuda graph: False\n")
     size = log.stat().st_size
     assert size > 3_000_000
-    lines = host["_doctor_read_log"](str(log), size, re.compile(LOG_FILTER), 1024, 4096, 100)
+    lines = host.read_log(str(log), size, re.compile(LOG_FILTER), 1024, 4096, 100)
     assert lines == ["[t] server_args=ServerArgs(model_path='/m')",
                      "[t] Decode batch, #running-req: 1, accept len: 9.99, cuda graph: True",
                      "[t] Decode batch, #running-req: 3, accept len: 1.00, cuda graph: False"]
-    xs = host["_doctor_read_log"](str(log), size, re.compile("^x"), 1024, 4096, 10000)
+    xs = host.read_log(str(log), size, re.compile("^x"), 1024, 4096, 10000)
     assert 40 < len(xs) < 60 and set(xs) == {"x" * 99}  # whole lines of both ends only
 
 
-def test_a_log_is_read_from_its_last_launch(host, tmp_path):
+def test_a_log_is_read_from_its_last_launch(tmp_path):
     """A log that two launches appended to: only the lines from the last server_args line on; at most max_lines
     of them (the last ones, the server_args line kept first)."""
     import re
@@ -62,22 +52,22 @@ def test_a_log_is_read_from_its_last_launch(host, tmp_path):
                    "[t] Prefill batch, #new-seq: 1, cuda graph: False\n"
                    "[t] Decode batch, #running-req: 3, accept len: 1.00, cuda graph: False\n")
     size = log.stat().st_size
-    assert host["_doctor_read_log"](str(log), size, re.compile(LOG_FILTER), 1 << 20, 1 << 20, 100) == [
+    assert host.read_log(str(log), size, re.compile(LOG_FILTER), 1 << 20, 1 << 20, 100) == [
         "[t] server_args=ServerArgs(model_path='/new')",
         "[t] Decode batch, #running-req: 3, accept len: 1.00, cuda graph: False"]
-    assert host["_doctor_read_log"](str(log), size, re.compile("."), 1 << 20, 1 << 20, 2) == [
+    assert host.read_log(str(log), size, re.compile("."), 1 << 20, 1 << 20, 2) == [
         "[t] server_args=ServerArgs(model_path='/new')",
         "[t] Decode batch, #running-req: 3, accept len: 1.00, cuda graph: False"]
 
 
-def test_only_regular_files_are_log_sources(host, tmp_path):
+def test_only_regular_files_are_log_sources(tmp_path):
     """A process whose stdout is a file and stderr a pipe: the file is a source (once, though two processes write
     it), the pipe is named and never read."""
     out = open(tmp_path / "out.log", "w")
     procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], stdout=out,
                               stderr=subprocess.PIPE) for _ in range(2)]
     try:
-        files, other = host["_doctor_log_sources"]([p.pid for p in procs])
+        files, other = host.log_sources([p.pid for p in procs])
         assert [t for _link, t, _size in files] == [str(tmp_path / "out.log")]
         assert other and all(o.startswith("pipe:") for o in other)
     finally:
@@ -87,12 +77,12 @@ def test_only_regular_files_are_log_sources(host, tmp_path):
         out.close()
 
 
-def test_model_configs_from_a_folder_or_the_hugging_face_cache(host, tmp_path):
+def test_model_configs_from_a_folder_or_the_hugging_face_cache(tmp_path):
     """A folder relative to the server's working directory; a repo id found in the server's hub cache (its
     refs/main snapshot); a repo id not cached, and a folder without config.json: an error saying so."""
     (tmp_path / "work" / "models" / "t").mkdir(parents=True)
     (tmp_path / "work" / "models" / "t" / "config.json").write_text('{"hidden_size": 8}')
-    got = host["_doctor_model_config"]("models/t", str(tmp_path / "work"), {})
+    got = host.model_config("models/t", str(tmp_path / "work"), {})
     assert got == {"path": str(tmp_path / "work" / "models" / "t" / "config.json"), "text": '{"hidden_size": 8}'}
     repo = tmp_path / "home" / ".cache" / "huggingface" / "hub" / "models--org--draft-3"
     for snap, body in (("old", '{"v": 1}'), ("abc", '{"architectures": ["LlamaForCausalLMEagle3"]}')):
@@ -102,14 +92,14 @@ def test_model_configs_from_a_folder_or_the_hugging_face_cache(host, tmp_path):
     os.utime(repo / "snapshots" / "old", (time.time() + 10, time.time() + 10))  # newer, but not refs/main
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("abc\n")
-    hf = host["_doctor_model_config"]("org/draft-3", "/", {"HOME": str(tmp_path / "home")})
+    hf = host.model_config("org/draft-3", "/", {"HOME": str(tmp_path / "home")})
     assert json.loads(hf["text"])["architectures"] == ["LlamaForCausalLMEagle3"]
-    assert "Hugging Face cache" in host["_doctor_model_config"]("org/other", "/", {"HOME": str(tmp_path / "home")})["error"]
+    assert "Hugging Face cache" in host.model_config("org/other", "/", {"HOME": str(tmp_path / "home")})["error"]
     (tmp_path / "empty").mkdir()
-    assert "error" in host["_doctor_model_config"](str(tmp_path / "empty"), "/", {})
+    assert "error" in host.model_config(str(tmp_path / "empty"), "/", {})
 
 
-def test_op_doctor_reads_a_live_process(host, tmp_path):
+def test_op_doctor_reads_a_live_process(tmp_path):
     """op_doctor on a process writing sglang-like lines to a file, without a port: its log lines (filtered), no
     server_info asked; nvidia-smi's absence is an answer, not an error."""
     log = tmp_path / "s.log"
@@ -118,7 +108,7 @@ def test_op_doctor_reads_a_live_process(host, tmp_path):
     with open(log, "a") as out:
         p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], stdout=out, stderr=out)
     try:
-        res = host["op_doctor"]({"servers": [{"pid": p.pid, "children": [], "port": None, "models": []}],
+        res = host.op_doctor({"servers": [{"pid": p.pid, "children": [], "port": None, "models": []}],
                                  "filter": LOG_FILTER, "gpus": True})
     finally:
         p.kill()

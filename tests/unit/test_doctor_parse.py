@@ -16,17 +16,16 @@ from pathlib import Path
 import pytest
 
 from eaglepatch.doctor.collect import facts_for_log
+from eaglepatch.server.argv import parse_flags, server_args_of
 from eaglepatch.doctor.facts import (
     LOG_FILTER,
     ModelConfig,
     ServerFacts,
     parse_decode_line,
-    parse_flags,
     parse_gpu_list,
     parse_log,
     parse_server_args_line,
     parse_topo,
-    server_args_of,
 )
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "sglang_logs" / "0.5.16"

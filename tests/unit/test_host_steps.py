@@ -1,12 +1,11 @@
-"""The steps of the program that runs on the target (eaglepatch/ops/_remote.py): ``op_facts``'s (find the package,
-list the worker files, read the manifest and backups, the runtime, take the lock, writability) and ``_execute``'s
-(check what is there, stage temp files and compile, back up, write the manifest, swap in, undo), each run here on a
-temporary folder laid out like an install.
+"""The steps of the program that runs on the target (eaglepatch/hostside/): ``op_facts``'s (install.py: find the
+package, list the worker files, read the manifest and backups, the runtime, take the lock, writability) and
+``_execute``'s (execute.py: check what is there, stage temp files and compile, back up, write the manifest, swap in,
+undo), ``op_live`` and ``op_logs``, each run here on a temporary folder laid out like an install.
 
-ops/_remote.py cannot be imported alone (it uses ``op_scan``, ``OPS`` and ``parse_server_args`` of
-server/_remote.py, and runs appended to it): ``Remote`` executes the whole program, as ``core.remote_program()``
-builds it for the host, into a fresh namespace per test, so a test may replace one of its functions (``_replace``,
-``_fault``, ``os``) the way the program's own functions will see it.
+The host-side modules are imported as they are (the host runs the same modules, bundled: eaglepatch.hosts.bundle);
+a test that replaces a function or a module global does it with ``monkeypatch`` on the module whose functions look
+it up (``execute.replace_file``, ``execute._fault``, ``execute.os``).
 
 The plans executed here are made with ``eaglepatch.ops.plan.Write.payload``, as ``Session.execute`` makes them.
 """
@@ -26,35 +25,10 @@ from typing import Any, Callable
 
 import pytest
 
-from eaglepatch.ops.hostcall import remote_program
+from eaglepatch.hostside import execute, install, live, lock, logs
 from eaglepatch.ops.plan import Write
 
-_CODE = compile(remote_program(), "<eaglepatch remote program>", "exec")
 TOKEN = "0123456789abcdef"
-
-
-class Remote:
-    """The remote program in a namespace of its own: ``remote.exec_stage(...)`` calls its function; ``remote.set``
-    replaces a global that its functions look up when they run."""
-
-    def __init__(self) -> None:
-        self.g: dict[str, Any] = {"__name__": "eaglepatch_remote_under_test"}
-        exec(_CODE, self.g)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.g[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def set(self, name: str, value: Any) -> None:
-        assert name in self.g, f"the remote program has no {name}"
-        self.g[name] = value
-
-
-@pytest.fixture
-def remote() -> Remote:
-    return Remote()
 
 
 def sha(data: bytes) -> str:
@@ -138,15 +112,15 @@ def temps(root: Path) -> list[str]:
 # op_facts's steps
 
 
-def test_the_package_is_found_from_a_prefix_the_package_or_a_file_inside_it(remote: Remote, inst: Install) -> None:
+def test_the_package_is_found_from_a_prefix_the_package_or_a_file_inside_it(inst: Install) -> None:
     """--sglang-path may name a venv (lib/python3.X/site-packages/sglang below it), the package itself, or a file in
     it: each gives the same package, resolved; a folder without one is an error answered as it is."""
     pkg = str(inst.pkg.resolve())
     for hint in (inst.root, inst.pkg, inst.worker):
-        assert remote.facts_find_package({"sglang_path": str(hint)}, []) == (pkg, None), hint
+        assert install.facts_find_package({"sglang_path": str(hint)}, []) == (pkg, None), hint
     empty = inst.root.parent / "empty"
     empty.mkdir()
-    assert remote.facts_find_package({"sglang_path": str(empty)}, []) == (
+    assert install.facts_find_package({"sglang_path": str(empty)}, []) == (
         None, {"error": "no sglang package at %s" % empty})
 
 
@@ -155,12 +129,12 @@ def _server(pid: int, package_dir: str | None, port: int) -> dict[str, Any]:
     return {"pid": pid, "argv": argv, "args_index": 3, "package_dir": package_dir, "interpreter": "/venv/bin/python"}
 
 
-def test_the_package_is_not_guessed_between_two_installs_that_serve(remote: Remote) -> None:
+def test_the_package_is_not_guessed_between_two_installs_that_serve(monkeypatch: pytest.MonkeyPatch) -> None:
     """Servers of two installs run and nothing names one: the answer lists both (pid and port each) instead of
     picking one, which could stop the other install's server. One install serving: it is the one, and no
     interpreter is run to find it."""
     servers = [_server(11, "/b/sglang", 30001), _server(10, "/a/sglang", 30000), _server(12, "/a/sglang", 30002)]
-    pkg, stop = remote.facts_find_package({}, servers)
+    pkg, stop = install.facts_find_package({}, servers)
     assert pkg is None
     assert stop == {"ambiguous": [
         {"package_dir": "/a/sglang", "servers": [{"pid": 10, "port": 30000}, {"pid": 12, "port": 30002}]},
@@ -169,20 +143,20 @@ def test_the_package_is_not_guessed_between_two_installs_that_serve(remote: Remo
     def no_interpreter(python: str) -> None:
         raise AssertionError("an interpreter was run although a server names the package")
 
-    remote.set("_package_of_python", no_interpreter)
-    assert remote.facts_find_package({}, servers[1:]) == ("/a/sglang", None)
+    monkeypatch.setattr(install, "_package_of_python", no_interpreter)
+    assert install.facts_find_package({}, servers[1:]) == ("/a/sglang", None)
 
 
-def test_only_the_servers_of_the_package_are_ours(remote: Remote) -> None:
+def test_only_the_servers_of_the_package_are_ours() -> None:
     """A server of another install (or of none known) is only listed, by pid, port and package."""
     a, b, c = _server(10, "/a/sglang", 30000), _server(11, "/b/sglang", 30001), _server(12, None, 30002)
-    mine, others = remote.facts_servers_of([a, b, c], "/a/sglang")
+    mine, others = install.facts_servers_of([a, b, c], "/a/sglang")
     assert mine == [a]
     assert others == [{"pid": 11, "port": 30001, "package_dir": "/b/sglang"},
                       {"pid": 12, "port": 30002, "package_dir": None}]
 
 
-def test_worker_files_are_the_entry_files_and_nothing_eaglepatch_made(remote: Remote, inst: Install) -> None:
+def test_worker_files_are_the_entry_files_and_nothing_eaglepatch_made(inst: Install) -> None:
     """Only ``*.py`` files whose text matches the pattern are worker files, sorted, sub-folders included; the
     runtime module, temp files, ``__pycache__`` and the backups folder never are, though they match: patching one
     of them would patch eaglepatch's own files."""
@@ -198,38 +172,38 @@ def test_worker_files_are_the_entry_files_and_nothing_eaglepatch_made(remote: Re
     (spec / "__pycache__" / "cached.py").write_bytes(V1)
     inst.backup_dir.mkdir()
     (inst.backup_dir / "kept.py").write_bytes(V1)
-    files = remote.facts_worker_files(str(inst.pkg), str(spec), remote.ENTRY_PATTERN)
+    files = install.facts_worker_files(str(inst.pkg), str(spec), install.ENTRY_PATTERN)
     assert [f["path"] for f in files] == ["sglang/srt/speculative/eagle_worker.py",
                                           "sglang/srt/speculative/sub/ngram_worker.py"]
     first = files[0]
     assert base64.b64decode(first["data"]) == V1 and first["sha256"] == sha(V1)
     assert first["abs"] == str(inst.worker) and stat.S_IMODE(first["mode"]) == 0o640
     assert first["mtime"] == inst.worker.stat().st_mtime
-    assert remote.facts_worker_files(str(inst.pkg), str(spec / "nowhere"), remote.ENTRY_PATTERN) == []
+    assert install.facts_worker_files(str(inst.pkg), str(spec / "nowhere"), install.ENTRY_PATTERN) == []
 
 
-def test_the_manifest_and_the_backups_it_names(remote: Remote, inst: Install) -> None:
+def test_the_manifest_and_the_backups_it_names(inst: Install) -> None:
     """No manifest, or one that does not parse, reads as None (a half-written one must not stop revert); each
     backup the manifest names gets the sha256 of its bytes, None when it is missing or not named at all."""
-    assert remote.facts_manifest(str(inst.manifest)) is None
+    assert install.facts_manifest(str(inst.manifest)) is None
     inst.backup_dir.mkdir()
     inst.manifest.write_text('{"files": [')
-    assert remote.facts_manifest(str(inst.manifest)) is None
+    assert install.facts_manifest(str(inst.manifest)) is None
     inst.backup.write_bytes(V1)
     gone = str(inst.backup_dir / "gone.py.orig")
     inst.manifest.write_text(json.dumps({"files": [{"path": "a", "backup": str(inst.backup)},
                                                    {"path": "b", "backup": gone}, {"path": "c"}]}))
-    manifest = remote.facts_manifest(str(inst.manifest))
-    assert remote.facts_backups(manifest) == {str(inst.backup): sha(V1), gone: None, None: None}
-    assert remote.facts_backups(None) == {}
+    manifest = install.facts_manifest(str(inst.manifest))
+    assert install.facts_backups(manifest) == {str(inst.backup): sha(V1), gone: None, None: None}
+    assert install.facts_backups(None) == {}
 
 
-def test_the_runtime_module_as_found(remote: Remote, inst: Install) -> None:
+def test_the_runtime_module_as_found(inst: Install) -> None:
     """No runtime module: only ``runtime_sha256`` None (the client reads the missing bytes as None); one there:
     its sha256, its bytes (the diff of a --mode change needs them) and its mtime (is a server's code stale?)."""
-    assert remote.facts_runtime(str(inst.runtime)) == {"runtime_sha256": None}
+    assert install.facts_runtime(str(inst.runtime)) == {"runtime_sha256": None}
     inst.runtime.write_bytes(RUNTIME)
-    assert remote.facts_runtime(str(inst.runtime)) == {
+    assert install.facts_runtime(str(inst.runtime)) == {
         "runtime_sha256": sha(RUNTIME), "runtime_data": base64.b64encode(RUNTIME).decode(),
         "runtime_mtime": inst.runtime.stat().st_mtime}
 
@@ -237,74 +211,74 @@ def test_the_runtime_module_as_found(remote: Remote, inst: Install) -> None:
 OWNER = {"token": TOKEN, "client_host": "laptop", "client_pid": 4242, "user": "me", "what": "apply"}
 
 
-def test_the_facts_request_takes_the_lock_only_when_asked(remote: Remote, inst: Install) -> None:
+def test_the_facts_request_takes_the_lock_only_when_asked(inst: Install) -> None:
     """status reads facts without a lock (None); apply's facts take it (its owner and the time written, 0600); a
     second run's owner is refused with the holder named; an install without a speculative folder has no lock."""
-    assert remote.facts_take_lock(str(inst.spec), None) is None
+    assert install.facts_take_lock(str(inst.spec), None) is None
     assert not inst.lock.exists()
-    assert remote.facts_take_lock(str(inst.spec), {"owner": OWNER}) == {"ok": True}
+    assert install.facts_take_lock(str(inst.spec), {"owner": OWNER}) == {"ok": True}
     held = json.loads(inst.lock.read_text())
     assert held["token"] == TOKEN and held["client_pid"] == 4242 and abs(held["time"] - time.time()) < 60
     assert stat.S_IMODE(inst.lock.stat().st_mode) == 0o600
     other = dict(OWNER, token="fedcba9876543210", client_pid=4343)
-    answer = remote.facts_take_lock(str(inst.spec), {"owner": other, "ttl": 7200})
+    answer = install.facts_take_lock(str(inst.spec), {"owner": other, "ttl": 7200})
     assert answer["ok"] is False and answer["held"]["token"] == TOKEN and answer["path"] == str(inst.lock)
-    assert remote.facts_take_lock(str(inst.spec / "nowhere"), {"owner": OWNER}) is None
+    assert install.facts_take_lock(str(inst.spec / "nowhere"), {"owner": OWNER}) is None
 
 
-def test_the_lock_of_a_dead_process_is_taken_over(remote: Remote, inst: Install) -> None:
+def test_the_lock_of_a_dead_process_is_taken_over(inst: Install) -> None:
     """The client knows the pid of a run on its own machine is gone (``dead_pids``): its lock is stale and taken
     over at once. The same lock from a live run (not in dead_pids) or another machine is respected."""
     dead = {"token": "deaddeaddeaddead", "client_host": "laptop", "client_pid": 999999, "time": time.time()}
     inst.lock.write_text(json.dumps(dead))
     me = dict(OWNER, token="1111222233334444")
-    assert remote.op_lock({"lock_path": str(inst.lock), "owner": me, "ttl": 7200, "dead_pids": []})["ok"] is False
+    assert lock.op_lock({"lock_path": str(inst.lock), "owner": me, "ttl": 7200, "dead_pids": []})["ok"] is False
     elsewhere = dict(me, client_host="desktop")
-    refused = remote.op_lock({"lock_path": str(inst.lock), "owner": elsewhere, "ttl": 7200, "dead_pids": [999999]})
+    refused = lock.op_lock({"lock_path": str(inst.lock), "owner": elsewhere, "ttl": 7200, "dead_pids": [999999]})
     assert refused["ok"] is False
-    taken = remote.op_lock({"lock_path": str(inst.lock), "owner": me, "ttl": 7200, "dead_pids": [999999]})
+    taken = lock.op_lock({"lock_path": str(inst.lock), "owner": me, "ttl": 7200, "dead_pids": [999999]})
     assert taken == {"ok": True}
     assert json.loads(inst.lock.read_text())["token"] == "1111222233334444"
 
 
-def test_an_old_lock_or_an_old_empty_lock_file_is_stale(remote: Remote, inst: Install) -> None:
+def test_an_old_lock_or_an_old_empty_lock_file_is_stale(inst: Install) -> None:
     """A lock older than its ttl is taken over; an empty lock file (its taker is writing it this instant) is
     respected while fresh and taken over once its file is older than the ttl."""
     me = dict(OWNER, token="1111222233334444")
     req = {"lock_path": str(inst.lock), "owner": me, "ttl": 60, "dead_pids": []}
     inst.lock.write_text(json.dumps({"token": "old", "client_host": "x", "client_pid": 1, "time": time.time() - 61}))
-    assert remote.op_lock(req) == {"ok": True}
+    assert lock.op_lock(req) == {"ok": True}
     inst.lock.write_text("")
-    assert remote.op_lock(req)["ok"] is False
+    assert lock.op_lock(req)["ok"] is False
     os.utime(inst.lock, (time.time() - 120, time.time() - 120))
-    assert remote.op_lock(req) == {"ok": True}
+    assert lock.op_lock(req) == {"ok": True}
 
 
-def test_writability_and_owner(remote: Remote, inst: Install) -> None:
+def test_writability_and_owner(inst: Install) -> None:
     """A missing speculative folder cannot be written and has no owner; an existing one is writable by its owner
     (the test's user) and names that owner."""
     import pwd
 
-    assert remote.facts_writable(str(inst.spec / "nowhere")) == {"writable": False, "owner": None}
+    assert install.facts_writable(str(inst.spec / "nowhere")) == {"writable": False, "owner": None}
     me = pwd.getpwuid(os.geteuid()).pw_name
-    assert remote.facts_writable(str(inst.spec)) == {"writable": True, "owner": me}
+    assert install.facts_writable(str(inst.spec)) == {"writable": True, "owner": me}
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write a folder whatever its mode")
-def test_a_read_only_folder_is_not_writable(remote: Remote, inst: Install) -> None:
+def test_a_read_only_folder_is_not_writable(inst: Install) -> None:
     """Without write permission on the folder, apply could not create its temp files: ``writable`` says so."""
     inst.spec.chmod(0o555)
     try:
-        assert remote.facts_writable(str(inst.spec))["writable"] is False
+        assert install.facts_writable(str(inst.spec))["writable"] is False
     finally:
         inst.spec.chmod(0o755)
 
 
-def test_op_facts_answers_from_its_steps(remote: Remote, inst: Install) -> None:
+def test_op_facts_answers_from_its_steps(inst: Install, monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole facts request, as ``gather`` gets it: the keys in their order, the worker file, the lock taken
     in the same request (and then read back), and the paths the planner uses."""
-    remote.set("op_scan", lambda payload: {"servers": []})
-    answer = remote.op_facts({"sglang_path": str(inst.root), "lock": {"owner": OWNER, "ttl": 7200},
+    monkeypatch.setattr(install, "op_scan", lambda payload: {"servers": []})
+    answer = install.op_facts({"sglang_path": str(inst.root), "lock": {"owner": OWNER, "ttl": 7200},
                               "pattern": r"def (forward_batch_generation)\b|^class \w+\("})
     spec = str(inst.spec.resolve())
     assert list(answer) == ["hostname", "self_python", "servers", "user", "euid", "other_servers", "python",
@@ -320,10 +294,10 @@ def test_op_facts_answers_from_its_steps(remote: Remote, inst: Install) -> None:
     json.dumps(answer)  # one JSON document
 
 
-def test_op_facts_stops_at_an_unknown_path(remote: Remote, inst: Install) -> None:
+def test_op_facts_stops_at_an_unknown_path(inst: Install, monkeypatch: pytest.MonkeyPatch) -> None:
     """A --sglang-path without a package answers the error and reads nothing more (no files, no lock taken)."""
-    remote.set("op_scan", lambda payload: {"servers": []})
-    answer = remote.op_facts({"sglang_path": str(inst.root / "nope"), "lock": {"owner": OWNER}})
+    monkeypatch.setattr(install, "op_scan", lambda payload: {"servers": []})
+    answer = install.op_facts({"sglang_path": str(inst.root / "nope"), "lock": {"owner": OWNER}})
     assert answer["error"] == "no sglang package at %s" % (inst.root / "nope")
     assert "files" not in answer and not inst.lock.exists()
 
@@ -332,41 +306,41 @@ def test_op_facts_stops_at_an_unknown_path(remote: Remote, inst: Install) -> Non
 # _execute's steps
 
 
-def test_a_file_changed_since_it_was_read_is_refused_and_nothing_is_touched(remote: Remote, inst: Install) -> None:
+def test_a_file_changed_since_it_was_read_is_refused_and_nothing_is_touched(inst: Install) -> None:
     """The plan was made from V1; someone edited the file since: the check answers a conflict naming the file and
     both short hashes, and the whole execution writes nothing (no temp file, no backup, no manifest)."""
     inst.take_lock()
     payload = inst.payload(inst.apply_plan(), {"files": []})
     inst.worker.write_bytes(V1 + b"# edited\n")
     before = inst.snapshot()
-    run = remote.ExecRun(TOKEN)
-    answer = remote.exec_check_unchanged(run, payload["writes"])
+    run = execute.ExecRun(TOKEN)
+    answer = execute.exec_check_unchanged(run, payload["writes"])
     assert answer == {"ok": False, "kind": "conflict", "path": str(inst.worker),
                       "error": "changed since it was read (expected %s, found %s)" % (
                           sha(V1)[:12], sha(V1 + b"# edited\n")[:12])}
-    assert remote._execute(payload) == answer
+    assert execute._execute(payload) == answer
     assert inst.snapshot() == before
 
 
-def test_a_file_that_appeared_where_none_was_expected_is_refused(remote: Remote, inst: Install) -> None:
+def test_a_file_that_appeared_where_none_was_expected_is_refused(inst: Install) -> None:
     """``expect_sha256`` None means "no file there": a runtime module that appeared since the facts were read (a
     concurrent run without the lock) is not overwritten."""
     inst.take_lock()
     payload = inst.payload(inst.apply_plan(), {"files": []})
     inst.runtime.write_bytes(b"someone else's\n")
-    answer = remote.exec_check_unchanged(remote.ExecRun(TOKEN), payload["writes"])
+    answer = execute.exec_check_unchanged(execute.ExecRun(TOKEN), payload["writes"])
     assert answer["kind"] == "conflict" and answer["path"] == str(inst.runtime)
     assert "expected no file" in answer["error"]
 
 
-def test_staging_writes_temps_with_the_original_s_mode_and_compiles_them(remote: Remote, inst: Install) -> None:
+def test_staging_writes_temps_with_the_original_s_mode_and_compiles_them(inst: Install) -> None:
     """Each temp file lies beside its destination with the bytes to write and the mode of the file it replaces (a
     new file: 0644); nothing is replaced yet. A removal stages nothing."""
     inst.runtime.write_bytes(RUNTIME)
     payload = inst.payload(inst.revert_plan()[1:2] + inst.apply_plan()[:1], None)
-    run = remote.ExecRun(TOKEN)
-    assert remote.exec_check_unchanged(run, payload["writes"]) is None
-    staged, refused = remote.exec_stage(run, payload["writes"])
+    run = execute.ExecRun(TOKEN)
+    assert execute.exec_check_unchanged(run, payload["writes"]) is None
+    staged, refused = execute.exec_stage(run, payload["writes"])
     assert refused is None
     assert [(w["path"], tmp) for w, tmp in staged] == [
         (str(inst.runtime), None),
@@ -376,29 +350,30 @@ def test_staging_writes_temps_with_the_original_s_mode_and_compiles_them(remote:
     assert inst.worker.read_bytes() == V1 and inst.runtime.read_bytes() == RUNTIME
     new = inst.payload(inst.apply_plan()[1:], None)["writes"]
     inst.runtime.unlink()
-    run = remote.ExecRun(TOKEN)
-    remote.exec_check_unchanged(run, new)
-    (_, tmp_path), = remote.exec_stage(run, new)[0]
+    run = execute.ExecRun(TOKEN)
+    execute.exec_check_unchanged(run, new)
+    (_, tmp_path), = execute.exec_stage(run, new)[0]
     assert stat.S_IMODE(os.stat(tmp_path).st_mode) == 0o644
 
 
-def test_code_that_does_not_compile_is_refused_before_anything_is_replaced(remote: Remote, inst: Install) -> None:
+def test_code_that_does_not_compile_is_refused_before_anything_is_replaced(inst: Install) -> None:
     """The server's interpreter compiles every staged Python file: a syntax error answers ``compile`` with the
     line and the interpreter, its temp files are gone, and the install is as it was (no backup folder made)."""
     inst.take_lock()
     broken = Write(str(inst.worker), "w", V1, b"def broken(:\n", backup=str(inst.backup))
     before = inst.snapshot()
-    answer = remote._execute(inst.payload([broken], {"files": []}))
+    answer = execute._execute(inst.payload([broken], {"files": []}))
     assert answer["ok"] is False and answer["kind"] == "compile" and answer["path"] == str(inst.worker)
     assert "(line 1)" in answer["error"] and answer["python"] == sys.executable
     assert inst.snapshot() == before and temps(inst.root) == []
 
 
-def _record_replaces(remote: Remote, fail: Callable[[str, str], bool] = lambda src, dst: False) -> list[str]:
-    """Replace the program's rename with one that records each destination, and raises EACCES where ``fail``
-    says."""
+def _record_replaces(monkeypatch: pytest.MonkeyPatch,
+                     fail: Callable[[str, str], bool] = lambda src, dst: False) -> list[str]:
+    """Replace the program's rename (``execute.replace_file``) with one that records each destination, and raises
+    EACCES where ``fail`` says."""
     done: list[str] = []
-    real = remote._replace
+    real = execute.replace_file
 
     def replace(src: str, dst: str) -> None:
         if fail(src, dst):
@@ -406,16 +381,16 @@ def _record_replaces(remote: Remote, fail: Callable[[str, str], bool] = lambda s
         done.append(dst)
         real(src, dst)
 
-    remote.set("_replace", replace)
+    monkeypatch.setattr(execute, "replace_file", replace)
     return done
 
 
-def test_backups_and_the_manifest_are_written_before_any_rename(remote: Remote, inst: Install) -> None:
+def test_backups_and_the_manifest_are_written_before_any_rename(inst: Install, monkeypatch: pytest.MonkeyPatch) -> None:
     """The originals must be safe before a worker file changes: the backup (the original's bytes and mode) and
     the manifest land first, then the worker file, then the runtime, in plan order; the manifest is 0600 JSON."""
     inst.take_lock()
-    renames = _record_replaces(remote)
-    answer = remote._execute(inst.payload(inst.apply_plan(), {"files": [], "b": 1, "a": 2}))
+    renames = _record_replaces(monkeypatch)
+    answer = execute._execute(inst.payload(inst.apply_plan(), {"files": [], "b": 1, "a": 2}))
     assert answer["ok"] is True, answer
     assert renames == [str(inst.backup), str(inst.manifest), str(inst.worker), str(inst.runtime)]
     assert inst.backup.read_bytes() == V1 and stat.S_IMODE(inst.backup.stat().st_mode) == 0o640
@@ -426,41 +401,41 @@ def test_backups_and_the_manifest_are_written_before_any_rename(remote: Remote, 
     assert temps(inst.root) == [] and inst.lock.exists()  # the lock is op_execute's to release, not _execute's
 
 
-def test_a_backup_that_already_holds_the_original_is_kept(remote: Remote, inst: Install) -> None:
+def test_a_backup_that_already_holds_the_original_is_kept(inst: Install, monkeypatch: pytest.MonkeyPatch) -> None:
     """apply run again after a crash that left the backup: its bytes are the original's, so it is not rewritten
     (no rename onto it)."""
     inst.take_lock()
     inst.backup_dir.mkdir()
     inst.backup.write_bytes(V1)
-    renames = _record_replaces(remote)
-    assert remote._execute(inst.payload(inst.apply_plan(), {"files": []}))["ok"] is True
+    renames = _record_replaces(monkeypatch)
+    assert execute._execute(inst.payload(inst.apply_plan(), {"files": []}))["ok"] is True
     assert str(inst.backup) not in renames and inst.backup.read_bytes() == V1
 
 
-def test_a_failed_rename_puts_everything_back(remote: Remote, inst: Install) -> None:
+def test_a_failed_rename_puts_everything_back(inst: Install, monkeypatch: pytest.MonkeyPatch) -> None:
     """The runtime's rename fails after the worker file was replaced and the backup and manifest written: the
     worker gets its original bytes and mode back, the backup, the manifest and the folder made for them go, no
     temp file stays; the answer names the path that failed and nothing as unrestored."""
     inst.take_lock()
     before = inst.snapshot()
-    _record_replaces(remote, fail=lambda src, dst: dst == str(inst.runtime))
-    answer = remote._execute(inst.payload(inst.apply_plan(), {"files": []}))
+    _record_replaces(monkeypatch, fail=lambda src, dst: dst == str(inst.runtime))
+    answer = execute._execute(inst.payload(inst.apply_plan(), {"files": []}))
     assert answer == {"ok": False, "kind": "io", "path": str(inst.runtime), "error": "Permission denied"}
     assert inst.snapshot() == before
 
 
-def test_what_cannot_be_put_back_is_named(remote: Remote, inst: Install) -> None:
+def test_what_cannot_be_put_back_is_named(inst: Install, monkeypatch: pytest.MonkeyPatch) -> None:
     """When undoing fails too (the rename that would restore the worker file), the answer lists that path as
     unrestored: the client then tells the user to check it, never "nothing changed"."""
     inst.take_lock()
-    _record_replaces(remote, fail=lambda src, dst: dst == str(inst.runtime) or src.endswith(TOKEN + "r"))
-    answer = remote._execute(inst.payload(inst.apply_plan(), {"files": []}))
+    _record_replaces(monkeypatch, fail=lambda src, dst: dst == str(inst.runtime) or src.endswith(TOKEN + "r"))
+    answer = execute._execute(inst.payload(inst.apply_plan(), {"files": []}))
     assert answer["unrestored"] == [str(inst.worker)]
     assert inst.worker.read_bytes() == V1_NEW
 
 
 class _OsRemoveFails:
-    """``os`` for the remote program, whose ``remove`` fails on the paths ``fail`` names."""
+    """``os`` for the host-side program (``execute``), whose ``remove`` fails on the paths ``fail`` names."""
 
     def __init__(self, fail: Callable[[str], bool]) -> None:
         self._fail = fail
@@ -474,11 +449,11 @@ class _OsRemoveFails:
         os.remove(path)
 
 
-def _applied(remote: Remote, inst: Install) -> None:
+def _applied(inst: Install) -> None:
     """The install as ``apply`` leaves it (the lock taken first when nobody holds it)."""
     if not inst.lock.exists():
         inst.take_lock()
-    assert remote._execute(inst.payload(inst.apply_plan(), {"files": []}))["ok"] is True
+    assert execute._execute(inst.payload(inst.apply_plan(), {"files": []}))["ok"] is True
 
 
 def test_revert_puts_the_original_back_and_removes_what_apply_left(tmp_path: Path) -> None:
@@ -487,43 +462,42 @@ def test_revert_puts_the_original_back_and_removes_what_apply_left(tmp_path: Pat
     inst = Install(tmp_path / "host")
     inst.take_lock()
     pristine = inst.snapshot()
-    remote = Remote()
-    _applied(remote, inst)
+    _applied(inst)
     cache = inst.spec / "__pycache__"
     cache.mkdir()
     (cache / "eagle_worker.cpython-310.pyc").write_bytes(b"old")
     (cache / "eagle_worker_v2.cpython-310.pyc").write_bytes(b"other")
-    answer = remote._execute(inst.payload(inst.revert_plan(), None))
+    answer = execute._execute(inst.payload(inst.revert_plan(), None))
     assert answer == {"ok": True, "bytecode_removed": ["eagle_worker.cpython-310.pyc"], "stale_temps_removed": []}
     (cache / "eagle_worker_v2.cpython-310.pyc").unlink()
     cache.rmdir()
     assert inst.snapshot() == pristine
 
 
-def test_a_failed_removal_during_revert_puts_everything_back(remote: Remote, inst: Install) -> None:
+def test_a_failed_removal_during_revert_puts_everything_back(inst: Install, monkeypatch: pytest.MonkeyPatch) -> None:
     """revert's removal of the runtime fails after the worker file got its original back: the patched worker file
     is put back too, so the install is left patched and whole (never a patched file without its runtime)."""
-    _applied(remote, inst)
+    _applied(inst)
     before = inst.snapshot()
-    remote.set("os", _OsRemoveFails(lambda p: p == str(inst.runtime)))
-    answer = remote._execute(inst.payload(inst.revert_plan(), None))
+    monkeypatch.setattr(execute, "os", _OsRemoveFails(lambda p: p == str(inst.runtime)))
+    answer = execute._execute(inst.payload(inst.revert_plan(), None))
     assert answer["ok"] is False and answer["path"] == str(inst.runtime) and "unrestored" not in answer
     assert inst.snapshot() == before
 
 
-def test_the_manifest_folder_stays_while_a_kept_copy_is_in_it(remote: Remote, inst: Install) -> None:
+def test_the_manifest_folder_stays_while_a_kept_copy_is_in_it(inst: Install) -> None:
     """revert --force keeps a drifted file's copy in .eaglepatch: removing the manifest must not take the folder
     (and the copy) with it."""
-    _applied(remote, inst)
+    _applied(inst)
     kept = inst.backup_dir / "eagle_worker.py.drifted-1"
     kept.write_bytes(b"drifted\n")
-    run = remote.ExecRun(TOKEN)
-    assert remote.exec_remove_manifest(run, {"path": str(inst.manifest), "data": None}) is None
+    run = execute.ExecRun(TOKEN)
+    assert execute.exec_remove_manifest(run, {"path": str(inst.manifest), "data": None}) is None
     assert not inst.manifest.exists() and kept.read_bytes() == b"drifted\n"
     assert run.touched == [str(inst.manifest)] and run.prev[str(inst.manifest)][0] == b'{\n "files": []\n}'
 
 
-def test_the_stale_temp_files_of_a_killed_run_are_removed(remote: Remote, inst: Install) -> None:
+def test_the_stale_temp_files_of_a_killed_run_are_removed(inst: Install) -> None:
     """A run killed between staging and renaming leaves ``.NAME.eaglepatch-tmp-TOKEN`` (and ``...r`` of an undo)
     beside its destinations and backups; the next run removes those, and only those, before it starts (it holds
     the lock, so none is another run's)."""
@@ -537,20 +511,20 @@ def test_the_stale_temp_files_of_a_killed_run_are_removed(remote: Remote, inst: 
     for p in stale + kept:
         p.write_bytes(b"x")
     payload = inst.payload(inst.apply_plan(), {"files": []})
-    assert sorted(set(remote.exec_dirs(payload))) == [str(inst.spec), str(inst.backup_dir)]
-    answer = remote._execute(payload)
+    assert sorted(set(execute.exec_dirs(payload))) == [str(inst.spec), str(inst.backup_dir)]
+    answer = execute._execute(payload)
     assert sorted(answer["stale_temps_removed"]) == sorted(str(p) for p in stale)
     assert not any(p.exists() for p in stale) and all(p.exists() for p in kept)
 
 
-def test_without_the_lock_nothing_is_touched(remote: Remote, inst: Install) -> None:
+def test_without_the_lock_nothing_is_touched(inst: Install) -> None:
     """The lock expired and another run took it: this one answers a conflict before touching anything, not even
     the stale temp files (they may be that other run's, in flight)."""
     inst.take_lock("another-run-token")
     tmp = inst.spec / ".eagle_worker.py.eaglepatch-tmp-abc123"
     tmp.write_bytes(b"in flight")
     before = inst.snapshot()
-    answer = remote._execute(inst.payload(inst.apply_plan(), {"files": []}))
+    answer = execute._execute(inst.payload(inst.apply_plan(), {"files": []}))
     assert answer == {"ok": False, "kind": "conflict", "error": "lost the lock %s" % inst.lock}
     assert inst.snapshot() == before
 
@@ -564,8 +538,8 @@ class _Killed(Exception):
     ("execute:after-backup", "backup and manifest written; nothing replaced"),
     ("execute:between-renames", "the worker file replaced; the runtime not yet"),
 ])
-def test_the_failpoints_fire_where_the_crash_tests_expect(remote: Remote, inst: Install, point: str,
-                                                          expect: str) -> None:
+def test_the_failpoints_fire_where_the_crash_tests_expect(inst: Install, point: str,
+                                                          expect: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """tests/e2e/test_crash_safety.py kills the host's helper at these names, and docs/safety.md's table says what
     each leaves: the helper dies (here: raises) at exactly that state, having met the earlier points in order."""
     inst.take_lock()
@@ -576,9 +550,9 @@ def test_the_failpoints_fire_where_the_crash_tests_expect(remote: Remote, inst: 
         if payload.get("fault") == name:
             raise _Killed(name)
 
-    remote.set("_fault", fault)
+    monkeypatch.setattr(execute, "_fault", fault)
     with pytest.raises(_Killed):
-        remote._execute(inst.payload(inst.apply_plan(), {"files": []}, fault=point))
+        execute._execute(inst.payload(inst.apply_plan(), {"files": []}, fault=point))
     names = ["execute:after-upload", "execute:after-backup", "execute:between-renames"]
     assert met == names[:names.index(point) + 1]
     staged = temps(inst.root)
@@ -590,7 +564,7 @@ def test_the_failpoints_fire_where_the_crash_tests_expect(remote: Remote, inst: 
     assert not inst.runtime.exists(), expect
 
 
-def test_bytecode_of_exactly_the_written_files_is_dropped(remote: Remote, inst: Install) -> None:
+def test_bytecode_of_exactly_the_written_files_is_dropped(inst: Install) -> None:
     """An old .pyc of a file just replaced could be loaded instead of it: every cached version of that module goes
     (any interpreter tag, .pyo too), a module whose name only starts the same does not."""
     cache = inst.spec / "__pycache__"
@@ -598,7 +572,7 @@ def test_bytecode_of_exactly_the_written_files_is_dropped(remote: Remote, inst: 
     for name in ("eagle_worker.cpython-310.pyc", "eagle_worker.cpython-38.opt-1.pyc", "eagle_worker.pyo",
                  "eagle_worker_v2.cpython-310.pyc", "eagle_worker.cpython-310.pyc.lock"):
         (cache / name).write_bytes(b"x")
-    removed = remote.exec_drop_bytecode([{"path": str(inst.worker)}, {"path": str(inst.backup)}])
+    removed = execute.exec_drop_bytecode([{"path": str(inst.worker)}, {"path": str(inst.backup)}])
     assert sorted(removed) == ["eagle_worker.cpython-310.pyc", "eagle_worker.cpython-38.opt-1.pyc",
                                "eagle_worker.pyo"]
     assert sorted(p.name for p in cache.iterdir()) == ["eagle_worker.cpython-310.pyc.lock",
@@ -609,12 +583,12 @@ def test_bytecode_of_exactly_the_written_files_is_dropped(remote: Remote, inst: 
 # sweep --live: the lease and the config in the timing log folder (op_live)
 
 
-def test_a_lease_is_written_whole_for_every_process_with_the_hosts_deadline(remote: Remote, tmp_path: Path) -> None:
+def test_a_lease_is_written_whole_for_every_process_with_the_hosts_deadline(tmp_path: Path) -> None:
     """The folder is made 0700; each lease lands by a rename (never half written) 0600, its deadline by this
     host's clock; removing them removes exactly them."""
     d = tmp_path / "logs"
     before = time.time()
-    res = remote.op_live({"action": "write", "log_dir": str(d), "names": ["live-41.json", "live-42.json"],
+    res = live.op_live({"action": "write", "log_dir": str(d), "names": ["live-41.json", "live-42.json"],
                           "token": TOKEN, "steps": [0, 3], "lease_s": 60})
     assert res["ok"] is True and stat.S_IMODE(d.stat().st_mode) == 0o700
     for n in ("live-41.json", "live-42.json"):
@@ -623,40 +597,40 @@ def test_a_lease_is_written_whole_for_every_process_with_the_hosts_deadline(remo
         assert before + 60 <= doc["deadline"] <= time.time() + 60
         assert stat.S_IMODE((d / n).stat().st_mode) == 0o600
     (d / "other.jsonl").write_text("")
-    remote.op_live({"action": "remove", "log_dir": str(d), "names": ["live-41.json", "live-42.json"]})
+    live.op_live({"action": "remove", "log_dir": str(d), "names": ["live-41.json", "live-42.json"]})
     assert sorted(p.name for p in d.iterdir()) == ["other.jsonl"]
 
 
-def test_a_config_is_written_as_given(remote: Remote, tmp_path: Path) -> None:
+def test_a_config_is_written_as_given(tmp_path: Path) -> None:
     d = tmp_path / "logs"
-    remote.op_live({"action": "write", "log_dir": str(d), "names": ["adaptive-0123456789abcdef.json"],
+    live.op_live({"action": "write", "log_dir": str(d), "names": ["adaptive-0123456789abcdef.json"],
                     "data": '{"1": {"candidate_steps": [1, 3]}}\n'})
     assert (d / "adaptive-0123456789abcdef.json").read_text() == '{"1": {"candidate_steps": [1, 3]}}\n'
 
 
 @pytest.mark.parametrize("name", ["../x.json", "live-1.json/..", "live-a.json", "server-30000.log", "adaptive-x.json"])
-def test_only_a_live_sweeps_own_names_are_written_or_removed(remote: Remote, tmp_path: Path, name: str) -> None:
+def test_only_a_live_sweeps_own_names_are_written_or_removed(tmp_path: Path, name: str) -> None:
     d = tmp_path / "logs"
     for action in ("write", "remove"):
-        res = remote.op_live({"action": action, "log_dir": str(d), "names": [name], "data": "x"})
+        res = live.op_live({"action": action, "log_dir": str(d), "names": [name], "data": "x"})
         assert "not a live sweep's file name" in res["error"]
     assert list(d.iterdir()) == []
 
 
-def test_a_log_folder_the_runtime_would_not_use_is_refused(remote: Remote, tmp_path: Path) -> None:
+def test_a_log_folder_the_runtime_would_not_use_is_refused(tmp_path: Path) -> None:
     d = tmp_path / "logs"
     d.mkdir(mode=0o777)
     os.chmod(d, 0o777)
-    res = remote.op_live({"action": "write", "log_dir": str(d), "names": ["live-1.json"], "token": TOKEN,
+    res = live.op_live({"action": "write", "log_dir": str(d), "names": ["live-1.json"], "token": TOKEN,
                           "steps": [1], "lease_s": 5})
     assert "only it can write" in res["error"] and list(d.iterdir()) == []
     link = tmp_path / "link"
     link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     (tmp_path / "elsewhere").mkdir(mode=0o700)
-    assert "only it can write" in remote.op_live({"action": "answers", "log_dir": str(link), "launchers": [1]})["error"]
+    assert "only it can write" in live.op_live({"action": "answers", "log_dir": str(link), "launchers": [1]})["error"]
 
 
-def test_the_runtimes_answers_are_read_for_the_leases_launchers(remote: Remote, tmp_path: Path) -> None:
+def test_the_runtimes_answers_are_read_for_the_leases_launchers(tmp_path: Path) -> None:
     d = tmp_path / "logs"
     d.mkdir(mode=0o700)
     me = os.getpid()
@@ -664,18 +638,18 @@ def test_the_runtimes_answers_are_read_for_the_leases_launchers(remote: Remote, 
     (d / "live-41-999999999.ack").write_text(json.dumps({"v": 1, "token": TOKEN, "pid": 999999999, "rank": 1}))
     (d / f"live-77-{me}.ack").write_text(json.dumps({"v": 1, "token": TOKEN}))  # another server's
     (d / "live-41-5.ack").write_text("not json")
-    res = remote.op_live({"action": "answers", "log_dir": str(d), "launchers": [41]})
+    res = live.op_live({"action": "answers", "log_dir": str(d), "launchers": [41]})
     assert res["answers"] == [{"pid": me, "token": TOKEN, "rank": 0, "alive": True},
                               {"pid": 999999999, "token": TOKEN, "rank": 1, "alive": False}]
 
 
-def test_a_running_servers_config_is_read_where_it_names_it(remote: Remote, tmp_path: Path) -> None:
+def test_a_running_servers_config_is_read_where_it_names_it(tmp_path: Path) -> None:
     (tmp_path / "cfg.json").write_text('{"1": {"candidate_steps": [3]}}')
-    res = remote.op_live({"action": "read_config", "path": "cfg.json", "cwd": str(tmp_path)})
+    res = live.op_live({"action": "read_config", "path": "cfg.json", "cwd": str(tmp_path)})
     assert res["text"] == '{"1": {"candidate_steps": [3]}}'
-    assert "cannot read" in remote.op_live({"action": "read_config", "path": "nope.json", "cwd": str(tmp_path)})["error"]
+    assert "cannot read" in live.op_live({"action": "read_config", "path": "nope.json", "cwd": str(tmp_path)})["error"]
     (tmp_path / "big.json").write_bytes(b" " * (65 * 1024))
-    assert "larger than" in remote.op_live({"action": "read_config", "path": str(tmp_path / "big.json")})["error"]
+    assert "larger than" in live.op_live({"action": "read_config", "path": str(tmp_path / "big.json")})["error"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -685,7 +659,7 @@ def _log_lines(n: int) -> bytes:
     return b"".join(b'{"v": 1, "mode": "decode", "bs": %d, "cycle_ms": 10.5}\n' % i for i in range(n))
 
 
-def test_a_batch_that_ends_inside_a_line_sends_only_the_whole_lines_before_it(remote: Remote, tmp_path: Path) -> None:
+def test_a_batch_that_ends_inside_a_line_sends_only_the_whole_lines_before_it(tmp_path: Path) -> None:
     """The budget ends in the middle of a record: the host sends the lines before it and says ``more``; asked
     again from there, it sends the rest, so the batches put together are the file."""
     d = tmp_path / "logs"
@@ -697,7 +671,7 @@ def test_a_batch_that_ends_inside_a_line_sends_only_the_whole_lines_before_it(re
     got, have, rounds = b"", {}, 0
     while True:
         rounds += 1
-        res = remote.op_logs({"log_dir": str(d), "have": have, "budget": budget})
+        res = logs.op_logs({"log_dir": str(d), "have": have, "budget": budget})
         for f in res["files"]:
             data = base64.b64decode(f["data"])
             assert f["offset"] == len(got) and data.endswith(b"\n") and len(data) <= budget
@@ -708,7 +682,8 @@ def test_a_batch_that_ends_inside_a_line_sends_only_the_whole_lines_before_it(re
     assert got == body and rounds == 4  # 3 lines a batch: 3 + 3 + 3 + 1
 
 
-def test_the_host_never_reads_more_than_one_batch_of_a_log_at_once(remote: Remote, tmp_path: Path) -> None:
+def test_the_host_never_reads_more_than_one_batch_of_a_log_at_once(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """However big the file, one answer reads at most ``budget`` bytes of it: the host's memory does not grow with
     the log (every read of the open log files is seen through a wrapper)."""
     d = tmp_path / "logs"
@@ -716,7 +691,7 @@ def test_the_host_never_reads_more_than_one_batch_of_a_log_at_once(remote: Remot
     (d / "h-1-rank0.jsonl").write_bytes(_log_lines(5000))
     (d / "h-2-rank0.jsonl").write_bytes(_log_lines(5000))
     reads: list[int] = []
-    real = remote.g["_log_files"]
+    real = logs._log_files
 
     class Counted:
         def __init__(self, f: Any) -> None:
@@ -733,18 +708,18 @@ def test_the_host_never_reads_more_than_one_batch_of_a_log_at_once(remote: Remot
         for name, f, st in real(*args):
             yield name, Counted(f), st
 
-    remote.set("_log_files", counted)
-    res = remote.op_logs({"log_dir": str(d), "have": {}, "budget": 4096})
+    monkeypatch.setattr(logs, "_log_files", counted)
+    res = logs.op_logs({"log_dir": str(d), "have": {}, "budget": 4096})
     assert reads and all(0 <= n <= 4096 for n in reads), reads
     assert sum(len(base64.b64decode(f["data"])) for f in res["files"]) <= 4096 and res["more"]
 
 
 def test_a_fetch_cut_off_keeps_what_it_wrote_and_the_next_run_goes_on_from_there(
-        remote: Remote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The connection breaks after two batches: the cache keeps those whole lines; the next ``report`` asks from
     the cached size (not from 0) and ends with the host's file, byte for byte."""
     from eaglepatch.errors import ConnectionFailed
-    from eaglepatch.ops import logs
+    from eaglepatch.ops import logs as fetch
 
     d = tmp_path / "logs"
     d.mkdir(mode=0o700)
@@ -759,17 +734,17 @@ def test_a_fetch_cut_off_keeps_what_it_wrote_and_the_next_run_goes_on_from_there
         if len(asked) == cut_after[0]:
             raise ConnectionFailed("connection reset")
         asked.append(dict(payload["have"]))
-        return json.loads(json.dumps(remote.op_logs(dict(payload, budget=1000))))
+        return json.loads(json.dumps(logs.op_logs(dict(payload, budget=1000))))
 
-    monkeypatch.setattr(logs, "call", call)
+    monkeypatch.setattr(fetch, "call", call)
     with pytest.raises(ConnectionFailed):
-        logs.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
+        fetch.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
     cached = list((tmp_path / "cache").rglob("h-1-rank0.jsonl"))
     assert len(cached) == 1
     kept = cached[0].read_bytes()
     assert 0 < len(kept) < len(body) and body.startswith(kept) and kept.endswith(b"\n")
     asked.clear()
     cut_after[0] = 10 ** 6
-    logs.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
+    fetch.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
     assert asked[0] == {str(d) + "/h-1-rank0.jsonl": len(kept)}
     assert cached[0].read_bytes() == body

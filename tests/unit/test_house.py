@@ -198,3 +198,15 @@ def test_the_rules_catch_what_they_name(rule, monkeypatch):
         monkeypatch.setitem(TREES, "eaglepatch.failpoints", ast.parse("import eaglepatch.errors\n"))
         with pytest.raises(AssertionError, match="eaglepatch.errors"):
             test_no_circle_between_modules()
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists the packages to install one by one: a new folder missing there works from a checkout (an
+    editable install) and is absent from a real install (``pipx install .``)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    listed = set(tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {_name(p) for p in ROOT.rglob("__init__.py")}
+    assert folders - listed == set() and listed - folders == {"eaglepatch.patches"}

@@ -1,7 +1,7 @@
 """Recognising an sglang launcher's command line, and reading where it listens.
 
-Pure functions, small hand-written command lines: the scan on the host uses exactly these (``_remote`` is shipped
-as source and imported here as a module).
+Pure functions, small hand-written command lines: the scan on the host uses exactly these (``eaglepatch.hostside``:
+the modules the host runs, imported here).
 """
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from eaglepatch.server import DEFAULT_HOST, DEFAULT_PORT, parse_server_args, probe_address
-from eaglepatch.server._remote import launcher_args_index, parse_proc_net
+from eaglepatch.hostside.launchers import launcher_args_index
+from eaglepatch.hostside.proc import parse_proc_net
 
 LAUNCHERS = [
     # (argv, index of the first server argument)

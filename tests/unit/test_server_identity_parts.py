@@ -1,6 +1,6 @@
 """Which interpreter a server runs and how it was launched, read the way the scan on the host reads it.
 
-Pure parts of ``eaglepatch/server/_remote.py`` (shipped to the host as source, imported here as a module), on small
+Pure parts of ``eaglepatch/hostside/discover.py`` (the module the host runs, imported here), on small
 hand-made files and texts: argv[0] resolved as the server's shell resolved it, the interpreter and its options to
 ask where ``import sglang`` comes from, the systemd unit from /proc/PID/cgroup. The same against real processes
 launched each way people launch sglang is in tests/e2e/test_server_identity.py.
@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from eaglepatch.server._remote import (
-    _import_source,
-    _interpreter,
-    launcher_args_index,
+from eaglepatch.hostside.discover import (
+    import_source,
+    interpreter_of,
     package_of,
     parse_cgroup_unit,
     resolve_launcher,
 )
+from eaglepatch.hostside.launchers import launcher_args_index
 
 
 def _exe(path: Path, text: str = "#!/bin/sh\n") -> Path:
@@ -68,7 +68,7 @@ def test_a_bare_argv0_is_looked_up_on_the_process_own_path(tmp_path):
 def test_the_interpreter_is_asked_with_the_options_that_change_imports(argv, want_opts, want_script):
     """Only the options that change sys.path are kept (-I -E -s -S -P); -X and -W values are skipped, not taken
     for a script; a script's folder is sys.path[0] for it, relative to the cwd."""
-    interp, opts, script = _interpreter(argv, launcher_args_index(argv), "/resolved/python", "/usr/bin/python3",
+    interp, opts, script = interpreter_of(argv, launcher_args_index(argv), "/resolved/python", "/usr/bin/python3",
                                         "/work")
     assert (interp, opts, script) == ("/resolved/python", want_opts, want_script)
 
@@ -78,10 +78,10 @@ def test_a_console_script_started_directly_is_asked_through_its_shebang(tmp_path
     folder its sys.path[0]; an ``env`` shebang falls back to /proc/PID/exe."""
     script = _exe(tmp_path / "venv" / "bin" / "sglang", "#!/opt/venv/bin/python3.11\nimport sys\n")
     argv = ["sglang", "serve", "--port", "3"]
-    assert _interpreter(argv, 2, str(script), "/usr/bin/python3", "/") == (
+    assert interpreter_of(argv, 2, str(script), "/usr/bin/python3", "/") == (
         "/opt/venv/bin/python3.11", [], str(script.parent))
     env_script = _exe(tmp_path / "other" / "sglang", "#!/usr/bin/env python3\n")
-    assert _interpreter(argv, 2, str(env_script), "/usr/bin/python3", "/")[0] == "/usr/bin/python3"
+    assert interpreter_of(argv, 2, str(env_script), "/usr/bin/python3", "/")[0] == "/usr/bin/python3"
 
 
 @pytest.mark.parametrize(
@@ -111,13 +111,13 @@ def test_where_import_sglang_comes_from(tmp_path):
     parent = str(pkg.parent)
     answer = {"origin": str(pkg / "__init__.py"), "path": ["", "/usr/lib/python3.11", parent]}
     assert package_of(answer, None) == str(pkg)
-    assert _import_source(str(pkg), answer, {"PYTHONPATH": parent}, "/") == "PYTHONPATH"
-    assert _import_source(str(pkg), answer, {}, parent) == "cwd"
-    assert _import_source(str(pkg), {"path": ["/usr/lib/python3.11"]}, {}, "/") == "editable"
+    assert import_source(str(pkg), answer, {"PYTHONPATH": parent}, "/") == "PYTHONPATH"
+    assert import_source(str(pkg), answer, {}, parent) == "cwd"
+    assert import_source(str(pkg), {"path": ["/usr/lib/python3.11"]}, {}, "/") == "editable"
     site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
     (site / "sglang").mkdir(parents=True)
     (site / "sglang" / "__init__.py").write_text("")
-    assert _import_source(str(site / "sglang"), {"path": [str(site)]}, {}, "/") == "site-packages"
+    assert import_source(str(site / "sglang"), {"path": [str(site)]}, {}, "/") == "site-packages"
     assert package_of({"origin": None, "locations": [str(tmp_path)]}, None) is None  # a namespace, no package
     assert package_of(None, None) is None
 

@@ -1,24 +1,21 @@
-"""The helper program shipped to the host: it must run on the host's own interpreter (3.8+), stdlib only."""
+"""The host-side program (eaglepatch/hostside/): it must run on the host's own interpreter (3.8+), stdlib only, and
+answer through the one agent; its log tail."""
 
 from __future__ import annotations
 
-import ast
 import sys
 
+from eaglepatch.hosts.agent import call
+from eaglepatch.hosts.bundle import check_module, sources
 from eaglepatch.hosts.local import LocalHost
-from eaglepatch.server import _remote
-from eaglepatch.server.process import call_remote, remote_program
+from eaglepatch.hostside.probe import tail_lines
 
 
-def test_the_helper_program_parses_as_python_3_8_and_imports_only_the_standard_library():
-    tree = ast.parse(remote_program(), feature_version=(3, 8))
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module.split(".")[0])
-    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported - set(sys.stdlib_module_names)
+def test_every_host_side_module_parses_as_python_3_8_and_imports_only_the_standard_library_and_itself():
+    found = sources()
+    assert "eaglepatch.hostside.main" in found and len(found) > 10
+    for name, (is_package, text) in found.items():
+        check_module(text, name.replace(".", "/") + ("/__init__.py" if is_package else ".py"))  # or BundleError
 
 
 def test_log_tail_reads_only_after_the_offset_splits_progress_bars_and_drops_our_own_polls(tmp_path):
@@ -32,41 +29,55 @@ def test_log_tail_reads_only_after_the_offset_splits_progress_bars_and_drops_our
         + b"Capture cuda graph bs [1, 2]\n"
         + b'INFO:     127.0.0.1:5555 - "GET /health HTTP/1.1" 503\n'
     )
-    assert _remote._tail_lines(str(log), len(old), 30) == [
+    assert tail_lines(str(log), len(old), 30) == [
         "Loading safetensors 10%",
         "Loading safetensors 50%",
         "Capture cuda graph bs [1, 2]",
     ]
-    assert _remote._tail_lines(str(log), len(old), 1) == ["Capture cuda graph bs [1, 2]"]
-    assert _remote._tail_lines(str(log), 10_000, 2) == ["Loading safetensors 50%", "Capture cuda graph bs [1, 2]"]
-    assert _remote._tail_lines(str(tmp_path / "missing.log"), 0, 5) is None
+    assert tail_lines(str(log), len(old), 1) == ["Capture cuda graph bs [1, 2]"]
+    assert tail_lines(str(log), 10_000, 2) == ["Loading safetensors 50%", "Capture cuda graph bs [1, 2]"]
+    assert tail_lines(str(tmp_path / "missing.log"), 0, 5) is None
 
 
-def test_the_helper_runs_through_run_python_on_this_machine(tmp_path):
-    """One real round trip: the shipped source is what runs, with PAYLOAD from stdin."""
+def test_the_helper_runs_through_the_agent_on_this_machine(tmp_path):
+    """One real round trip: the bundled package is what runs, one process for every op of the host."""
     (tmp_path / "log").write_text("a\nb\n")
-    out = call_remote(LocalHost(), sys.executable, "tail", {"log_path": str(tmp_path / "log"), "lines": 1})
-    assert out == {"lines": ["b"]}
+    host = LocalHost()
+    try:
+        assert call(host, sys.executable, "tail", timeout=60, log_path=str(tmp_path / "log"), lines=1) == {
+            "lines": ["b"]}
+        assert isinstance(call(host, sys.executable, "scan", timeout=60)["servers"], list)
+        assert len(host.agents._agents) == 1  # the server's ops and the install's: one process
+    finally:
+        host.close()
 
 
-def _top_level_names(source: str) -> set[str]:
-    names = set()
-    for node in ast.parse(source).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.Assign):
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-    return names
+def test_stop_ends_a_process_with_its_children_and_a_relaunch_starts_one(tmp_path):
+    """op_stop and op_relaunch on real processes of this machine: a launcher that ignores SIGTERM is killed after
+    the grace period with its child; the relaunch starts the same command line, detached, its log written."""
+    import os
+    import subprocess
+    import time
 
+    from eaglepatch.hostside.control import op_relaunch, op_stop
+    from eaglepatch.hostside.proc import is_alive, proc_stat
 
-def test_the_facts_program_built_on_this_one_overrides_none_of_its_names():
-    """ops/_remote.py is appended to this file (eaglepatch.ops.hostcall.remote_program): a helper it defines under a
-    name used here would silently replace ours (a shared ``_read`` that raises would break the /proc scan)."""
-    from pathlib import Path
-
-    ops = Path(_remote.__file__).parents[1] / "ops" / "_remote.py"
-    if not ops.exists():
-        return
-    shared = _top_level_names(remote_program()) & _top_level_names(ops.read_text(encoding="utf-8"))
-    assert shared == set(), f"defined in both server/_remote.py and ops/_remote.py: {sorted(shared)}"
-    assert {"op_scan", "OPS", "main"} <= _top_level_names(remote_program())
+    script = "import signal, subprocess, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" \
+             "subprocess.Popen(['sleep', '60'])\ntime.sleep(60)\n"
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    time.sleep(0.5)
+    child = [int(c) for c in open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()]
+    start = proc_stat(proc.pid)["start"]
+    out = op_stop({"pid": proc.pid, "start": start, "grace": 0.5, "leader": True})
+    proc.wait(5)
+    assert out["killed"] and out["remaining"] == [] and set(child) <= set(out["stopped"]), out
+    assert not any(is_alive(c) for c in child)
+    spec = {"argv": ["sleep", "30"], "cwd": str(tmp_path), "env": {"PATH": os.environ["PATH"]},
+            "log_path": str(tmp_path / "logs" / "server.log"), "port": 1}
+    res = op_relaunch({"stop": None, "start": spec, "port": 1})
+    pid = res["start"]["pid"]
+    try:
+        assert is_alive(pid, res["start"]["start"]) and os.getsid(pid) == pid
+        assert "starting in" in (tmp_path / "logs" / "server.log").read_text()
+    finally:
+        os.kill(pid, 9)

@@ -1,6 +1,6 @@
 """Restart strategies, options and readiness as data: what is run on the host, in which order, and what comes back.
 
-A strict fake host answers only the helper operations (``_remote.py`` ops) and commands a test declares, and fails
+A strict fake host answers only the helper operations (``eaglepatch.hostside`` ops) and commands a test declares, and fails
 on anything else; the clock is fake, so the timeouts are exact and instant. The same flows against real
 processes are in tests/e2e/test_restart_local.py.
 """
@@ -14,8 +14,9 @@ from typing import Any, Callable
 
 import pytest
 
-from eaglepatch.errors import ExitCode, RestartFailed, UsageError
-from eaglepatch.hosts.base import CommandResult, FileStat, RemoteScriptError
+from eaglepatch.errors import ExitCode, RestartFailed, Unsupported, UsageError
+from eaglepatch.hosts.agent import RemoteScriptError
+from eaglepatch.hosts.base import CommandResult, FileStat
 from eaglepatch.server import (
     LaunchSpec,
     NoServerRunning,
@@ -42,6 +43,25 @@ class Clock:
         self.t += s
 
 
+class FakeAgents:
+    """``host.agents`` of a FakeHost: each request answered by the host's declared ops; an answer that is a
+    ``CommandResult`` with rc != 0 is a failed request (127: no such interpreter), as the real agent raises it."""
+
+    def __init__(self, host: "FakeHost") -> None:
+        self.host = host
+
+    def call(self, python, program, payload, timeout=None):
+        out = self.host.helper(json.loads(json.dumps(payload)))
+        if isinstance(out, CommandResult):
+            if out.rc != 0:
+                raise RemoteScriptError(python, out, started=out.rc != 127)
+            return json.loads(out.stdout)
+        return json.loads(json.dumps(out))
+
+    def close(self):
+        pass
+
+
 class FakeHost:
     """Answers helper ops from ``ops`` (op name -> callable(payload) -> JSON) and commands from ``commands``
     (argv[0] -> callable(argv) -> CommandResult); anything undeclared fails the test."""
@@ -54,26 +74,24 @@ class FakeHost:
         self.commands = commands or {}
         self.files: dict[str, FileStat] = files or {}
         self.calls: list[tuple[str, Any]] = []
+        self.agents = FakeAgents(self)
+
+    def helper(self, payload):
+        op = payload["op"]
+        if op == "relaunch" and "relaunch" not in self.ops:
+            return self._relaunch(payload)
+        self.calls.append((op, payload))
+        assert op in self.ops, f"undeclared helper op {op!r}"
+        return self.ops[op](payload)
 
     def run(self, argv, *, stdin=None, timeout=None, max_output=None):
         argv = list(argv)
-        if len(argv) == 3 and argv[1] == "-c" and "eaglepatch-remote" in argv[2]:
-            payload = json.loads(stdin)["payload"]
-            op = payload["op"]
-            if op == "relaunch" and "relaunch" not in self.ops:
-                return CommandResult(0, json.dumps(self._relaunch(payload)).encode(), b"")
-            self.calls.append((op, payload))
-            assert op in self.ops, f"undeclared helper op {op!r}"
-            out = self.ops[op](payload)
-            if isinstance(out, CommandResult):
-                return out
-            return CommandResult(0, json.dumps(out).encode(), b"")
         self.calls.append(("cmd", argv))
         assert argv[0] in self.commands, f"undeclared command {argv!r}"
         return self.commands[argv[0]](argv)
 
     def _relaunch(self, payload):
-        """``_remote.op_relaunch`` in terms of the declared stop, port and start ops (each recorded as a call):
+        """``op_relaunch`` in terms of the declared stop, port and start ops (each recorded as a call):
         stop, then (when asked) the port check, then start; nothing starts after a failed stop or on a busy
         port."""
         out = {}
@@ -232,7 +250,7 @@ def test_a_failing_poll_counts_as_not_ready_yet_but_a_missing_interpreter_is_an_
     assert wait_until_ready(host, 30000, timeout=60, clock=clock, sleep=clock.sleep).ready
 
     host = FakeHost({"probe": lambda p: CommandResult(127, b"", b"python9: not found")})
-    with pytest.raises(RemoteScriptError):
+    with pytest.raises(Unsupported, match="cannot run python9"):
         wait_until_ready(host, 30000, timeout=60, python="python9", clock=clock, sleep=clock.sleep)
 
 

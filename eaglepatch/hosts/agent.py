@@ -1,0 +1,366 @@
+"""The agent: one long-lived interpreter per host and binary that runs eaglepatch's host-side program, and ``call``,
+the one way every call on a host goes (facts, lock, execute, logs, the /proc scan, stop, start, relaunch, the
+readiness probes, the log tail).
+
+The first call for an interpreter starts it (``python -c AGENT``, one SSH channel and one login shell for the whole
+connection) and sends it the program (``hosts.bundle.program()``: the package ``eaglepatch.hostside``) once; each
+later call is one request on the same process: length-prefixed JSON frames on its stdin and stdout, bounded as
+``hosts.base`` says. A request cut short on the client (Ctrl-C, a lost client) is never read again nor killed: it
+finishes on the host (a relaunch, a plan with its relaunches), and ``eaglepatch.progress`` records that host.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+import zlib
+from typing import Any, NoReturn
+
+from eaglepatch import progress
+from eaglepatch.errors import EaglepatchError, HelperFailed, Unsupported
+from eaglepatch.failpoints import failpoint
+from eaglepatch.hosts import bundle
+from eaglepatch.hosts.base import (
+    MAX_ANSWER,
+    MAX_FRAME,
+    MAX_HEADER,
+    MAX_PREAMBLE,
+    CommandResult,
+    Host,
+    HostProcess,
+    Program,
+    mib,
+)
+
+# Written by the agent on the host before anything else: the bytes a login shell prints on stdout before the
+# interpreter starts (a banner in ~/.bashrc, a ForceCommand's echo) come before it and are skipped.
+MARKER = b"\x1eeaglepatch\x1e\n"
+
+
+class RemoteScriptError(Exception):
+    """A remote helper program failed; carries its result for the message."""
+
+    def __init__(self, python: str, result: CommandResult, started: bool = False):
+        tail = (result.stderr or result.stdout).decode("utf-8", "replace").strip().splitlines()[-3:]
+        super().__init__(f"{python} exited {result.rc}: {' | '.join(tail) or 'no output'}")
+        self.result = result
+        # the interpreter ran eaglepatch's code (its marker came): a failure is the program's, not a missing python
+        self.started = started
+
+
+class AnswerRefused(RemoteScriptError):
+    """What a host's helper sent is refused unread: past a bound (``MAX_PREAMBLE``, ``MAX_FRAME``, ``MAX_ANSWER``),
+    or not a frame at all. ``str()`` is one line saying which."""
+
+    def __init__(self, python: str, why: str):
+        Exception.__init__(self, f"the answer of {python} on the host was refused: {why}: is --python an "
+                                 "interpreter that runs eaglepatch's helper as it is?")
+        self.result = CommandResult(1, b"", why.encode())
+        self.started = True
+
+
+def inflate(data: bytes, limit: int = MAX_ANSWER) -> bytes:
+    """``zlib.decompress(data)``, never more than ``limit`` bytes of it (a zip bomb is refused, not inflated);
+    raises ``ValueError`` saying which bound was passed, ``zlib.error`` for bytes that are not zlib's."""
+    d = zlib.decompressobj()
+    out = d.decompress(data, limit + 1)
+    if len(out) > limit or d.unconsumed_tail:
+        raise ValueError(f"a frame that inflates to more than {mib(limit)} ({len(data)} bytes compressed)")
+    if not d.eof:
+        raise zlib.error("truncated zlib stream")
+    return out
+
+
+# The agent's own code: python -c AGENT. It reads length-prefixed frames on stdin (the program first, then one
+# JSON request per frame) and answers each request with one length-prefixed JSON frame on what was its stdout.
+# A frame is "<length>\n<bytes>", or "z<length>\n<zlib bytes>" when it is worth compressing (the worker files
+# travel base64-encoded inside JSON: a third of the bytes on the wire, which paramiko moves at some 8 MB/s).
+# stdin and stdout are moved out of the way first, so that the program and any child it starts read /dev/null
+# and print on stderr, never into the frames. Python 3.8+, standard library only.
+_AGENT_SOURCE = r"""
+import os,sys,json,traceback,zlib
+i=os.fdopen(os.dup(0),'rb');o=os.fdopen(os.dup(1),'wb')
+n=os.open(os.devnull,os.O_RDONLY);os.dup2(n,0);os.close(n);os.dup2(2,1)
+o.write(b'\x1eeaglepatch\x1e\n');o.flush()
+def r():
+    l=i.readline().strip()
+    if not l:return None
+    z=l[:1]==b'z';d=i.read(int(l[1:] if z else l))
+    return zlib.decompress(d) if z else d
+def w(d):
+    d=json.dumps(d).encode();z=len(d)>4096
+    if z:d=zlib.compress(d,1)
+    o.write((b'z%d\n' if z else b'%d\n')%len(d)+d);o.flush()
+g={'__name__':'__main__'}
+exec(compile(r(),'<eaglepatch-remote>','exec'),g)
+w({'pid':os.getpid(),'exe':sys.executable,'real':os.path.realpath(sys.executable)})
+while 1:
+    d=r()
+    if d is None:break
+    d=json.loads(d)
+    try:
+        if '__realpath__' in d:
+            w({'result':os.path.realpath(d['__realpath__'])});continue
+        w({'result':g['main'](d)})
+    except SystemExit as e:
+        c=e.code;sys.stderr.write('' if c is None or isinstance(c,int) else str(c)+'\n');sys.stderr.flush()
+        w({'exit':c if isinstance(c,int) else (0 if c is None else 1)});break
+    except Exception:
+        w({'error':traceback.format_exc()})
+"""
+# What goes on the command line: one line of characters that every login shell passes through unchanged inside
+# single quotes (sh, bash, zsh, and csh/tcsh, which refuse a newline there): the source, zlib-compressed and
+# base64-encoded (letters, digits, "+", "/", "="), unpacked by a one-line bootstrap.
+AGENT = 'import base64,zlib;exec(zlib.decompress(base64.b64decode("%s")))' % base64.b64encode(
+    zlib.compress(_AGENT_SOURCE.encode(), 9)).decode("ascii")
+
+
+_COMPRESS_OVER = 4096
+
+
+def _frame(data: bytes) -> bytes:
+    if len(data) > _COMPRESS_OVER:
+        data = zlib.compress(data, 1)
+        return b"z%d\n" % len(data) + data
+    return b"%d\n" % len(data) + data
+
+
+class PythonAgent:
+    """``program`` running in one ``python`` process on ``host`` (``python -c AGENT``), answering ``call``s.
+
+    Failures are ``RemoteScriptError``, with the exit status of a process that died (127 when the interpreter does
+    not exist), 124 after a timeout (the process is killed: a hung request never leaves a hung helper), 1 with the
+    traceback when the program raised. After a failure that ended the process, ``dead`` is True and the agent is not
+    used again. ``program`` may be a function that makes the source: it is called once the process is started, so
+    that making it overlaps the interpreter's start on the host.
+    """
+
+    def __init__(self, host: Host, python: str, program: Program):
+        self.host, self.python, self.program = host, python, program
+        self.proc: HostProcess | None = None
+        self.info: dict[str, Any] | None = None  # pid, exe (sys.executable), real (its realpath)
+        self.dead = False
+        self._started = False  # its marker came: the interpreter runs eaglepatch's code
+        self._buf = bytearray()
+        self._lock = threading.RLock()  # close() may come from inside a call (a lost connection closes all)
+
+    def call(self, payload: Any, timeout: float | None = None) -> Any:
+        with self._lock:
+            try:
+                return self._call(payload, timeout)
+            except RemoteScriptError:
+                raise  # answered (an error of the program), or the process is already gone
+            except BaseException:
+                # cut short mid-request (Ctrl-C, an error of ours): its answer may still come, and must never be
+                # read as the next request's; the process is let go, not killed (it finishes the request it has)
+                progress.cut_short(self.host.name)
+                if not self.dead:
+                    self.close(abandon=True)
+                raise
+
+    def _call(self, payload: Any, timeout: float | None) -> Any:
+        if self.dead:
+            raise RuntimeError("this agent's process has ended")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out = b""
+        if self.proc is None:
+            try:
+                self.proc = self.host.spawn([self.python, "-c", AGENT])
+            except FileNotFoundError as exc:
+                self.dead = True
+                raise RemoteScriptError(self.python, CommandResult(127, b"", str(exc).encode())) from None
+            program = self.program() if callable(self.program) else self.program
+            out = _frame(program.encode("utf-8"))
+        out += _frame(json.dumps(payload).encode())
+        if not self.proc.send(out, deadline) and deadline is not None and time.monotonic() >= deadline:
+            self._fail_timeout()
+        if self.info is None:
+            self._skip_to_marker(deadline)
+            self.info = self._read_frame(deadline)
+        answer = self._read_frame(deadline)
+        if "result" in answer:
+            return answer["result"]
+        if "error" in answer:
+            raise self._error(CommandResult(1, b"", str(answer["error"]).encode()))
+        # SystemExit: the process ends, as a one-shot run would have
+        rc, err = self.proc.wait(deadline)
+        self.dead = True
+        self.proc.close()
+        raise self._error(CommandResult(int(answer.get("exit", rc) or 0), b"", err))
+
+    def _error(self, result: CommandResult) -> RemoteScriptError:
+        return RemoteScriptError(self.python, result, started=self._started)
+
+    def _skip_to_marker(self, deadline: float | None) -> None:
+        """Drop what came before the agent's marker (a login shell's output)."""
+        assert self.proc is not None
+        while True:
+            at = self._buf.find(MARKER)
+            if at >= 0:
+                del self._buf[: at + len(MARKER)]
+                self._started = True
+                return
+            if len(self._buf) > MAX_PREAMBLE + len(MARKER):
+                self._refuse(f"more than {mib(MAX_PREAMBLE)} came before its marker")
+            chunk = self.proc.read(deadline)
+            if chunk is None:
+                self._fail_timeout()
+            if not chunk:
+                rc, err = self.proc.wait(deadline)
+                self.dead = True
+                self.proc.close()
+                raise self._error(CommandResult(rc, bytes(self._buf), err))
+            self._buf.extend(chunk)
+
+    def _read_frame(self, deadline: float | None) -> dict[str, Any]:
+        assert self.proc is not None
+        while True:
+            nl = self._buf.find(b"\n", 0, MAX_HEADER)
+            if nl < 0 and len(self._buf) >= MAX_HEADER:
+                self._refuse(f"a frame header longer than {MAX_HEADER} bytes ({bytes(self._buf[:MAX_HEADER])!r})")
+            if nl >= 0:
+                packed = self._buf[:1] == b"z"
+                head = bytes(self._buf[1 if packed else 0 : nl])
+                if not head.isdigit():  # int() would take "+5", " 5", "5_0"
+                    self._refuse(f"a frame header that is no length ({bytes(self._buf[:nl])!r})")
+                size = int(head)
+                if size > MAX_FRAME:
+                    # refused before its bytes are read: the length alone is the host's word
+                    self._refuse(f"a frame of {size} bytes (at most {mib(MAX_FRAME)})")
+                if len(self._buf) >= nl + 1 + size:
+                    data = bytes(self._buf[nl + 1 : nl + 1 + size])
+                    del self._buf[: nl + 1 + size]
+                    try:
+                        if packed:
+                            data = inflate(data)
+                        elif size > MAX_ANSWER:
+                            raise ValueError(f"an answer of {size} bytes (at most {mib(MAX_ANSWER)})")
+                        doc = json.loads(data.decode("utf-8", "replace"))
+                    except ValueError as exc:  # JSONDecodeError is one
+                        if isinstance(exc, json.JSONDecodeError):
+                            self._fail_protocol()
+                        self._refuse(str(exc))
+                    except (zlib.error, RecursionError):
+                        self._fail_protocol()
+                    if not isinstance(doc, dict):
+                        self._fail_protocol()
+                    return doc
+            chunk = self.proc.read(deadline)
+            if chunk is None:
+                self._fail_timeout()
+            if not chunk:  # the process ended without answering: its status and stderr say why
+                rc, err = self.proc.wait(deadline)
+                self.dead = True
+                self.proc.close()
+                stdout = bytes(self._buf)
+                raise self._error(CommandResult(rc, stdout, err))
+            self._buf.extend(chunk)
+
+    def _kill(self) -> bytes:
+        assert self.proc is not None
+        self.dead = True
+        self.proc.kill(self.info.get("pid") if self.info else None)
+        _rc, err = self.proc.wait(time.monotonic() + 5)
+        self.proc.close()
+        return err
+
+    def _fail_timeout(self) -> NoReturn:
+        err = self._kill()
+        raise self._error(CommandResult(124, bytes(self._buf), err + b"\ntimed out"))
+
+    def _fail_protocol(self) -> NoReturn:
+        err = self._kill()
+        raise self._error(CommandResult(1, bytes(self._buf[:2000]), err or b"garbled answer"))
+
+    def _refuse(self, why: str) -> NoReturn:
+        """Past a bound: the process is killed, what it sent dropped, and the answer refused in one line."""
+        self._kill()
+        self._buf = bytearray()
+        raise AnswerRefused(self.python, why)
+
+    def realpath(self, path: str, timeout: float | None = 30) -> str | None:
+        """``os.path.realpath(path)`` as the host sees it, asked of this (already started) process."""
+        if self.info is None or self.dead:
+            return None
+        try:
+            return self.call({"__realpath__": path}, timeout)
+        except RemoteScriptError:
+            return None
+
+    def close(self, abandon: bool = False) -> None:
+        """Let the process go (idempotent): its stdin closed, so it ends after its last request; with ``abandon``
+        (a request cut short) nothing waits for it either."""
+        with self._lock:
+            self.dead = True
+            if self.proc is not None:
+                try:
+                    self.proc.abandon() if abandon else self.proc.close()
+                except Exception:
+                    pass
+
+
+class Agents:
+    """A host's agents, one per (interpreter, program); a call for an interpreter that is the same binary as a
+    running agent's (same ``realpath`` of ``sys.executable`` on the host) is answered by that agent."""
+
+    def __init__(self, host: Host):
+        self.host = host
+        self._agents: list[PythonAgent] = []
+        self._names: dict[int, set[str]] = {}
+        self._lock = threading.RLock()
+
+    def agent(self, python: str, program: Program) -> PythonAgent:
+        with self._lock:
+            self._agents = [a for a in self._agents if not a.dead]
+            same = [a for a in self._agents if a.program == program]
+            for a in same:
+                if python in self._names[id(a)] or (a.info is not None and python == a.info.get("exe")):
+                    return a
+            if python.startswith("/"):
+                for a in same:
+                    if a.info is not None and a.info.get("real") and a.realpath(python) == a.info["real"]:
+                        self._names[id(a)].add(python)
+                        return a
+            a = PythonAgent(self.host, python, program)
+            self._agents.append(a)
+            self._names[id(a)] = {python}
+            return a
+
+    def call(self, python: str, program: Program, payload: Any, timeout: float | None = None) -> Any:
+        """``program``'s ``main(payload)`` on the agent for ``python``; raises ``RemoteScriptError``."""
+        return self.agent(python, program).call(payload, timeout)
+
+    def close(self) -> None:
+        with self._lock:
+            agents, self._agents = self._agents, []
+            self._names.clear()
+        for a in agents:
+            a.close()
+
+
+def call(host: Host, python: str, op: str, /, *, timeout: float | None = 120, **payload: Any) -> Any:
+    """The answer of the host-side op ``op`` (``eaglepatch.hostside.main.OPS``) to ``payload``, run by ``python`` on
+    ``host``; a failure to run it becomes a one-line error (``call_error``: ``Unsupported`` when ``python`` cannot
+    run there, ``HelperFailed`` otherwise).
+
+    The calls of one command share one process on the host per interpreter (``host.agents``): the first call starts
+    it and sends the program, later calls (lock, execute, unlock, the restart's stop and start, every readiness poll)
+    are requests on it. A call for the interpreter that the first one turned out to be (``facts`` run with
+    ``python3`` finds the server runs that very binary) goes to the same process."""
+    try:
+        return host.agents.call(python, bundle.program, dict(payload, op=op), timeout=timeout)
+    except RemoteScriptError as exc:
+        if payload.get("fault"):
+            failpoint(payload["fault"])  # the host's helper died at the armed failpoint: so does the client
+        raise call_error(host.name, python, exc) from None
+
+
+def call_error(name: str, interp: str, exc: RemoteScriptError) -> EaglepatchError:
+    """What a failed remote call means: the interpreter could not be run (exit 4, say so), or the program failed.
+    "No such file" counts only before the interpreter ran eaglepatch's code: after that it is the program's own
+    error (a FileNotFoundError's traceback), or a login shell's complaint kept in the process's stderr."""
+    if exc.result.rc == 127 or (not exc.started and b"No such file" in exc.result.stderr[:500]):
+        return Unsupported(f"{name}: cannot run {interp}: give the interpreter with --python")
+    return HelperFailed(f"{name}: {exc}")

@@ -1,0 +1,285 @@
+"""Stopping and starting a server on the host (the ``stop``, ``start`` and ``relaunch`` ops).
+
+A relaunch is one request: whatever can make the start fail is checked before the stop, and nothing between the
+stop and the start depends on the client (docs/safety.md).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shlex
+import signal
+import stat
+import subprocess
+import time
+
+from eaglepatch.hostside.discover import resolve_launcher, top_launchers
+from eaglepatch.hostside.launchers import parse_server_args
+from eaglepatch.hostside.proc import KEPT_SIGNALS, descendants, is_alive, listening, proc_stat, table
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# stop
+
+def _signal(pids, sig, errors):
+    """Send ``sig`` to each pid; return the pids it was not allowed to signal (also noted in ``errors``)."""
+    denied = []
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            denied.append(p)
+            errors.append("pid %d: permission denied" % p)
+    return denied
+
+
+def op_stop(payload):
+    """SIGTERM the server's processes, SIGKILL what is left after ``grace`` s, then wait for the port to be free.
+
+    The processes: the launcher, every descendant (re-read while waiting), and the members of its process group
+    and session when the launcher leads them (it started them all). A group or session it does not lead may hold
+    the user's shell, so it is left alone. When the launcher is already gone (it crashed) and it led its group
+    (``payload["leader"]``), what is left of its group and session (orphaned TP ranks) is stopped the same way.
+    """
+    pid, grace, port = payload["pid"], payload["grace"], payload.get("port")
+    t0 = time.monotonic()
+    out = {"already_gone": False, "killed": [], "remaining": [], "errors": [], "port_free": True}
+    st = proc_stat(pid)
+    procs = table()
+    targets = set()
+    if st is None or st["state"] in ("Z", "X", "x"):
+        out["already_gone"] = True
+        if payload.get("leader"):
+            targets = {p for p, pst in procs.items() if pst["pgid"] == pid or pst["sid"] == pid}
+    elif payload.get("start") is not None and st["start"] != payload["start"]:
+        out["already_gone"] = True  # the pid now belongs to another process: nothing of ours to stop
+    else:
+        targets = {pid}
+        targets.update(descendants(pid, procs))
+        for p, pst in procs.items():
+            if (st["pgid"] == pid and pst["pgid"] == pid) or (st["sid"] == pid and pst["sid"] == pid):
+                targets.add(p)
+        # children seen by the scan that have since been re-parented (the launcher died first) still belong to it
+        for p in payload.get("children") or ():
+            if p in procs and (procs[p]["pgid"] == st["pgid"] or procs[p]["sid"] == st["sid"]):
+                targets.add(p)
+    targets.discard(os.getpid())
+    if targets:
+        if pid in _signal(sorted(targets), signal.SIGTERM, out["errors"]):
+            out["remaining"] = sorted(p for p in targets if is_alive(p))
+            out["stopped"] = []
+            out["seconds"] = time.monotonic() - t0
+            return out
+
+        def still():
+            alive = {p for p in targets if is_alive(p)}
+            if alive:
+                procs_now = table()
+                for p in list(alive):
+                    alive.update(descendants(p, procs_now))
+                targets.update(alive)
+            return alive
+
+        deadline = t0 + grace
+        alive = still()
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.1)
+            alive = still()
+        if alive:
+            out["killed"] = sorted(alive)
+            _signal(sorted(alive), signal.SIGKILL, out["errors"])
+            deadline = time.monotonic() + 10.0
+            while alive and time.monotonic() < deadline:
+                time.sleep(0.1)
+                alive = {p for p in alive if is_alive(p)}
+        out["remaining"] = sorted(alive)
+    if port is not None:
+        deadline = time.monotonic() + payload.get("port_timeout", 60.0)
+        while listening(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        out["port_free"] = not listening(port)
+    out["stopped"] = sorted(targets)
+    out["seconds"] = time.monotonic() - t0
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# start
+
+def _safe_dir(path):
+    """``path`` if it is (or can be made, 0700) a folder of this user that nobody else may write; else a private
+    folder of this user's beside it (``<path>-<uid>``), made the same way; raises OSError when neither can be."""
+    for cand in (path, "%s-%d" % (path, os.geteuid())):
+        try:
+            os.makedirs(cand, mode=0o700, exist_ok=True)
+            st = os.lstat(cand)
+        except OSError:
+            continue
+        if os.path.isdir(cand) and not os.path.islink(cand) and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+            return cand
+    raise OSError(errno.EACCES, "neither %s nor %s-%d is a folder of this user's only" % (path, path, os.geteuid()))
+
+
+def _open_private(path, flags, mode=0o600):
+    """Open ``path`` without following a symlink, and only if it is a regular file."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fd
+
+
+def _start_script(argv, cwd, env):
+    """A shell script that starts the server by hand exactly as eaglepatch does: its folder, its whole
+    environment, its command line."""
+    lines = ["#!/bin/sh", "# The sglang server as eaglepatch starts it: its folder, environment and command line.",
+             "cd %s || exit 1" % shlex.quote(cwd),
+             "exec env -i " + " ".join(shlex.quote("%s=%s" % kv) for kv in sorted(env.items())) + " \\",
+             "    " + " ".join(shlex.quote(a) for a in argv), ""]
+    return "\n".join(lines).encode("utf-8", "surrogateescape")
+
+
+def _prepare_start(payload):
+    """Everything a start needs that can fail, done before anything is stopped: argv[0] still names the same
+    file, the folder exists, the log and the start script can be written (in a folder only this user can write,
+    without following a symlink). Returns ``{"error": ...}`` or what ``_spawn`` takes."""
+    argv, cwd, env, log_path = payload["argv"], payload["cwd"], payload["env"], payload["log_path"]
+    if not os.path.isdir(cwd):
+        return {"error": "its folder %s does not exist (any more)" % cwd}
+    want = payload.get("launcher")
+    got = resolve_launcher(argv[0], cwd, env)
+    if want and got != want:
+        return {"error": "%s now names %s, not %s as when the server was read" % (argv[0], got or "no executable file",
+                                                                                 want)}
+    if got is None:
+        return {"error": "%s names no executable file (from %s, along its PATH)" % (argv[0], cwd)}
+    try:
+        folder = _safe_dir(os.path.dirname(log_path) or ".")
+        log_path = os.path.join(folder, os.path.basename(log_path))
+        log_fd = _open_private(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    except OSError as exc:
+        return {"error": "cannot open the log %s: %s" % (log_path, exc.strerror or exc)}
+    script = os.path.join(folder, "start-%s.sh" % payload.get("port", "server"))
+    try:
+        tmp = script + ".tmp%d" % os.getpid()
+        fd = _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
+        with os.fdopen(fd, "wb") as f:
+            f.write(_start_script(argv, cwd, env))
+        os.replace(tmp, script)
+    except OSError:
+        script = None
+    return {"log_fd": log_fd, "log_path": log_path, "script": script}
+
+
+def _restore_signals(ignored):
+    """A child's preexec: the dispositions the original server had (ignored, as under nohup, or default),
+    whatever this helper ignores itself while it relaunches."""
+    ignored = set(ignored or ())
+
+    def apply():
+        for name in KEPT_SIGNALS:
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), signal.SIG_IGN if name in ignored else signal.SIG_DFL)
+
+    return apply
+
+
+def _spawn(payload, prep):
+    """Start argv in cwd with exactly env, in a new session, stdin /dev/null, output appended to the log."""
+    argv, cwd, env = payload["argv"], payload["cwd"], payload["env"]
+    out = {"log_path": prep["log_path"], "script": prep["script"]}
+    with os.fdopen(prep["log_fd"], "ab") as log:
+        log.write(
+            (
+                "\n=== eaglepatch %s: starting in %s: %s ===\n"
+                % (time.strftime("%Y-%m-%d %H:%M:%S"), cwd, " ".join(shlex.quote(a) for a in argv))
+            ).encode("utf-8", "surrogateescape")
+        )
+        log.flush()
+        out["offset"] = log.tell()
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                close_fds=True,
+                start_new_session=True,
+                preexec_fn=_restore_signals(payload.get("sig_ign")),
+            )
+        except OSError as exc:
+            what = "%s: %s" % (argv[0], exc.strerror or str(exc))
+            log.write(("eaglepatch: could not start: %s\n" % what).encode("utf-8", "surrogateescape"))
+            out["error"] = "could not start the server: %s" % what
+            return out
+    st = proc_stat(proc.pid)
+    out.update(pid=proc.pid, start=st["start"] if st else None)
+    return out
+
+
+def op_start(payload):
+    """Start argv in cwd with exactly env (and the original's signal dispositions), in a new session, stdin
+    /dev/null, output appended to the log: ``_prepare_start``, then ``_spawn``.
+
+    The new session (setsid) and the redirected descriptors let it outlive this program and the SSH session that
+    ran it: nothing ties it to the connection's terminal or pipes. Returns its pid, start time, the log (its path:
+    the one asked for, or this user's private one) and the offset where its output begins, and the start script.
+    """
+    prep = _prepare_start(payload)
+    if "error" in prep:
+        return {"error": "nothing was started: " + prep["error"]}
+    return _spawn(payload, prep)
+
+
+def _other_launchers(port, keep):
+    """Launchers of a server on ``port`` (by their command line) other than ``keep``: one still loading has not
+    bound its port yet, so the port alone does not show it."""
+    procs = table()
+    return [p for p, (argv, idx) in sorted(top_launchers(procs).items())
+            if p != keep and parse_server_args(argv[idx:])["port"] == port]
+
+
+def op_relaunch(payload):
+    """Stop a server (``stop``: op_stop's payload, or None) and start one (``start``: op_start's payload) in one
+    request, so that nothing between the two depends on the client: a client killed or cut off meanwhile leaves
+    the host with the new server starting, never with none. Whatever can make the start fail is checked before
+    the stop (``_prepare_start``): then nothing is stopped. Nothing starts while another launcher for the port
+    runs (loading, or listening) besides the one stopped, or (``check_port``) something else listens there. A
+    list ``batch`` of such requests runs one after the other (answers in order).
+
+    SIGINT, SIGHUP and SIGTERM are ignored meanwhile (the new server gets the original's dispositions back): a
+    Ctrl-C in the client's terminal or a hang-up must not stop the host halfway.
+    """
+    if "batch" in payload:
+        return {"batch": [op_relaunch(p) for p in payload["batch"]]}
+    saved = [(sig, signal.signal(sig, signal.SIG_IGN)) for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)]
+    try:
+        start, stop = payload["start"], payload.get("stop")
+        prep = _prepare_start(start)
+        if "error" in prep:
+            return {"start": {"error": "nothing was stopped or started: " + prep["error"]}, "not_stopped": True}
+        others = _other_launchers(payload["port"], stop["pid"] if stop else None)
+        if others:
+            os.close(prep["log_fd"])
+            return {"busy": True, "busy_pids": others, "not_stopped": True}
+        out = {}
+        if stop:
+            out["stop"] = op_stop(stop)
+            res = out["stop"]
+            if res.get("remaining") or not res.get("port_free", True):
+                os.close(prep["log_fd"])
+                return out  # not stopped: starting another beside it would make two
+        if payload.get("check_port") and listening(payload["port"]):
+            os.close(prep["log_fd"])
+            out["busy"] = True
+            return out
+        out["start"] = _spawn(start, prep)
+        return out
+    finally:
+        for sig, old in saved:
+            signal.signal(sig, old)

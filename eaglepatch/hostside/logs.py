@@ -1,0 +1,235 @@
+"""The timing logs (the ``logs`` op), read by the runtime's own rules wherever the runtime really wrote them: real
+folders and regular files of this user or the servers' users, no link followed, nothing others may write; new
+bytes only, whole lines, at most ``LOG_BATCH`` a request.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import stat
+
+from eaglepatch.hostside.files import b64, read_or_none
+from eaglepatch.hostside.proc import ids_of, user_name
+
+
+# A timing log's name, as the runtime makes it: <host>-<pid>-rank<r>.jsonl
+LOG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*-[0-9]+-rank[0-9]+[.]jsonl$")
+# The private folders the runtime falls back to (tempfile.mkdtemp(prefix="eaglepatch-")) in a temp folder
+_FALLBACK_NAME = re.compile(r"^eaglepatch-[A-Za-z0-9_]+$")
+# Bytes of log data in one answer at most; the client asks again for the rest (its memory stays bounded).
+LOG_BATCH = 4 << 20  # a few MB: the memory of a fetch on either side is some 8x one batch (base64, JSON, zlib)
+
+
+class _Refused(Exception):
+    """A log folder or file that the runtime's rules do not let eaglepatch read; str() says why."""
+
+
+def _owner_name(uid):
+    name = user_name(uid)
+    return "uid %d" % uid if name == str(uid) else "uid %d (%s)" % (uid, name)
+
+
+def _log_owners(pids):
+    """Who may own a log folder eaglepatch reads: this user, and the (effective) user of each server process
+    (the runtime writes only to a folder of its own user's)."""
+    owners = {os.geteuid()}
+    for pid in pids:
+        ids = ids_of(pid)
+        if ids is not None:
+            owners.add(ids[0])
+    return owners
+
+
+def _open_log_dir(path, owners):
+    """A descriptor of the folder ``path`` when the runtime's rules hold for it (a real folder, not a link; owned by
+    one of ``owners``; not writable by group or others): (fd, its stat). Raises _Refused."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _Refused("a link or not a folder")
+        if exc.errno == errno.ENOENT:
+            raise _Refused("no such folder")
+        raise _Refused("cannot open it: %s" % (exc.strerror or exc))
+    st = os.fstat(fd)
+    why = None
+    if not stat.S_ISDIR(st.st_mode):
+        why = "not a folder"
+    elif st.st_uid not in owners:
+        why = "owned by %s, not by %s" % (_owner_name(st.st_uid), " or ".join(_owner_name(u) for u in sorted(owners)))
+    elif st.st_mode & 0o022:
+        why = "writable by group or others (mode %o)" % stat.S_IMODE(st.st_mode)
+    if why is not None:
+        os.close(fd)
+        raise _Refused(why)
+    return fd, st
+
+
+def _open_log_file(dfd, name, owners):
+    """A descriptor for reading the log ``name`` in the folder ``dfd``: never through a link, never a FIFO or a
+    device, only a regular file of one of ``owners``. Raises _Refused."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(name, flags, dir_fd=dfd)
+    except OSError as exc:
+        raise _Refused("a link" if exc.errno == errno.ELOOP else (exc.strerror or str(exc)))
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid not in owners:
+        os.close(fd)
+        raise _Refused("not a regular file of the folder's user")
+    return fd, st
+
+
+def _dirs_in_use(pids):
+    """The folders of the timing logs that ``pids`` (the servers' processes) have open now: where the runtime
+    really writes, whatever folder it was configured with."""
+    found = []
+    for pid in pids:
+        base = "/proc/%d/fd" % pid
+        try:
+            fds = os.listdir(base)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(os.path.join(base, fd))
+            except OSError:
+                continue
+            if target.startswith("/") and LOG_NAME.match(os.path.basename(target)):
+                found.append(os.path.dirname(target))
+    return sorted(set(found))
+
+
+def _temp_dirs(pids):
+    """Where the runtime of ``pids`` makes its private folder: tempfile's folder as each process sees it (its
+    TMPDIR, TEMP or TMP when it has one), this helper's, and /tmp."""
+    import tempfile
+
+    found = [tempfile.gettempdir(), "/tmp"]
+    for pid in pids:
+        raw = read_or_none("/proc/%d/environ" % pid)
+        if not raw:
+            continue
+        env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+        for name in (b"TMPDIR", b"TEMP", b"TMP"):
+            value = env.get(name, b"").decode("utf-8", "surrogateescape")
+            if value.startswith("/"):
+                found.append(value)
+                break
+    return found
+
+
+def _log_files(dfd, names, owners):
+    """(name, open file, its stat) of each log in ``names`` that ``_open_log_file`` lets eaglepatch read; each file
+    is closed once the next is asked for."""
+    for name in names:
+        try:
+            fd, st = _open_log_file(dfd, name, owners)
+        except _Refused:
+            continue
+        with os.fdopen(fd, "rb") as f:
+            yield name, f, st
+
+
+def _fell_back_from(dfd, names, log_dir, owners):
+    """Whether a log in the folder ``dfd`` starts with the runtime's header saying it fell back from ``log_dir``:
+    a private folder of this install's runtime (another install's, configured with another folder, is not read)."""
+    for _name, f, _st in _log_files(dfd, names, owners):
+        first = f.readline(65536)
+        try:
+            head = json.loads(first.decode("utf-8", "replace"))
+        except ValueError:
+            continue
+        origin = head.get("fallback_from") if isinstance(head, dict) and head.get("kind") == "run" else None
+        if isinstance(origin, str) and os.path.normpath(origin) == log_dir:
+            return True
+    return False
+
+
+def _fallback_dirs(owners, temps):
+    """The private folders the runtime falls back to, ``eaglepatch-*`` in the temp folders ``temps``, that one of
+    ``owners`` made (real folders, 0700 as mkdtemp makes them)."""
+    found = []
+    for tmp in sorted(set(os.path.normpath(t) for t in temps)):
+        try:
+            names = os.listdir(tmp)
+        except OSError:
+            continue
+        for n in sorted(names):
+            if not _FALLBACK_NAME.match(n):
+                continue
+            path = os.path.join(tmp, n)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode) and st.st_uid in owners and not st.st_mode & 0o077:
+                found.append(path)
+    return found
+
+
+def op_logs(payload):
+    """New bytes of the timing logs, read by the runtime's own rules (real folders and regular files of this user
+    or the servers' users, no links followed, nothing others may write), from every folder the runtime writes to:
+    the configured one (``log_dir``), the folders that the servers' processes (``pids``) have a log open in, and
+    the private folders the runtime falls back to (``eaglepatch-*`` in the temp folder). For each file, what
+    follows the size the client already has (``have``: "folder/name" -> size), whole lines only, at most
+    LOG_BATCH bytes in all (``more``: ask again). A folder other than ``log_dir`` is read only when its logs start
+    with the runtime's header saying it fell back from ``log_dir`` (``fallback_from``). ``dirs`` lists each folder
+    read, and each refused with why."""
+    pids = [int(p) for p in payload.get("pids") or ()]
+    have = payload.get("have") or {}
+    owners = _log_owners(pids)
+    budget = int(payload.get("budget") or LOG_BATCH)
+    log_dir = os.path.normpath(payload["log_dir"])
+    candidates = [(log_dir, "configured")]
+    candidates += [(d, "open") for d in _dirs_in_use(pids)]
+    candidates += [(d, "fallback") for d in _fallback_dirs(owners, _temp_dirs(pids))]
+    dirs, files, names, seen, more = [], [], {}, set(), False
+    for path, kind in candidates:
+        if path in seen:
+            continue
+        seen.add(path)
+        try:
+            dfd, _st = _open_log_dir(path, owners)
+        except _Refused as exc:
+            dirs.append({"path": path, "kind": kind, "refused": str(exc)})
+            continue
+        try:
+            listed = sorted(n for n in os.listdir(dfd) if LOG_NAME.match(n))
+            if kind != "configured" and not _fell_back_from(dfd, listed, log_dir, owners):
+                continue  # a runtime's private folder for another log dir (another install's, or not asked for)
+            dirs.append({"path": path, "kind": kind})
+            names[path] = []
+            for name, f, st in _log_files(dfd, listed, owners):
+                names[path].append(name)
+                size = st.st_size
+                off = int(have.get(path + "/" + name, 0))
+                if off > size:
+                    off = 0  # the file was replaced: fetch it whole
+                if off == size:
+                    continue
+                if budget <= 0:
+                    more = True
+                    continue
+                f.seek(off)
+                data = f.read(min(size - off, budget))
+                # Only whole lines: a record being written now is fetched next time.
+                cut = data.rfind(b"\n") + 1
+                if len(data) < size - off:
+                    more = True  # the budget ended inside this file
+                if cut == 0:
+                    continue
+                budget -= cut
+                files.append({"dir": path, "name": name, "offset": off, "data": b64(data[:cut])})
+        finally:
+            os.close(dfd)
+    if not names:
+        why = "; ".join("%s: %s" % (d["path"], d["refused"]) for d in dirs if d.get("refused"))
+        return {"error": "no timing logs eaglepatch may read (%s): apply first (or give --log-dir), then put load "
+                         "on the server" % why, "dirs": dirs}
+    return {"dirs": dirs, "files": files, "names": names, "more": more}

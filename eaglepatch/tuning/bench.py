@@ -1,0 +1,215 @@
+"""``bench`` on one target: a seeded load (``eaglepatch.tuning.load``) on the running server through a forwarded port
+(``Host.open_tunnel``; a local target is loaded directly), then the timing records of the server's processes whose
+``t`` lies in the load's window (measured on the host's clock), aggregated as ``report`` does, with the prediction
+of the other step counts (``report --predict``). The patch's runtime writes its records in batches (every 2 s at
+the latest), so bench waits ``log_wait`` seconds after the load before it fetches them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import time
+from typing import Any, Callable, Sequence
+
+from eaglepatch.errors import ConnectionFailed, Unsupported, UsageError
+from eaglepatch.hosts.base import Host
+from eaglepatch.hosts.spec import TargetSpec
+from eaglepatch.tuning.load import SHORT_LOAD_S, LoadSpec, run_load, short_load_note
+from eaglepatch.ops.lifecycle import launch_of
+from eaglepatch.ops.logs import fetch_logs_from, logs_of
+from eaglepatch.ops.target import Connect, Target, target_facts
+from eaglepatch.transform.recipe import builtin_recipe
+
+Say = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchOptions:
+    """The load, and how long to wait after it for the server's timing records (``--log-wait``)."""
+
+    load: LoadSpec = LoadSpec()
+    log_wait: float = 4.5
+    request_timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.log_wait < 0:
+            raise UsageError("--log-wait cannot be negative")
+
+
+def no_server(name: str) -> Unsupported:
+    return Unsupported(f"{name}: no sglang server is running (for this sglang install): start it "
+                       "(python -m sglang.launch_server ...), then run this again")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# bench
+
+
+def patched_log_dir(facts: Any) -> str | None:
+    """The timing log folder when the target is patched (its manifest says where), else None."""
+    if not facts.manifest or facts.runtime_sha256 is None:
+        return None
+    return ((facts.manifest.get("runtime") or {}).get("log_dir")) or "/tmp/eaglepatch"
+
+
+def clock_offset(host: Host, python: str, samples: int = 3) -> tuple[float, float]:
+    """(the host's wall clock minus ours, its uncertainty), in seconds; (0, 0) on this machine.
+
+    The host's clock is read in the middle of our round trip (``date``, else the interpreter); of a few tries the
+    one with the shortest round trip counts, and half of that round trip is the uncertainty."""
+    if host.is_local:
+        return 0.0, 0.0
+    best: tuple[float, float] | None = None
+    for argv in (["date", "+%s.%N"], [python, "-c", "import time; print(repr(time.time()))"]):
+        for _ in range(samples):
+            before = time.time()
+            res = host.run(argv, timeout=60)
+            after = time.time()
+            try:
+                remote = float(res.stdout.decode().strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                break  # no GNU date there: try the interpreter
+            rtt = after - before
+            if best is None or rtt / 2 < best[1]:
+                best = (remote - (before + after) / 2, rtt / 2)
+        if best is not None:
+            return best
+    return 0.0, 0.0
+
+
+def server_url(host: Host, addr: str, port: int) -> str:
+    where = addr if host.is_local else "127.0.0.1"
+    if ":" in where:
+        where = f"[{where}]"
+    return f"http://{where}:{port}"
+
+
+def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | None, opts: BenchOptions,
+             say: Say) -> dict[str, Any]:
+    """Load ``server`` (a ServerProcess) on ``host`` and collect the timing records of the load's window."""
+    offset, unc = clock_offset(host, python)
+    probe = getattr(host, "probe_tunnel", None)
+    why = probe(server.probe_host, server.port) if probe is not None else None
+    if why:
+        raise Unsupported(f"{name}: {why}: is the server (pid {server.pid}) up and listening on :{server.port}?")
+    try:
+        port = host.open_tunnel(server.probe_host, server.port)  # type: ignore[attr-defined]
+    except OSError as exc:
+        raise ConnectionFailed(f"{name}: cannot forward a local port to :{server.port}: {exc}") from None
+    try:
+        # the pause after the warm-up keeps its cycles out of the window, widened by the clock's uncertainty
+        lr = run_load(server_url(host, server.probe_host, port), opts.load, api_key=server.api_key, progress=say,
+                      timeout=opts.request_timeout, pause=2 * unc + 0.05 if opts.load.warmup else 0.0)
+    finally:
+        host.close_tunnel(port)  # type: ignore[attr-defined]
+    window = (lr.start + offset - unc, lr.end + offset + unc)
+    notes: list[str] = []
+    timings = None
+    if log_dir is None:
+        notes.append("the target is not patched: no per-phase timings (eaglepatch apply TARGET first)")
+    else:
+        timings = collect_timings(host, name, python, log_dir, {server.pid, *server.children}, window,
+                                  opts.log_wait, say, notes, argv=server.argv)
+    if lr.seconds < SHORT_LOAD_S:
+        notes.append(short_load_note(lr.seconds))
+    if not lr.streamed:
+        notes.append("the server did not stream: time to first token is unknown (null)")
+    if lr.failed:
+        notes.append(f"{lr.failed} of {len(lr.results)} requests failed: {'; '.join(lr.errors())}")
+    return {
+        "target": name,
+        "server": {"pid": server.pid, "argv": list(server.argv)},
+        "load": opts.load.to_json(),
+        "window": {"start": round(window[0], 4), "end": round(window[1], 4), "seconds": round(lr.seconds, 4),
+                   "clock_offset_s": round(offset, 4), "clock_uncertainty_s": round(unc, 4)},
+        "client": lr.to_json(),
+        "timings": timings,
+        "notes": notes,
+    }
+
+
+def collect_timings(host: Host, name: str, python: str, log_dir: str, pids: set[int],
+                    window: tuple[float, float], wait: float, say: Say, notes: list[str],
+                    argv: Sequence[str] = ()) -> dict[str, Any] | None:
+    """The ``report --predict --json`` object of the records of ``pids`` whose ``t`` lies in ``window`` (the server's
+    command line ``argv`` gives the step count where the records' run header does not); None (and a note) when
+    there are none."""
+    from eaglepatch import report as rep
+    from eaglepatch.server.argv import parse_flags, server_args_of
+    from eaglepatch.report.predict import predict
+
+    if wait > 0:
+        say(f"waiting {wait:g} s for the server to write its timing records")
+        time.sleep(wait)
+    try:
+        folder = fetch_logs_from(host, name, python, log_dir, lambda _m: None, pids=pids)
+    except UsageError as exc:
+        notes.append(f"no timing logs: {exc}")
+        return None
+    # every host folder the logs came from has a subfolder of the cache (the runtime's private one too)
+    files = logs_of(sorted(glob.glob(os.path.join(folder, "**", "*.jsonl"), recursive=True)), pids)
+    if not files:
+        notes.append(f"no timing log of the server's processes in {log_dir}: is the running server the patched "
+                     "one (restarted after apply)?")
+        return None
+    res = rep.aggregate(files, t_min=window[0], t_max=window[1], sources=[f"{name}:{log_dir}"])
+    if res.records == 0:
+        notes.append("no timing records inside the load's window (the server timed no cycle then)")
+        return None
+    doc = res.to_json()
+    flags = parse_flags(server_args_of(argv)) if argv else None
+    for gd, pred in zip(doc["groups"], predict(res, flags=flags)):
+        if pred is not None:
+            gd.update(pred.to_json())
+    return doc
+
+
+def bench(spec: TargetSpec, c: Connect, opts: BenchOptions, say: Say) -> dict[str, Any]:
+    with Target(spec, c) as t:
+        facts = target_facts(t, builtin_recipe())
+        server = launch_of(facts, c.facts.server_ports)
+        if server is None:
+            raise no_server(t.spec.name)
+        return bench_on(t.host, t.spec.name, facts.python, server, patched_log_dir(facts), opts, say)
+
+
+def _ms(d: dict[str, Any] | None, key: str = "p50") -> str:
+    return "-" if not d or d.get(key) is None else f"{d[key]:.1f}"
+
+
+def render_bench(doc: dict[str, Any]) -> str:
+    from eaglepatch import report as rep
+
+    cl = doc["client"]
+    load = doc["load"]
+    out = [
+        f"{doc['target']}: {cl['requests']} requests ({load['concurrency']} at a time, {load['input_len']} tokens in, "
+        f"{load['max_new_tokens']} out) in {cl['seconds']:.2f} s; {cl['failed']} failed",
+        f"  output tokens/s: {cl['tokens_per_s'] if cl['tokens_per_s'] is not None else '-'}",
+        f"  TTFT ms:    p50 {_ms(cl['ttft_ms'])}  p90 {_ms(cl['ttft_ms'], 'p90')}  max {_ms(cl['ttft_ms'], 'max')}",
+        f"  latency ms: p50 {_ms(cl['latency_ms'])}  p90 {_ms(cl['latency_ms'], 'p90')}  "
+        f"max {_ms(cl['latency_ms'], 'max')}",
+        f"  accept length (server): {cl['accept_len'] if cl['accept_len'] is not None else '-'}",
+    ]
+    sa = cl.get("server_acceptance")
+    if sa:
+        shares = "  ".join(f"{i + 1}: {x:.2f}" for i, x in enumerate(sa["at_least"]))
+        out.append(f"  acceptance (server's histogram, {sa['samples']} request-cycles): at least {shares}")
+    t = doc.get("timings")
+    if t:
+        out.append(f"\ntiming log of the same window ({t['records']} cycles):")
+        out.append(rep.render_table(rep.ReportResult.from_json(t)))
+        for g in t.get("groups") or []:
+            pts, best = g.get("predict") or [], g.get("predict_best")
+            here = next((p for p in pts if p["basis"] == "measured" and p["steps"]), None)
+            if best is not None and here is not None:
+                b = pts[best]
+                what = "no speculation" if b["steps"] == 0 else f"{b['steps']} steps"
+                out.append(f"predicted best: {what}, {b['tokens_per_s']:.1f} tok/s ({b['basis']}) against "
+                           f"{here['tokens_per_s']:.1f} at the {here['steps']} steps measured (report --predict "
+                           "for every step count)")
+    for n in doc.get("notes") or []:
+        out.append(f"note: {n}")
+    return "\n".join(out)
