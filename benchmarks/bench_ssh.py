@@ -2,7 +2,7 @@
 """`eaglepatch apply/revert --no-restart` over loopback SSH against one bare `ssh host true`.
 
 Starts its own OpenSSH server on 127.0.0.1 (``/usr/sbin/sshd``, a free port, fresh ed25519 host and client keys
-in a temporary folder, the same set-up as tests/e2e/conftest.py, whose helpers it imports), a client HOME whose
+in a temporary folder, the same set-up as the end-to-end tests: tests/e2e/sshd_server.py, whose helpers it imports), a client HOME whose
 ``~/.ssh/known_hosts`` knows the server's key, and a fake host tree (``<tmp>/host/lib/python3.11/site-packages``)
 holding a real sglang release (default 0.5.16, all its files, from the release cache). Then, after one untimed
 warm-up round, ``--runs`` interleaved rounds of five whole commands, each a subprocess timed by its wall clock:
@@ -53,12 +53,13 @@ _BIN = Path(sys.executable).with_name("eaglepatch")
 EAGLEPATCH = [str(_BIN)] if _BIN.is_file() else [sys.executable, "-m", "eaglepatch"]
 
 
-def e2e_conftest():
-    """tests/e2e/conftest.py as a module (SSHServer, _keygen, _free_port, _wait_for_banner, _stop, env_for)."""
-    name = "_eaglepatch_bench_e2e_conftest"
+def sshd_helpers():
+    """tests/e2e/sshd_server.py as a module (SSHServer, keygen, free_port, wait_for_banner, stop_sshd, env_for):
+    the end-to-end tests' own sshd, outside pytest."""
+    name = "_eaglepatch_bench_sshd_server"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "e2e" / "conftest.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "e2e" / "sshd_server.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod  # dataclasses looks its module up while the class is made
     spec.loader.exec_module(mod)
@@ -66,17 +67,17 @@ def e2e_conftest():
 
 
 class Loopback:
-    """A real sshd on 127.0.0.1 with its own keys (conftest.py's recipe, outside pytest); ``with`` stops it."""
+    """A real sshd on 127.0.0.1 with its own keys (the end-to-end tests' recipe, outside pytest); ``with`` stops it."""
 
     def __init__(self, root: Path):
-        c = e2e_conftest()
+        c = sshd_helpers()
         self.c = c
         if not os.access(c.SSHD, os.X_OK):
             raise SystemExit(f"{c.SSHD} not found: install openssh-server (make sshd)")
         root.mkdir(parents=True, exist_ok=True)
         os.chmod(root, 0o755)
-        host_pub = c._keygen(root / "ssh_host_ed25519_key", "eaglepatch-bench-host")
-        client_pub = c._keygen(root / "client_key", "eaglepatch-bench-client")
+        host_pub = c.keygen(root / "ssh_host_ed25519_key", "eaglepatch-bench-host")
+        client_pub = c.keygen(root / "client_key", "eaglepatch-bench-client")
         (root / "authorized_keys").write_text(client_pub + "\n")
         os.chmod(root / "authorized_keys", 0o600)
         user = pwd.getpwuid(os.geteuid()).pw_name
@@ -85,7 +86,7 @@ class Loopback:
         log = root / "sshd.log"
         self.proc = None
         for _attempt in range(5):
-            port = c._free_port()
+            port = c.free_port()
             cfg = root / "sshd_config"
             cfg.write_text(
                 f"ListenAddress 127.0.0.1\nPort {port}\nHostKey {root / 'ssh_host_ed25519_key'}\n"
@@ -97,10 +98,10 @@ class Loopback:
             with open(log, "ab") as logf:
                 proc = subprocess.Popen([c.SSHD, "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL,
                                         stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-            if c._wait_for_banner(proc, port, time.monotonic() + 15):
+            if c.wait_for_banner(proc, port, time.monotonic() + 15):
                 self.proc = proc
                 break
-            c._stop(proc)
+            c.stop_sshd(proc)
             if "Address already in use" not in log.read_text(errors="replace"):
                 break
         if self.proc is None:
@@ -125,7 +126,7 @@ class Loopback:
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None:
-            self.c._stop(self.proc)
+            self.c.stop_sshd(self.proc)
             self.proc = None
 
 

@@ -205,7 +205,7 @@ def section_ssh(run: dict, summary: list) -> str:
     out = ["## 2. `apply` / `revert --no-restart` over loopback SSH vs one bare `ssh host true`", ""]
     out.append(
         "How to read: the benchmark starts its own OpenSSH server on 127.0.0.1 (fresh host and client keys, the "
-        "set-up of tests/e2e/conftest.py) and a fake host tree holding the real sglang release named below (all "
+        "set-up of the end-to-end tests, tests/e2e/sshd_server.py) and a fake host tree holding the real sglang release named below (all "
         "of its files; `--sglang-path` points at it, so discovery is skipped). Every figure is the wall time of "
         "a whole command run as a subprocess, from process start to exit, the median of the stated number of "
         "rounds; the rounds interleave the five commands (bare ssh, apply and revert over SSH, apply and revert "
