@@ -2,7 +2,7 @@
 the one way every call on a host goes (facts, lock, execute, logs, the /proc scan, stop, start, relaunch, the
 readiness probes, the log tail).
 
-The first call for an interpreter starts it (``python -c AGENT``, one SSH channel and one login shell for the whole
+The first call for an interpreter starts it (``python -S -c AGENT``, one SSH channel and one login shell for the whole
 connection) and sends it the program (``hosts.bundle.program()``: the package ``eaglepatch.hostside``) once; each
 later call is one request on the same process: length-prefixed JSON frames on its stdin and stdout, bounded as
 ``hosts.base`` says. A request cut short on the client (Ctrl-C, a lost client) is never read again nor killed: it
@@ -128,7 +128,7 @@ def _frame(data: bytes) -> bytes:
 
 
 class PythonAgent:
-    """``program`` running in one ``python`` process on ``host`` (``python -c AGENT``), answering ``call``s.
+    """``program`` running in one ``python`` process on ``host`` (``python -S -c AGENT``), answering ``call``s.
 
     Failures are ``RemoteScriptError``, with the exit status of a process that died (127 when the interpreter does
     not exist), 124 after a timeout (the process is killed: a hung request never leaves a hung helper), 1 with the
@@ -167,7 +167,10 @@ class PythonAgent:
         out = b""
         if self.proc is None:
             try:
-                self.proc = self.host.spawn([self.python, "-c", AGENT])
+                # -S: the program needs the standard library alone, and the site module's work (every .pth file
+                # of the interpreter's site-packages, a sitecustomize) is all it would add to each start: 12 ms of
+                # this project's own venv, more in a server's (docs/design.md)
+                self.proc = self.host.spawn([self.python, "-S", "-c", AGENT])
             except FileNotFoundError as exc:
                 self.dead = True
                 raise RemoteScriptError(self.python, CommandResult(127, b"", str(exc).encode())) from None

@@ -73,7 +73,7 @@ def lie_logs(answer):
 
 def main():
     args = sys.argv[1:]
-    if not (len(args) == 2 and args[0] == "-c" and args[1].startswith(AGENT_HEAD)):
+    if not (len(args) >= 2 and args[-2] == "-c" and args[-1].startswith(AGENT_HEAD)):  # python [-S] -c AGENT
         os.execv(REAL, [REAL] + args)
     import subprocess
 
