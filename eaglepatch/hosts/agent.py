@@ -16,7 +16,7 @@ import json
 import threading
 import time
 import zlib
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 from eaglepatch import progress
 from eaglepatch.errors import EaglepatchError, HelperFailed, Unsupported
@@ -77,6 +77,8 @@ def inflate(data: bytes, limit: int = MAX_ANSWER) -> bytes:
 # JSON request per frame) and answers each request with one length-prefixed JSON frame on what was its stdout.
 # A frame is "<length>\n<bytes>", or "z<length>\n<zlib bytes>" when it is worth compressing (the worker files
 # travel base64-encoded inside JSON: a third of the bytes on the wire, which paramiko moves at some 8 MB/s).
+# An op whose answer holds bytes (the timing logs) gives them as "__blobs__", a list: the JSON frame then says how
+# many ("blobs": n) and n raw frames follow it, each compressed as a frame is (no base64, no JSON around them).
 # stdin and stdout are moved out of the way first, so that the program and any child it starts read /dev/null
 # and print on stderr, never into the frames. Python 3.8+, standard library only.
 _AGENT_SOURCE = r"""
@@ -89,10 +91,14 @@ def r():
     if not l:return None
     z=l[:1]==b'z';d=i.read(int(l[1:] if z else l))
     return zlib.decompress(d) if z else d
-def w(d):
-    d=json.dumps(d).encode();z=len(d)>4096
+def f(d):
+    z=len(d)>4096
     if z:d=zlib.compress(d,1)
-    o.write((b'z%d\n' if z else b'%d\n')%len(d)+d);o.flush()
+    o.write((b'z%d\n' if z else b'%d\n')%len(d));o.write(d)
+def w(d,b=()):
+    f(json.dumps(d).encode())
+    for x in b:f(x)
+    o.flush()
 g={'__name__':'__main__'}
 exec(compile(r(),'<eaglepatch-remote>','exec'),g)
 w({'pid':os.getpid(),'exe':sys.executable,'real':os.path.realpath(sys.executable)})
@@ -103,7 +109,8 @@ while 1:
     try:
         if '__realpath__' in d:
             w({'result':os.path.realpath(d['__realpath__'])});continue
-        w({'result':g['main'](d)})
+        x=g['main'](d);b=x.pop('__blobs__',()) if type(x) is dict else ()
+        w({'result':x,'blobs':len(b)},b) if b else w({'result':x})
     except SystemExit as e:
         c=e.code;sys.stderr.write('' if c is None or isinstance(c,int) else str(c)+'\n');sys.stderr.flush()
         w({'exit':c if isinstance(c,int) else (0 if c is None else 1)});break
@@ -116,6 +123,9 @@ while 1:
 AGENT = 'import base64,zlib;exec(zlib.decompress(base64.b64decode("%s")))' % base64.b64encode(
     zlib.compress(_AGENT_SOURCE.encode(), 9)).decode("ascii")
 
+
+# An answer's attachments (``"blobs"``): at most this many frames, and MAX_ANSWER inflated in all.
+MAX_BLOBS = 1024
 
 _COMPRESS_OVER = 4096
 
@@ -161,9 +171,46 @@ class PythonAgent:
                 raise
 
     def _call(self, payload: Any, timeout: float | None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._send(payload, deadline)
+        return self._attachments(self._receive(deadline), deadline)
+
+    def call_each(self, payload: Any, follow: Callable[[Any], Any], on_result: Callable[[Any], None],
+                  timeout: float | None = None) -> None:
+        """Requests in a row, each sent before the answer to the one before is read whole: ``payload`` first, then
+        ``follow(result)`` of each answer (its JSON, before its attachments are read) until that is None; every
+        result, attachments included, goes to ``on_result``. So the host works on the next request while this side
+        reads and handles the answer to the last one (the timing logs' batches). Read-only requests only: when this
+        side fails while a request is on its way (``on_result`` raised, Ctrl-C), the process is let go as ``call``
+        lets it go, its answer never read. ``timeout`` is per request."""
+        with self._lock:
+            pending = False  # a request was sent whose answer is not read whole yet
+            try:
+                self._send(payload, None if timeout is None else time.monotonic() + timeout)
+                pending = True
+                while True:
+                    deadline = None if timeout is None else time.monotonic() + timeout
+                    answer = self._receive(deadline)
+                    nxt = follow(answer["result"])
+                    if nxt is not None:
+                        self._send(nxt, deadline)
+                    result = self._attachments(answer, deadline)
+                    pending = nxt is not None
+                    on_result(result)
+                    if nxt is None:
+                        return
+            except RemoteScriptError:
+                raise  # answered (an error of the program), or the process is already gone
+            except BaseException:
+                if pending and not self.dead:
+                    progress.cut_short(self.host.name)
+                    self.close(abandon=True)
+                raise
+
+    def _send(self, payload: Any, deadline: float | None) -> None:
+        """Start the process (and send the program) on the first request; send ``payload``."""
         if self.dead:
             raise RuntimeError("this agent's process has ended")
-        deadline = None if timeout is None else time.monotonic() + timeout
         out = b""
         if self.proc is None:
             try:
@@ -177,14 +224,20 @@ class PythonAgent:
             program = self.program() if callable(self.program) else self.program
             out = _frame(program.encode("utf-8"))
         out += _frame(json.dumps(payload).encode())
+        assert self.proc is not None
         if not self.proc.send(out, deadline) and deadline is not None and time.monotonic() >= deadline:
             self._fail_timeout()
+
+    def _receive(self, deadline: float | None) -> dict[str, Any]:
+        """The next answer's JSON frame (``{"result": ..., "blobs": n}``); raises what the program raised, or what
+        ended the process."""
+        assert self.proc is not None
         if self.info is None:
             self._skip_to_marker(deadline)
             self.info = self._read_frame(deadline)
         answer = self._read_frame(deadline)
         if "result" in answer:
-            return answer["result"]
+            return answer
         if "error" in answer:
             raise self._error(CommandResult(1, b"", str(answer["error"]).encode()))
         # SystemExit: the process ends, as a one-shot run would have
@@ -192,6 +245,24 @@ class PythonAgent:
         self.dead = True
         self.proc.close()
         raise self._error(CommandResult(int(answer.get("exit", rc) or 0), b"", err))
+
+    def _attachments(self, answer: dict[str, Any], deadline: float | None) -> Any:
+        """The answer's result, with its attachments (``"blobs"``: raw frames after the JSON one) read into its
+        ``"__blobs__"``, within MAX_BLOBS frames and MAX_ANSWER inflated bytes in all."""
+        result = answer["result"]
+        n = answer.get("blobs", 0)
+        if n == 0:
+            return result
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= MAX_BLOBS or not isinstance(result, dict):
+            self._fail_protocol()
+        blobs: list[bytes] = []
+        left = MAX_ANSWER
+        for _ in range(n):
+            data = self._read_data(deadline, left)
+            left -= len(data)
+            blobs.append(data)
+        result["__blobs__"] = blobs
+        return result
 
     def _error(self, result: CommandResult) -> RemoteScriptError:
         return RemoteScriptError(self.python, result, started=self._started)
@@ -218,6 +289,19 @@ class PythonAgent:
             self._buf.extend(chunk)
 
     def _read_frame(self, deadline: float | None) -> dict[str, Any]:
+        """The next frame, a JSON object."""
+        data = self._read_data(deadline, MAX_ANSWER)
+        try:
+            doc = json.loads(data.decode("utf-8", "replace"))
+        except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+            self._fail_protocol()
+        if not isinstance(doc, dict):
+            self._fail_protocol()
+        return doc
+
+    def _read_data(self, deadline: float | None, limit: int) -> bytes:
+        """The next frame's bytes, inflated; past a bound (its header, MAX_FRAME on the wire, ``limit`` inflated)
+        the process is killed and the answer refused."""
         assert self.proc is not None
         while True:
             nl = self._buf.find(b"\n", 0, MAX_HEADER)
@@ -233,23 +317,19 @@ class PythonAgent:
                     # refused before its bytes are read: the length alone is the host's word
                     self._refuse(f"a frame of {size} bytes (at most {mib(MAX_FRAME)})")
                 if len(self._buf) >= nl + 1 + size:
-                    data = bytes(self._buf[nl + 1 : nl + 1 + size])
+                    with memoryview(self._buf) as view:  # one copy of the frame, not two
+                        data = bytes(view[nl + 1 : nl + 1 + size])
                     del self._buf[: nl + 1 + size]
                     try:
                         if packed:
-                            data = inflate(data)
-                        elif size > MAX_ANSWER:
-                            raise ValueError(f"an answer of {size} bytes (at most {mib(MAX_ANSWER)})")
-                        doc = json.loads(data.decode("utf-8", "replace"))
-                    except ValueError as exc:  # JSONDecodeError is one
-                        if isinstance(exc, json.JSONDecodeError):
-                            self._fail_protocol()
+                            return inflate(data, limit)
+                        if size > limit:
+                            raise ValueError(f"an answer of {size} bytes (at most {mib(limit)})")
+                        return data
+                    except ValueError as exc:
                         self._refuse(str(exc))
-                    except (zlib.error, RecursionError):
+                    except zlib.error:
                         self._fail_protocol()
-                    if not isinstance(doc, dict):
-                        self._fail_protocol()
-                    return doc
             chunk = self.proc.read(deadline)
             if chunk is None:
                 self._fail_timeout()
@@ -335,6 +415,11 @@ class Agents:
         """``program``'s ``main(payload)`` on the agent for ``python``; raises ``RemoteScriptError``."""
         return self.agent(python, program).call(payload, timeout)
 
+    def call_each(self, python: str, program: Program, payload: Any, follow: Callable[[Any], Any],
+                  on_result: Callable[[Any], None], timeout: float | None = None) -> None:
+        """``PythonAgent.call_each`` on the agent for ``python``; raises ``RemoteScriptError``."""
+        self.agent(python, program).call_each(payload, follow, on_result, timeout)
+
     def close(self) -> None:
         with self._lock:
             agents, self._agents = self._agents, []
@@ -357,6 +442,22 @@ def call(host: Host, python: str, op: str, /, *, timeout: float | None = 120, **
     except RemoteScriptError as exc:
         if payload.get("fault"):
             failpoint(payload["fault"])  # the host's helper died at the armed failpoint: so does the client
+        raise call_error(host.name, python, exc) from None
+
+
+def call_each(host: Host, python: str, op: str, /, *, follow: Callable[[Any], dict[str, Any] | None],
+              on_result: Callable[[Any], None], timeout: float | None = 120, **payload: Any) -> None:
+    """``call`` of ``op`` with ``payload``, then of ``op`` with each ``follow(result)`` until that is None, every
+    result to ``on_result``: pipelined (``PythonAgent.call_each``), for read-only ops that answer in rounds (the
+    timing logs). Errors as ``call``'s."""
+
+    def next_payload(result: Any) -> dict[str, Any] | None:
+        nxt = follow(result)
+        return None if nxt is None else dict(nxt, op=op)
+
+    try:
+        host.agents.call_each(python, bundle.program, dict(payload, op=op), next_payload, on_result, timeout)
+    except RemoteScriptError as exc:
         raise call_error(host.name, python, exc) from None
 
 

@@ -97,7 +97,7 @@ class Host(Protocol):
 
 # What a host's helper may send, at most (everything a host sends is data from a stranger: docs/safety.md, "Trust
 # boundaries"). The largest real answers are the facts of an install (every worker file, base64: a few MB) and a
-# batch of timing logs (``hostside/logs.py``'s LOG_BATCH, 4 MB before base64); these leave room for both.
+# batch of timing logs (``hostside/logs.py``'s LOG_BATCH, 8 MB, raw frames after its answer); these leave room for both.
 MAX_PREAMBLE = 1 << 20  # what a login shell prints before the marker
 MAX_FRAME = 64 << 20  # one frame of the agent protocol on the wire, compressed or not
 MAX_ANSWER = 64 << 20  # one answer, decompressed
@@ -127,6 +127,12 @@ class AgentPool(Protocol):
 
     def call(self, python: str, program: Program, payload: Any, timeout: float | None = None) -> Any:
         """``program``'s ``main(payload)``, run by ``python`` on the host; raises ``hosts.agent.RemoteScriptError``."""
+        ...
+
+    def call_each(self, python: str, program: Program, payload: Any, follow: Callable[[Any], Any],
+                  on_result: Callable[[Any], None], timeout: float | None = None) -> None:
+        """``call`` of ``payload``, then of each ``follow(result)`` until that is None, every result to
+        ``on_result``; each request sent before the answer to the one before is read whole (read-only ops)."""
         ...
 
     def close(self) -> None:

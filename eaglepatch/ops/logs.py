@@ -9,13 +9,14 @@ import hashlib
 import os
 import pathlib
 import re
+import secrets
 from typing import Any, Callable, Collection, Sequence
 
 from eaglepatch.errors import BadAnswer, Unsupported, UsageError
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.spec import TargetSpec
 from eaglepatch.ops.facts import AmbiguousInstall
-from eaglepatch.hosts.agent import call
+from eaglepatch.hosts.agent import call_each
 from eaglepatch.ops.target import Connect, Target, target_facts
 from eaglepatch.redact import shown
 from eaglepatch.transform.recipe import builtin_recipe
@@ -97,21 +98,31 @@ def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say,
     ``log_dir`` and from wherever the runtime of ``pids`` (the servers' processes) really writes (its private
     fallback folder); each host folder has a subfolder of its own here.
 
-    Everything in the answer is the host's word (docs/safety.md): a file name is a plain basename of the log
-    pattern, an offset is 0 or the size of the copy here, the data is base64 of whole lines; anything else raises
-    ``BadAnswer`` before a byte is written. Raises ``UsageError`` when the host has no log it may read."""
+    The batches come pipelined (``hosts.agent.call_each``): the next is asked for, from where the host's last
+    answer ended (``continue``), as soon as an answer's JSON is read, so the host reads and compresses it while this
+    side writes the one before; each batch's bytes are raw frames after its JSON (no base64). Everything in an
+    answer is the host's word (docs/safety.md): a file name is a plain basename of the log pattern, an offset is 0 or
+    the size of the copy here, the bytes are the attachment of their entry, as many as it says; anything else raises
+    ``BadAnswer`` before a byte of that answer is written. Raises ``UsageError`` when the host has no log it may
+    read."""
     safe = "".join(ch if ch.isalnum() or ch in "-_.@" else "_" for ch in name)
     dest = _cache_root() / safe / hashlib.sha256(log_dir.encode("utf-8", "surrogateescape")).hexdigest()[:16]
     dest.mkdir(parents=True, exist_ok=True, mode=0o700)
     for old in dest.glob("*.jsonl"):  # the flat layout of earlier versions: fetched again into subfolders
         old.unlink(missing_ok=True)
     said: set[str] = set()
-    fetched = files_with_data = 0
-    listed: dict[str, list[str]] = {}
-    for _round in range(_MAX_ROUNDS):
-        known = _cached(dest)
-        have = {f"{d}/{n}": size for d, (_sub, sizes) in known.items() for n, size in sizes.items()}
-        res = call(host, python, "logs", log_dir=log_dir, have=have, pids=sorted(pids))
+    known = _cached(dest)
+    have = {f"{d}/{n}": size for d, (_sub, sizes) in known.items() for n, size in sizes.items()}
+    state = {"fetched": 0, "files": 0, "rounds": 0, "listed": {}}
+
+    def follow(res: Any) -> dict[str, Any] | None:
+        # decided on the answer's JSON alone, before its bytes are read: the host gets to work on the next batch
+        state["rounds"] += 1
+        if not isinstance(res, dict) or not res.get("more") or not res.get("files") or state["rounds"] >= _MAX_ROUNDS:
+            return None
+        return {"continue": fetch_id}
+
+    def handle(res: Any) -> None:
         if not isinstance(res, dict):
             raise _refuse(name, "not an object")
         accepted = _check_dirs(name, res.get("dirs"))
@@ -121,21 +132,28 @@ def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say,
             if d.get("refused") and d["path"] not in said and d["kind"] in ("configured", "open"):
                 said.add(d["path"])
                 say(f"note: {name}: not reading {shown(d['path'])}: {shown(d['refused'])}")
-        listed = _check_names(name, res.get("names"), accepted)
-        writes = _check_files(name, res.get("files"), accepted, known)
+        listed = state["listed"] = _check_names(name, res.get("names"), accepted)
+        writes = _check_files(name, res.get("files"), res.get("__blobs__"), accepted, known)
         for host_dir in listed:
             sub = _cache_folder(dest, host_dir)
-            sub.mkdir(exist_ok=True, mode=0o700)
-            (sub / _DIR_FILE).write_text(host_dir, encoding="utf-8", errors="surrogateescape")
+            if host_dir not in known:
+                sub.mkdir(exist_ok=True, mode=0o700)
+                (sub / _DIR_FILE).write_text(host_dir, encoding="utf-8", errors="surrogateescape")
+                known[host_dir] = (sub, {})
             if host_dir != os.path.normpath(log_dir) and host_dir not in said and listed[host_dir]:
                 said.add(host_dir)
                 say(f"{name}: reading the timing logs in {shown(host_dir)} too (where the runtime writes them)")
         for host_dir, file_name, offset, data in writes:
             _write_log(_cache_folder(dest, host_dir) / file_name, offset, data)
-            fetched += len(data)
-            files_with_data += 1
-        if not res.get("more") or not writes:
-            break
+            sizes = known[host_dir][1]
+            sizes[file_name] = offset + len(data)
+            state["fetched"] += len(data)
+            state["files"] += 1
+
+    fetch_id = secrets.token_hex(8)
+    call_each(host, python, "logs", follow=follow, on_result=handle, log_dir=log_dir, have=have,
+              pids=sorted(pids), fetch=fetch_id)
+    listed = state["listed"]
     # what is no longer on the host is never reported again
     for host_dir, (sub, sizes) in _cached(dest).items():
         keep = set(listed.get(host_dir, ()))
@@ -143,7 +161,7 @@ def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say,
             (sub / gone).unlink(missing_ok=True)
     n = sum(len(v) for v in listed.values())
     where = ", ".join(shown(d) for d in listed) or shown(log_dir)
-    say(f"{name}: {n} log file(s) in {where}, {fetched} new bytes from {files_with_data} of them -> {dest}")
+    say(f"{name}: {n} log file(s) in {where}, {state['fetched']} new bytes from {state['files']} of them -> {dest}")
     return str(dest)
 
 
@@ -190,16 +208,19 @@ def _check_names(name: str, names: Any, dirs: dict[str, dict[str, Any]]) -> dict
     return out
 
 
-def _check_files(name: str, files: Any, dirs: dict[str, dict[str, Any]],
+def _check_files(name: str, files: Any, blobs: Any, dirs: dict[str, dict[str, Any]],
                  known: dict[str, tuple[pathlib.Path, dict[str, int]]]) -> list[tuple[str, str, int, bytes]]:
-    """(host folder, name, offset, bytes) of each file in the answer, every one checked first."""
-    import base64
-    import binascii
-
+    """(host folder, name, offset, bytes) of each file in the answer, every one checked first: its folder one the
+    answer says it read, its name a plain log name, its offset 0 or the size of the copy here, its bytes the
+    attachment of the same place in the answer (``size`` of them)."""
     if not isinstance(files, list):
         raise _refuse(name, "no list of files")
+    blobs = [] if blobs is None else blobs
+    if not isinstance(blobs, list) or len(blobs) != len(files):
+        raise _refuse(name, f"{len(files)} file(s) with {len(blobs) if isinstance(blobs, list) else 'no'} "
+                            "attachment(s)")
     out = []
-    for f in files:
+    for f, data in zip(files, blobs):
         if not isinstance(f, dict) or f.get("dir") not in dirs or dirs[f["dir"]].get("refused"):
             raise _refuse(name, "bytes of a folder it did not read")
         file_name = _check_name(name, f.get("name"))
@@ -208,10 +229,8 @@ def _check_files(name: str, files: Any, dirs: dict[str, dict[str, Any]],
         if not isinstance(offset, int) or isinstance(offset, bool) or offset not in (0, here):
             raise _refuse(name, f"bytes of {file_name} at offset {shown(repr(offset)[:40])}, where the copy here "
                                 f"has {here} (only 0 or {here} are asked for)")
-        try:
-            data = base64.b64decode(f.get("data") or "", validate=True)
-        except (binascii.Error, TypeError, ValueError):
-            raise _refuse(name, f"bytes of {file_name} that are not base64") from None
+        if not isinstance(data, bytes) or f.get("size") != len(data):
+            raise _refuse(name, f"bytes of {file_name} that are not the {shown(repr(f.get('size'))[:40])} it says")
         out.append((f["dir"], file_name, offset, data))
     return out
 

@@ -2,9 +2,11 @@
 entry point of the report's core.
 
 ``aggregate`` streams every line of every file once (``eaglepatch.report.scan``, where the assumptions on the
-records are stated) and never holds the records: per group it keeps one compact ``array('d')`` per series (cycle,
-each phase, between, and the host-clock series of the ``events`` timer) so that percentiles are exact, plus a few
-running sums (``eaglepatch.report.groups``). Memory is about 8 bytes per value of each series.
+records are stated) and never holds the records: per group it keeps one compact ``array('f')`` per series (cycle,
+each phase, between, and the host-clock series of the ``events`` timer) so that percentiles are computed from every
+value, plus a few running sums (``eaglepatch.report.groups``). Memory is 4 bytes per value of each series: a 32-bit
+float holds 7 significant digits, finer than the runtime's 0.1 us below a second (docs/design.md, "How report
+parses the lines", says what that changes).
 
 Runs (docs/contract.md "The timing log"; never merged unless asked):
 

@@ -1,4 +1,4 @@
-"""A group's accumulator and its statistics: ``Acc`` holds one compact ``array('d')`` per series (cycle, each
+"""A group's accumulator and its statistics: ``Acc`` holds one compact ``array('f')`` per series (cycle, each
 phase, between, and the host-clock series of the ``events`` timer) and a few running sums while the scan fills
 it; ``finish_group`` turns it into a ``GroupStats`` (exact percentiles), ``merge_into`` joins two (``merge_runs``).
 """
@@ -48,12 +48,12 @@ class Acc:
         self.keyval = keyval
         self.run = run
         self.spec = spec
-        self.cyc = array("d")
+        self.cyc = array("f")
         self.cyc_app = self.cyc.append
-        self.ph: dict[str, Any] = {}  # phase name -> bound append of its array('d')
-        self.btw = array("d")
+        self.ph: dict[str, Any] = {}  # phase name -> bound append of its array('f')
+        self.btw = array("f")
         self.btw_app = self.btw.append
-        self.hcyc = array("d")
+        self.hcyc = array("f")
         self.hcyc_app = self.hcyc.append
         self.hph: dict[str, Any] = {}
         self.acc = 0
@@ -137,11 +137,11 @@ def _series_stats(values: array) -> Stats | None:
 def finish_group(g: Acc, key: tuple[tuple[str, Any], ...], run: str | None) -> GroupStats:
     cycle = _series_stats(g.cyc)
     assert cycle is not None
-    g.cyc = array("d")
+    g.cyc = array("f")
     g.cyc_app = None
     cyc_total = cycle.total
     host_cycle = _series_stats(g.hcyc)
-    g.hcyc = array("d")
+    g.hcyc = array("f")
     g.hcyc_app = None
     phases: list[PhaseStats] = []
     for name in phase_order(set(g.ph) | set(g.hph)):
@@ -161,7 +161,7 @@ def finish_group(g: Acc, key: tuple[tuple[str, Any], ...], run: str | None) -> G
 
     between: BetweenStats | None = None
     bst = _series_stats(g.btw)
-    g.btw = array("d")
+    g.btw = array("f")
     g.btw_app = None
     if bst is not None:
         between = BetweenStats(n=bst.n, mean=bst.mean, p50=bst.p50, p90=bst.p90, total=bst.total)
@@ -235,9 +235,9 @@ def merge_into(a: Acc, b: Acc) -> None:
             else:
                 have.__self__.extend(app.__self__)
         theirs.clear()
-    b.cyc = array("d")
-    b.btw = array("d")
-    b.hcyc = array("d")
+    b.cyc = array("f")
+    b.btw = array("f")
+    b.hcyc = array("f")
     a.acc += b.acc
     a.cyc_acc += b.cyc_acc
     a.btw_acc += b.btw_acc

@@ -45,7 +45,7 @@ def reject_constant(name: str) -> Any:
 
 
 def is_num(x: Any) -> bool:
-    """Whether ``x`` is a number ``array('d')`` takes: a float, an int that fits one, or a bool."""
+    """Whether ``x`` is a number the series' arrays take: a float, an int that fits one, or a bool."""
     if type(x) is float:
         return True
     if type(x) is int:
@@ -54,7 +54,7 @@ def is_num(x: Any) -> bool:
         except OverflowError:
             return False
         return True
-    if isinstance(x, (int, float)):  # bool and subclasses: array('d') takes them, so do we
+    if isinstance(x, (int, float)):  # bool and subclasses: the arrays take them, so do we
         return True
     return False
 
@@ -77,7 +77,7 @@ def append_phases_slow(pm: dict[str, Any], phases: Any) -> None:
     for name, ms in items:
         app = pm.get(name)
         if app is None:
-            app = pm[name] = array("d").append
+            app = pm[name] = array("f").append
         app(ms)
 
 

@@ -305,8 +305,8 @@ def test_a_log_folder_this_user_may_not_read_is_one_line(sshd, tmp_path, other_u
 
 
 def test_logs_larger_than_a_frame_come_in_batches(ssh, tmp_path):
-    """40 MB of timing logs, more than one answer may hold once base64'd (64 MiB a frame): the host sends them in
-    batches of 4 MB, each whole lines, and the client asks again until it has them all, its memory bounded;
+    """40 MB of timing logs: the host sends them in batches of 8 MB, each whole lines, the next asked for before
+    the last is written (pipelined), until the client has them all, its memory bounded;
     the next report fetches nothing new."""
     remote = tmp_path / "remote logs"
     remote.mkdir()

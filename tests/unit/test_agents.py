@@ -34,7 +34,17 @@ def main(p):
         return {"child": child.stdout.decode(), "big": "x" * p["n"]}
     if op == "exit":
         raise SystemExit(p["code"])
+    if op == "blobs":  # a batch of bytes, as the logs op answers: raw frames after the JSON
+        k = p.get("k", 0)
+        ROUNDS.append((k, time.monotonic()))
+        if p.get("slow"):
+            time.sleep(p["slow"])
+        return {"k": k, "more": k + 1 < p["n"], "__blobs__": [bytes([k]) * p["size"], b"", b"tail %d" % k]}
+    if op == "rounds":
+        return ROUNDS
     return p
+
+ROUNDS = []
 '''
 
 
@@ -292,3 +302,72 @@ def test_call_runs_the_host_side_package_and_says_what_a_failure_means(tmp_path)
             call(host, "/nonexistent/python3", "tail", log_path="x")
     finally:
         host.close()
+
+
+def test_attachments_travel_as_raw_frames_after_the_answer(host):
+    """An answer's ``__blobs__`` come back as bytes, byte for byte, big ones compressed, empty ones too; the rest
+    of the answer is its JSON."""
+    res = host.agents.call(PY, PROGRAM, {"op": "blobs", "n": 1, "size": 5 << 20}, timeout=30)
+    assert res["k"] == 0 and res["more"] is False
+    assert res["__blobs__"] == [bytes([0]) * (5 << 20), b"", b"tail 0"]
+
+
+def test_rounds_are_pipelined_the_next_asked_before_the_last_is_handled(host):
+    """call_each: each next request goes out once the answer's JSON is read, before its attachments are handled:
+    the host starts round k + 1 while this side still handles round k (its start comes before round k's handling
+    ends); every result comes in order, with its attachments; the agent serves the next call afterwards."""
+    import time
+
+    handled: list[tuple[int, float, float]] = []
+
+    def on_result(res):
+        t0 = time.monotonic()
+        assert res["__blobs__"][0] == bytes([res["k"]]) * 1000 and res["__blobs__"][2] == b"tail %d" % res["k"]
+        time.sleep(0.3)  # slow handling: the host's next round must not wait for it
+        handled.append((res["k"], t0, time.monotonic()))
+
+    def follow(res):
+        return {"op": "blobs", "k": res["k"] + 1, "n": 4, "size": 1000} if res["more"] else None
+
+    host.agents.call_each(PY, PROGRAM, {"op": "blobs", "k": 0, "n": 4, "size": 1000}, follow, on_result, 30)
+    assert [k for k, _, _ in handled] == [0, 1, 2, 3]
+    started = dict(host.agents.call(PY, PROGRAM, {"op": "rounds"}, timeout=30))
+    for k in (0, 1, 2):
+        assert started[k + 1] < handled[k][2], (k, started, handled)  # round k + 1 began while k was handled
+
+
+def test_a_failure_while_a_round_is_on_its_way_lets_the_process_go(host):
+    """on_result raises after the next request went out: its answer is never read (nor taken for another call's):
+    the process is let go, as a request cut short is, and the next call on the host starts a new one."""
+    from eaglepatch import progress
+
+    first = _pid(host)
+
+    def on_result(res):
+        raise RuntimeError("the cache folder is full")
+
+    def follow(res):
+        return {"op": "blobs", "k": 1, "n": 2, "size": 10}
+
+    try:
+        with pytest.raises(RuntimeError, match="full"):
+            host.agents.call_each(PY, PROGRAM, {"op": "blobs", "k": 0, "n": 2, "size": 10}, follow, on_result, 30)
+        assert progress.was_cut(host.name)
+        assert _pid(host) != first
+    finally:
+        progress.reset()
+
+
+def test_attachments_past_their_bound_are_refused(host, monkeypatch):
+    """The attachments of one answer are bounded in all (MAX_ANSWER inflated), like an answer: past it the
+    process is killed and the answer refused in one line."""
+    from eaglepatch.hosts import agent as agent_mod
+
+    monkeypatch.setattr(agent_mod, "MAX_ANSWER", 1 << 20)
+    with pytest.raises(agent_mod.AnswerRefused, match="inflates to more than 1 MiB"):
+        host.agents.call(PY, PROGRAM, {"op": "blobs", "n": 1, "size": 2 << 20, "k": 0}, timeout=30)
+    assert host.agents.call(PY, PROGRAM, {"op": "blobs", "n": 1, "size": 600 << 10, "k": 0}, timeout=30)["k"] == 0
+    with pytest.raises(agent_mod.AnswerRefused, match="inflates to more than"):
+        # two frames under the bound each, over it together
+        host.agents.call(PY, PROGRAM.replace("b\"tail %d\" % k", "bytes(700 << 10)"),
+                         {"op": "blobs", "n": 1, "size": 600 << 10, "k": 0}, timeout=30)

@@ -672,9 +672,9 @@ def test_a_batch_that_ends_inside_a_line_sends_only_the_whole_lines_before_it(tm
     while True:
         rounds += 1
         res = logs.op_logs({"log_dir": str(d), "have": have, "budget": budget})
-        for f in res["files"]:
-            data = base64.b64decode(f["data"])
-            assert f["offset"] == len(got) and data.endswith(b"\n") and len(data) <= budget
+        for f, data in zip(res["files"], res["__blobs__"], strict=True):
+            data = bytes(data)  # a view of the batch read: the agent writes it as a frame
+            assert f["offset"] == len(got) and data.endswith(b"\n") and f["size"] == len(data) <= budget
             got += data
         have = {str(d) + "/h-1-rank0.jsonl": len(got)}
         if not res["more"]:
@@ -711,7 +711,7 @@ def test_the_host_never_reads_more_than_one_batch_of_a_log_at_once(tmp_path: Pat
     monkeypatch.setattr(logs, "_log_files", counted)
     res = logs.op_logs({"log_dir": str(d), "have": {}, "budget": 4096})
     assert reads and all(0 <= n <= 4096 for n in reads), reads
-    assert sum(len(base64.b64decode(f["data"])) for f in res["files"]) <= 4096 and res["more"]
+    assert sum(f["size"] for f in res["files"]) == sum(map(len, res["__blobs__"])) <= 4096 and res["more"]
 
 
 def test_a_fetch_cut_off_keeps_what_it_wrote_and_the_next_run_goes_on_from_there(
@@ -729,14 +729,23 @@ def test_a_fetch_cut_off_keeps_what_it_wrote_and_the_next_run_goes_on_from_there
     asked: list[dict[str, int]] = []
     cut_after = [2]
 
-    def call(host: Any, python: str, op: str, **payload: Any) -> Any:
+    def call_each(host: Any, python: str, op: str, /, *, follow: Any, on_result: Any, **payload: Any) -> None:
+        """The agent's pipelined rounds, in process: each answer's JSON as it travels, then its attachments."""
         assert op == "logs"
-        if len(asked) == cut_after[0]:
-            raise ConnectionFailed("connection reset")
-        asked.append(dict(payload["have"]))
-        return json.loads(json.dumps(logs.op_logs(dict(payload, budget=1000))))
+        while True:
+            if len(asked) == cut_after[0]:
+                raise ConnectionFailed("connection reset")
+            asked.append(dict(payload.get("have") or {}))
+            res = logs.op_logs(dict(payload, budget=1000))
+            blobs = [bytes(b) for b in res.pop("__blobs__")]  # raw frames on the wire, bytes again here
+            res = json.loads(json.dumps(res))
+            nxt = follow(res)
+            on_result(dict(res, __blobs__=blobs))
+            if nxt is None:
+                return
+            payload = nxt
 
-    monkeypatch.setattr(fetch, "call", call)
+    monkeypatch.setattr(fetch, "call_each", call_each)
     with pytest.raises(ConnectionFailed):
         fetch.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
     cached = list((tmp_path / "cache").rglob("h-1-rank0.jsonl"))
@@ -746,5 +755,5 @@ def test_a_fetch_cut_off_keeps_what_it_wrote_and_the_next_run_goes_on_from_there
     asked.clear()
     cut_after[0] = 10 ** 6
     fetch.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
-    assert asked[0] == {str(d) + "/h-1-rank0.jsonl": len(kept)}
+    assert asked[0] == {str(d) + "/h-1-rank0.jsonl": len(kept)} and asked[1:] and not any(asked[1:])
     assert cached[0].read_bytes() == body
