@@ -411,8 +411,15 @@ def scan_files(
                             x_accab = s_acc_ab + acc
                             x_bsab = s_bs_ab + bs  # validates bs
                     wc = cyc if hcyc is None else hcyc
-                    if acs is not None or ahs is not None:
-                        pairs = accept_counts(acs, ahs)
+                    if acs is not None:
+                        # the common case, validated here without a call: a list of whole numbers, at least 0
+                        if type(acs) is not list:
+                            raise BadLine("bad accepts")
+                        for x in acs:
+                            if type(x) is not int or x < 0:
+                                raise BadLine("bad accepts")
+                    elif ahs is not None:
+                        pairs = accept_counts(None, ahs)
 
                     try:
                         for name, ms in phases.items():
@@ -463,7 +470,11 @@ def scan_files(
                         carry += wc + gap
                     else:
                         carry = wc  # after an idle gap only this cycle itself
-                    if acs is not None or ahs is not None:
+                    if acs is not None:
+                        ah = g.ahist
+                        for x in acs:
+                            ah[x] = ah.get(x, 0) + 1
+                    elif ahs is not None:
                         ah = g.ahist
                         for k, v in pairs:
                             ah[k] = ah.get(k, 0) + v
