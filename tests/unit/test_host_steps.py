@@ -757,3 +757,37 @@ def test_a_fetch_cut_off_keeps_what_it_wrote_and_the_next_run_goes_on_from_there
     fetch.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
     assert asked[0] == {str(d) + "/h-1-rank0.jsonl": len(kept)} and asked[1:] and not any(asked[1:])
     assert cached[0].read_bytes() == body
+
+
+@pytest.mark.parametrize("lie", ["fewer attachments", "more bytes than it says", "not bytes"])
+def test_log_bytes_that_are_not_what_the_answer_says_are_refused_and_nothing_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lie: str) -> None:
+    """Each file of a logs answer has its bytes as the attachment at the same place, as many as its ``size``: a host
+    that sends fewer attachments, more bytes than it says, or something else, has its whole answer refused
+    (BadAnswer) before a byte of it reaches the cache."""
+    from eaglepatch.errors import BadAnswer
+    from eaglepatch.ops import logs as fetch
+
+    d = tmp_path / "logs"
+    d.mkdir(mode=0o700)
+    (d / "h-1-rank0.jsonl").write_bytes(_log_lines(3))
+    (d / "h-2-rank0.jsonl").write_bytes(_log_lines(3))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def call_each(host: Any, python: str, op: str, /, *, follow: Any, on_result: Any, **payload: Any) -> None:
+        res = logs.op_logs(payload)
+        blobs = [bytes(b) for b in res.pop("__blobs__")]
+        if lie == "fewer attachments":
+            blobs = blobs[:1]
+        elif lie == "more bytes than it says":
+            blobs[1] += b'{"v": 1}\n'
+        else:
+            blobs[1] = blobs[1].decode()
+        res = json.loads(json.dumps(res))
+        follow(res)
+        on_result(dict(res, __blobs__=blobs))
+
+    monkeypatch.setattr(fetch, "call_each", call_each)
+    with pytest.raises(BadAnswer, match="refused"):
+        fetch.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
+    assert not list((tmp_path / "cache").rglob("*.jsonl"))
