@@ -3,13 +3,16 @@
 ``EAGLEPATCH_FAILPOINT=NAME`` makes the client SIGKILL itself when it reaches ``failpoint(NAME)``: no ``finally``
 runs, no lock is released, nothing is cleaned up, exactly as a ``kill -9`` or a lost laptop would leave it.
 ``EAGLEPATCH_FAILPOINT=NAME:sigint`` sends it SIGINT there instead: a Ctrl-C at exactly that step, handled as any
-Ctrl-C is (exit 130, the state of the target said). Names
+Ctrl-C is (exit 130, the state of the target said). ``EAGLEPATCH_FAILPOINT=NAME:pause`` holds it there for
+``EAGLEPATCH_FAILPOINT_PAUSE`` seconds (default 5), then goes on: another run meets the state of that step for
+sure (a lock held), where a race would meet it only now and then. Names
 that happen on the target (``execute:after-backup``, ``execute:between-renames``, ``execute:after-upload``) are
 sent with the request: the helper program on the host dies there (``os._exit``), and the client, seeing that
 answer never come, kills itself too. Unset (always, outside the tests) this costs one dictionary lookup.
 
 The names, in the order a command meets them:
 
+- ``apply:after-lock`` (the facts read and the install's lock taken, nothing changed yet),
 - ``execute:after-upload``, ``execute:after-backup``, ``execute:between-renames`` (on the host, in a plan's
   execution: apply, revert, a rollback), ``apply:after-execute`` (files patched, no restart yet),
 - ``restart:after-relaunch`` (the old server stopped and the new one started, not yet ready),
@@ -43,9 +46,16 @@ def remote_fault() -> str | None:
 
 
 def failpoint(name: str) -> None:
-    """SIGKILL this process when ``name`` is the armed failpoint; SIGINT it when ``name:sigint`` is."""
+    """SIGKILL this process when ``name`` is the armed failpoint; SIGINT it when ``name:sigint`` is; sleep there
+    when ``name:pause`` is."""
     armed_name = os.environ.get(ENV)
+    if armed_name is None:
+        return
     if armed_name == name:
         os.kill(os.getpid(), signal.SIGKILL)
     elif armed_name == name + ":sigint":
         os.kill(os.getpid(), signal.SIGINT)  # its handler runs as this call returns: Ctrl-C right here
+    elif armed_name == name + ":pause":
+        import time
+
+        time.sleep(float(os.environ.get(ENV + "_PAUSE", "5")))

@@ -61,6 +61,7 @@ def apply(spec: TargetSpec, c: Connect, recipe: Recipe, ropts: RuntimeOptions, r
         denied = facts.cannot_write()
         if owner is not None and not denied:
             session.lock(owner)
+            failpoint("apply:after-lock")
         try:
             everyone = lc.servers_of(facts)
             servers = lc.chosen(facts, c.facts.server_ports)

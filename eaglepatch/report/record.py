@@ -14,18 +14,11 @@ from array import array
 from typing import Any
 
 
-def accept_counts(acs: Any, hist: Any) -> list[tuple[int, int]]:
-    """The (tokens, request-cycles) pairs of a record's ``accepts`` list or ``accept_hist`` object, validated
-    (whole numbers, at least 0; a histogram's keys are their decimal strings). Raises ``BadLine``."""
+def hist_counts(hist: Any) -> list[tuple[int, int]]:
+    """The (tokens, request-cycles) pairs of a record's ``accept_hist`` object, validated (its keys the decimal
+    strings of whole numbers, its counts whole numbers, at least 0). Raises ``BadLine``. (An ``accepts`` list, the
+    common case, is validated and counted in the scan's own loop.)"""
     out: list[tuple[int, int]] = []
-    if acs is not None:
-        if type(acs) is not list:
-            raise BadLine("bad accepts")
-        for x in acs:
-            if type(x) is not int or x < 0:
-                raise BadLine("bad accepts")
-            out.append((x, 1))
-        return out
     if type(hist) is not dict:
         raise BadLine("bad accept_hist")
     for k, v in hist.items():

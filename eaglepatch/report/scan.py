@@ -51,9 +51,9 @@ from eaglepatch.report.groups import Acc
 from eaglepatch.report.model import BY_CHOICES
 from eaglepatch.report.record import (
     BadLine,
-    accept_counts,
     append_phases_slow,
     check_skipped,
+    hist_counts,
     is_num,
     pop_phases,
     reject_constant,
@@ -419,7 +419,7 @@ def scan_files(
                             if type(x) is not int or x < 0:
                                 raise BadLine("bad accepts")
                     elif ahs is not None:
-                        pairs = accept_counts(None, ahs)
+                        pairs = hist_counts(ahs)
 
                     try:
                         for name, ms in phases.items():
