@@ -5,7 +5,8 @@ runs, no lock is released, nothing is cleaned up, exactly as a ``kill -9`` or a 
 ``EAGLEPATCH_FAILPOINT=NAME:sigint`` sends it SIGINT there instead: a Ctrl-C at exactly that step, handled as any
 Ctrl-C is (exit 130, the state of the target said). ``EAGLEPATCH_FAILPOINT=NAME:pause`` holds it there for
 ``EAGLEPATCH_FAILPOINT_PAUSE`` seconds (default 5), then goes on: another run meets the state of that step for
-sure (a lock held), where a race would meet it only now and then. Names
+sure (a lock held), where a race would meet it only now and then (the client's names only: the host's below take
+the plain name alone). Names
 that happen on the target (``execute:after-backup``, ``execute:between-renames``, ``execute:after-upload``) are
 sent with the request: the helper program on the host dies there (``os._exit``), and the client, seeing that
 answer never come, kills itself too. Unset (always, outside the tests) this costs one dictionary lookup.

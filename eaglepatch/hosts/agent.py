@@ -79,6 +79,8 @@ def inflate(data: bytes, limit: int = MAX_ANSWER) -> bytes:
 # travel base64-encoded inside JSON: a third of the bytes on the wire, which paramiko moves at some 8 MB/s).
 # An op whose answer holds bytes (the timing logs) gives them as "__blobs__", a list: the JSON frame then says how
 # many ("blobs": n) and n raw frames follow it, each compressed as a frame is (no base64, no JSON around them).
+# Every frame of an answer is made before any is written: an error making one is answered as an error, never in the
+# middle of an answer.
 # stdin and stdout are moved out of the way first, so that the program and any child it starts read /dev/null
 # and print on stderr, never into the frames. Python 3.8+, standard library only.
 _AGENT_SOURCE = r"""
@@ -94,10 +96,10 @@ def r():
 def f(d):
     z=len(d)>4096
     if z:d=zlib.compress(d,1)
-    o.write((b'z%d\n' if z else b'%d\n')%len(d));o.write(d)
+    return (b'z%d\n' if z else b'%d\n')%len(d),d
 def w(d,b=()):
-    f(json.dumps(d).encode())
-    for x in b:f(x)
+    x=[f(y) for y in b]
+    for h,y in [f(json.dumps(d).encode())]+x:o.write(h);o.write(y)
     o.flush()
 g={'__name__':'__main__'}
 exec(compile(r(),'<eaglepatch-remote>','exec'),g)
@@ -181,13 +183,13 @@ class PythonAgent:
         ``follow(result)`` of each answer (its JSON, before its attachments are read) until that is None; every
         result, attachments included, goes to ``on_result``. So the host works on the next request while this side
         reads and handles the answer to the last one (the timing logs' batches). Read-only requests only: when this
-        side fails while a request is on its way (``on_result`` raised, Ctrl-C), the process is let go as ``call``
-        lets it go, its answer never read. ``timeout`` is per request."""
+        side fails while a request is on its way (``on_result`` raised, Ctrl-C), the process is let go, its answer
+        never read, and the host's later calls go to a new one (unlike ``call``'s, such a request changes nothing
+        there, so the host is not marked cut short). ``timeout`` is per request."""
         with self._lock:
-            pending = False  # a request was sent whose answer is not read whole yet
+            pending = True  # a request was (or is being) sent whose answer is not read whole yet
             try:
                 self._send(payload, None if timeout is None else time.monotonic() + timeout)
-                pending = True
                 while True:
                     deadline = None if timeout is None else time.monotonic() + timeout
                     answer = self._receive(deadline)
@@ -203,7 +205,8 @@ class PythonAgent:
                 raise  # answered (an error of the program), or the process is already gone
             except BaseException:
                 if pending and not self.dead:
-                    progress.cut_short(self.host.name)
+                    # let go, its answer never read; not "cut short": the request only reads, so nothing may be
+                    # under way on the host that a later request (the lock's release) would disturb
                     self.close(abandon=True)
                 raise
 

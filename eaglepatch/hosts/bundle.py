@@ -78,12 +78,19 @@ def check_module(source: str, filename: str, package: str = PACKAGE) -> None:
     except SyntaxError as exc:
         raise BundleError(f"{filename}:{exc.lineno}: not Python 3.8: {exc.msg}") from None
     stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    here = filename[:-3].replace("/", ".")  # the module's own name (a package's ends in .__init__)
     for node in _imports(tree.body):
         if isinstance(node, ast.Import):
             wanted = [a.name for a in node.names]
         elif not node.level:
             wanted = [node.module or ""]
-        else:
+        else:  # relative: resolved against the module's own package, which it must not leave
+            base = here.split(".")[:-node.level]
+            mod = ".".join(base + ([node.module] if node.module else []))
+            if len(base) < len(package.split(".")) or not (mod == package or mod.startswith(package + ".")):
+                raise BundleError(f"{filename}:{node.lineno}: imports {'.' * node.level}{node.module or ''}, "
+                                  f"which leaves {package}: the host-side code must run where only Python is "
+                                  "installed")
             continue
         for mod in wanted:
             if mod != package and not mod.startswith(package + ".") and mod.split(".")[0] not in stdlib:

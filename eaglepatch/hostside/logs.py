@@ -22,6 +22,9 @@ _FALLBACK_NAME = re.compile(r"^eaglepatch-[A-Za-z0-9_]+$")
 # Bytes of log data in one answer at most; the client asks again for the rest (its memory stays bounded).
 LOG_BATCH = 8 << 20  # a fetch holds some three batches on either side (the read, its frame, the next); 8 MB fetched
 # a 256 MB log over loopback SSH 6% faster than 4 MB (fewer rounds), with room to spare under 200 MB
+# Files with bytes in one answer at most (each is an attachment: the client takes at most 1,024 of them, its
+# ``hosts.agent.MAX_BLOBS``; a folder of many small logs comes in several answers).
+MAX_LOG_FILES = 1000
 # The fetches of this process that may continue (``continue``): fetch id -> the request, with what was sent so far.
 _FETCHES = {}
 _MAX_FETCHES = 8
@@ -226,7 +229,7 @@ def op_logs(payload):
                     off = 0  # the file was replaced: fetch it whole
                 if off == size:
                     continue
-                if budget <= 0:
+                if budget <= 0 or len(files) >= MAX_LOG_FILES:
                     more = True
                     continue
                 f.seek(off)

@@ -61,8 +61,9 @@ def apply(spec: TargetSpec, c: Connect, recipe: Recipe, ropts: RuntimeOptions, r
         denied = facts.cannot_write()
         if owner is not None and not denied:
             session.lock(owner)
-            failpoint("apply:after-lock")
         try:
+            if owner is not None and not denied:
+                failpoint("apply:after-lock")
             everyone = lc.servers_of(facts)
             servers = lc.chosen(facts, c.facts.server_ports)
             plan = plan_apply(facts, recipe, ropts, servers=lc.manifest_record(everyone))

@@ -133,7 +133,7 @@ def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say,
                 said.add(d["path"])
                 say(f"note: {name}: not reading {shown(d['path'])}: {shown(d['refused'])}")
         listed = state["listed"] = _check_names(name, res.get("names"), accepted)
-        writes = _check_files(name, res.get("files"), res.get("__blobs__"), accepted, known)
+        writes = _check_files(name, res.get("files"), res.get("__blobs__"), listed, known)
         for host_dir in listed:
             sub = _cache_folder(dest, host_dir)
             if host_dir not in known:
@@ -208,11 +208,11 @@ def _check_names(name: str, names: Any, dirs: dict[str, dict[str, Any]]) -> dict
     return out
 
 
-def _check_files(name: str, files: Any, blobs: Any, dirs: dict[str, dict[str, Any]],
+def _check_files(name: str, files: Any, blobs: Any, listed: dict[str, list[str]],
                  known: dict[str, tuple[pathlib.Path, dict[str, int]]]) -> list[tuple[str, str, int, bytes]]:
-    """(host folder, name, offset, bytes) of each file in the answer, every one checked first: its folder one the
-    answer says it read, its name a plain log name, its offset 0 or the size of the copy here, its bytes the
-    attachment of the same place in the answer (``size`` of them)."""
+    """(host folder, name, offset, bytes) of each file in the answer, every one checked first: a file the answer
+    lists in a folder it read (``listed``), once, its offset 0 or the size of the copy here, its bytes the attachment
+    of the same place in the answer (``size`` of them)."""
     if not isinstance(files, list):
         raise _refuse(name, "no list of files")
     blobs = [] if blobs is None else blobs
@@ -220,10 +220,14 @@ def _check_files(name: str, files: Any, blobs: Any, dirs: dict[str, dict[str, An
         raise _refuse(name, f"{len(files)} file(s) with {len(blobs) if isinstance(blobs, list) else 'no'} "
                             "attachment(s)")
     out = []
+    seen: set[tuple[str, str]] = set()
     for f, data in zip(files, blobs):
-        if not isinstance(f, dict) or f.get("dir") not in dirs or dirs[f["dir"]].get("refused"):
+        if not isinstance(f, dict) or f.get("dir") not in listed:
             raise _refuse(name, "bytes of a folder it did not read")
         file_name = _check_name(name, f.get("name"))
+        if file_name not in listed[f["dir"]] or (f["dir"], file_name) in seen:
+            raise _refuse(name, f"bytes of {file_name}, which it does not list once in that folder")
+        seen.add((f["dir"], file_name))
         offset = f.get("offset")
         here = known.get(f["dir"], (None, {}))[1].get(file_name, 0)
         if not isinstance(offset, int) or isinstance(offset, bool) or offset not in (0, here):

@@ -44,6 +44,21 @@ def test_ctrl_c_during_start_up(tmp_path):
     assert (p.returncode, p.stdout, p.stderr) == (130, "", "eaglepatch: interrupted: nothing was changed\n")
 
 
+def test_ctrl_c_while_apply_holds_the_lock_releases_it(tmp_path):
+    """Ctrl-C right after apply took the install's lock, before anything changed: exit 130, nothing changed, and
+    the lock released (the interrupt comes inside the block that unlocks)."""
+    tree = H.make_tree(tmp_path / "site", H.V1_WORKER)
+    pkg = tree / "sglang"
+    before = digest(tree)
+    env = dict(cli_env(tmp_path), EAGLEPATCH_FAILPOINT="apply:after-lock:sigint")
+    p = subprocess.run([*EAGLEPATCH, "apply", *with_log_dir("apply", ["--no-restart"]), str(pkg)], env=env,
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert p.returncode == 130 and "Traceback" not in p.stderr, p.stderr
+    assert not list(tree.rglob(".eaglepatch.lock")) and digest(tree) == before, p.stderr
+    doc = CLI("local", cli_env(tmp_path)).run("status", pkg, "--json").expect(0).json()
+    assert doc["lock"] is None and {f["state"] for f in doc["files"]} == {"pristine"}, doc
+
+
 def test_ctrl_c_after_patching_before_the_restart(ssh, standins, tmp_path):
     """Ctrl-C right after the files were patched, before the restart: "files patched, server not restarted"; status
     agrees (patched, the server stale, the lock released); revert puts every byte and the server back."""

@@ -42,6 +42,8 @@ def main(p):
         return {"k": k, "more": k + 1 < p["n"], "__blobs__": [bytes([k]) * p["size"], b"", b"tail %d" % k]}
     if op == "rounds":
         return ROUNDS
+    if op == "bad blob":  # an attachment that cannot be sent: an error, never half an answer
+        return {"__blobs__": [b"fine", object()]}
     return p
 
 ROUNDS = []
@@ -338,7 +340,7 @@ def test_rounds_are_pipelined_the_next_asked_before_the_last_is_handled(host):
 
 def test_a_failure_while_a_round_is_on_its_way_lets_the_process_go(host):
     """on_result raises after the next request went out: its answer is never read (nor taken for another call's):
-    the process is let go, as a request cut short is, and the next call on the host starts a new one."""
+    the process is let go and the next call on the host starts a new one."""
     from eaglepatch import progress
 
     first = _pid(host)
@@ -352,7 +354,8 @@ def test_a_failure_while_a_round_is_on_its_way_lets_the_process_go(host):
     try:
         with pytest.raises(RuntimeError, match="full"):
             host.agents.call_each(PY, PROGRAM, {"op": "blobs", "k": 0, "n": 2, "size": 10}, follow, on_result, 30)
-        assert progress.was_cut(host.name)
+        # a read-only request: the host is not marked cut short (that would keep a later unlock from being sent)
+        assert not progress.was_cut(host.name)
         assert _pid(host) != first
     finally:
         progress.reset()
@@ -371,3 +374,13 @@ def test_attachments_past_their_bound_are_refused(host, monkeypatch):
         # two frames under the bound each, over it together
         host.agents.call(PY, PROGRAM.replace("b\"tail %d\" % k", "bytes(700 << 10)"),
                          {"op": "blobs", "n": 1, "size": 600 << 10, "k": 0}, timeout=30)
+
+
+def test_an_answer_whose_attachment_cannot_be_sent_is_an_error_and_the_process_goes_on(host):
+    """Every frame of an answer is made before any is written: an attachment that cannot be framed makes the answer
+    an error (with its traceback), never a header followed by an error frame; the next call is answered right."""
+    first = _pid(host)
+    with pytest.raises(RemoteScriptError, match="TypeError"):
+        host.agents.call(PY, PROGRAM, {"op": "bad blob"}, timeout=30)
+    assert _pid(host) == first
+    assert host.agents.call(PY, PROGRAM, {"op": "blobs", "n": 1, "size": 3}, timeout=30)["__blobs__"][0] == b"\0" * 3

@@ -196,3 +196,14 @@ def test_the_package_may_import_itself_relatively_or_by_name_and_any_standard_mo
                    elsewhere)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "{'x': 2, 'y': 4, 'z': 0} bundled_good/helper.py"
+
+
+def test_a_relative_import_that_leaves_the_package_is_refused():
+    """``from ..errors import X`` in eaglepatch/hostside/logs.py names eaglepatch.errors, which the host does not
+    have: refused with its line, as an absolute import of it would be; one inside the package passes."""
+    check_module("from . import proc\nfrom .proc import table\n", "eaglepatch/hostside/logs.py")
+    check_module("from .proc import table\n", "eaglepatch/hostside/__init__.py")
+    with pytest.raises(BundleError, match=r"logs.py:2: imports \.\.errors, which leaves eaglepatch.hostside"):
+        check_module("import os\nfrom ..errors import UsageError\n", "eaglepatch/hostside/logs.py")
+    with pytest.raises(BundleError, match="leaves eaglepatch.hostside"):
+        check_module("from .. import errors\n", "eaglepatch/hostside/__init__.py")

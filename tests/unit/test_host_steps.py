@@ -791,3 +791,60 @@ def test_log_bytes_that_are_not_what_the_answer_says_are_refused_and_nothing_is_
     with pytest.raises(BadAnswer, match="refused"):
         fetch.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
     assert not list((tmp_path / "cache").rglob("*.jsonl"))
+
+
+def test_a_folder_of_more_logs_than_one_answer_may_attach_comes_in_several(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """1,100 small logs (a sweep's many launches leave such a folder): an answer attaches at most MAX_LOG_FILES of
+    them (the client takes at most MAX_BLOBS attachments), and says ``more``; through the real agent on this machine,
+    every file arrives whole."""
+    from eaglepatch.hosts.agent import MAX_BLOBS
+    from eaglepatch.hosts.local import LocalHost
+    from eaglepatch.ops import logs as fetch
+
+    assert logs.MAX_LOG_FILES <= MAX_BLOBS
+    d = tmp_path / "logs"
+    d.mkdir(mode=0o700)
+    for i in range(1100):
+        (d / f"h-{i}-rank0.jsonl").write_bytes(_log_lines(1))
+    first = logs.op_logs({"log_dir": str(d), "have": {}})
+    assert len(first["files"]) == logs.MAX_LOG_FILES and first["more"]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    host = LocalHost()
+    try:
+        folder = fetch.fetch_logs_from(host, "local", os.path.realpath(sys.executable), str(d), lambda _m: None)
+    finally:
+        host.close()
+    got = sorted(Path(folder).rglob("*.jsonl"))
+    assert len(got) == 1100 and all(p.read_bytes() == _log_lines(1) for p in got)
+
+
+@pytest.mark.parametrize("lie", ["a file it does not list", "a file twice"])
+def test_log_bytes_of_a_file_the_answer_does_not_list_once_are_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lie: str) -> None:
+    """Bytes for a file the answer does not list in that folder, or for one file twice in one answer: the whole
+    answer refused before a byte of it is written."""
+    from eaglepatch.errors import BadAnswer
+    from eaglepatch.ops import logs as fetch
+
+    d = tmp_path / "logs"
+    d.mkdir(mode=0o700)
+    (d / "h-1-rank0.jsonl").write_bytes(_log_lines(3))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def call_each(host: Any, python: str, op: str, /, *, follow: Any, on_result: Any, **payload: Any) -> None:
+        res = logs.op_logs(payload)
+        blobs = [bytes(b) for b in res.pop("__blobs__")]
+        res = json.loads(json.dumps(res))
+        if lie == "a file it does not list":
+            res["files"].append(dict(res["files"][0], name="h-9-rank0.jsonl"))
+        else:
+            res["files"].append(dict(res["files"][0]))
+        blobs.append(blobs[0])
+        follow(res)
+        on_result(dict(res, __blobs__=blobs))
+
+    monkeypatch.setattr(fetch, "call_each", call_each)
+    with pytest.raises(BadAnswer, match="does not list once"):
+        fetch.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
+    assert not list((tmp_path / "cache").rglob("*.jsonl"))
