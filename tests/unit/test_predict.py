@@ -166,8 +166,8 @@ def test_predictions_by_hand(tmp_path):
     between cycles; tokens per request-cycle 1, 2, 2, 3, 3, 4, 4, 4 (at least: 1, 7/8, 5/8, 3/8). For j steps:
     accept length = at_least[0] + ... + at_least[j] (j <= 3), the cycle changes by the draft's (j - 3) ms, and
     tok/s = accept length / cadence; no speculation is estimated as the forward alone (verify, 2 ms), its spread
-    half the way to the cycle without the draft and the draft extend (C - 4 ms); beyond 3 steps the last
-    position's rate (30 + 1/2) / (50 + 1) carries on."""
+    half the way to the cycle without the draft and the draft extend (C - 4 ms), here below its floor of 30%;
+    beyond 3 steps the last position's rate (30 + 1/2) / (50 + 1) carries on."""
     res, (p,) = one_group(tmp_path, records())
     (g,) = res.groups
     C = g.cadence_ms
@@ -181,7 +181,7 @@ def test_predictions_by_hand(tmp_path):
     assert pts[1].accept_len == approx(1.875) and pts[1].tokens_per_s == approx(1.875 / (C - 2) * 1000)
     assert pts[0].basis == "estimate" and pts[0].accept_len == 1.0
     assert pts[0].tokens_per_s == approx(1 / 2.0 * 1000)
-    assert pts[0].spread == approx((1 - 2.0 / (C - 4)) / 2)
+    assert (1 - 2.0 / (C - 4)) / 2 < 0.3 and pts[0].spread == approx(0.3)   # no less than the estimate has missed by
     r = 30.5 / 51
     assert pts[4].basis == "extrapolated" and pts[4].accept_len == approx(2.875 + 0.375 * r)
     assert pts[5].accept_len == approx(2.875 + 0.375 * (r + r * r))
@@ -191,6 +191,19 @@ def test_predictions_by_hand(tmp_path):
     assert p.best == max(range(9), key=lambda i: p.points[i].tokens_per_s)
     # spread: none measured for the run's own point (too few cycles for two windows), more the further away
     assert pts[3].spread == 0.0 and 0 < pts[2].spread < pts[1].spread and 0 < pts[4].spread < pts[6].spread
+
+
+def test_the_estimate_spread_is_half_the_way_to_the_slow_bound_when_that_is_wider(tmp_path):
+    """Verify 0.5 ms in a cycle of 9.5 ms (draft 6, draft extend 2, the rest 1), 1.5 ms between: the forward alone
+    is 0.5 ms and the slow bound C - 8 ms, so half the way is above the 30% floor and stands."""
+    recs = records(cycle=9.5, phases={"draft": 6.0, "verify": 0.5, "draft_extend": 2.0})
+    res, (p,) = one_group(tmp_path, recs)
+    C = res.groups[0].cadence_ms
+    (zero,) = [x for x in p.points if x.steps == 0]
+    assert zero.basis == "estimate" and zero.tokens_per_s == approx(1 / 0.5 * 1000)
+    half = (1 - 0.5 / (C - 8)) / 2
+    assert half > 0.3 and zero.spread == approx(half)
+    assert any("at least 30%" in n for n in p.notes)
 
 
 def test_the_cadence_moves_with_the_gpu_when_the_gpu_sets_it(tmp_path):
