@@ -50,7 +50,7 @@ BASES = ("measured", "profile", "extrapolated", "estimate")
 DRAFT_PHASES = ("draft",)  # cost grows with the steps
 _MODEL_ERROR = 0.25  # the share of a modelled change in cadence taken as its uncertainty (one step count measured)
 # The no-speculation estimate's spread is never below this: on the H200 testbed plain decoding ran from 21% slower
-# to 27% faster than the estimate (six comparisons: a host-bound and a GPU-bound model, one and four requests at a time).
+# to 27% faster than it (six comparisons: a host-bound and a GPU-bound model, one and four requests at a time).
 _ESTIMATE_SPREAD = 0.3
 
 
