@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import re
 import stat
@@ -30,6 +31,14 @@ def read_file(path):
     """The bytes of ``path``; raises OSError."""
     with open(path, "rb") as f:
         return f.read()
+
+
+def read_json(path):
+    """The JSON document in the file ``path``, or None when it is absent, cannot be read or is not JSON."""
+    try:
+        return json.loads(read_file(path).decode())
+    except (OSError, ValueError):
+        return None
 
 
 def sha256_of(data):

@@ -7,7 +7,6 @@ there; and the text of files of the package (the ``read`` op).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
@@ -15,7 +14,7 @@ import sys
 import time
 
 from eaglepatch.hostside.discover import op_scan, package_of, query_start, query_wait
-from eaglepatch.hostside.files import STALE_TMP, TMP_TAG, b64, read_file, sha256_of
+from eaglepatch.hostside.files import STALE_TMP, TMP_TAG, b64, read_file, read_json, sha256_of
 from eaglepatch.hostside.launchers import parse_server_args
 from eaglepatch.hostside.lock import LOCK_NAME, lock_info, op_lock
 from eaglepatch.hostside.proc import user_name
@@ -204,10 +203,7 @@ def facts_stale_temps(spec):
 
 def facts_manifest(manifest_path):
     """The manifest ``apply`` left, or None when there is none (or it cannot be read or parsed)."""
-    try:
-        return json.loads(read_file(manifest_path).decode())
-    except (OSError, ValueError):
-        return None
+    return read_json(manifest_path)
 
 
 def facts_backups(manifest):

@@ -9,7 +9,7 @@ import json
 import os
 import time
 
-from eaglepatch.hostside.files import read_file
+from eaglepatch.hostside.files import read_json
 
 
 LOCK_NAME = ".eaglepatch.lock"
@@ -17,10 +17,7 @@ LOCK_NAME = ".eaglepatch.lock"
 
 def lock_info(path):
     """The lock file's JSON (its owner), or None when it is absent or not (yet) written."""
-    try:
-        return json.loads(read_file(path).decode())
-    except (OSError, ValueError):
-        return None
+    return read_json(path)
 
 
 def op_lock(payload):

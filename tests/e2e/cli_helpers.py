@@ -444,13 +444,6 @@ class Unwritable:
             _try(["umount", str(self.path)])
 
 
-def dead_pid() -> int:
-    """A pid no process has now (a child that has exited and been reaped)."""
-    p = subprocess.Popen(["true"])
-    p.wait()
-    return p.pid
-
-
 # ------------------------------------------------------------------------------------------------------------
 # Scenarios
 

@@ -73,10 +73,6 @@ class Via:
             return [str(tree / "sglang")]
         return [*self.ssh, "--sglang-path", str(tree / "sglang"), "--python", PY]
 
-    @property
-    def name_is_ssh(self) -> bool:
-        return self.ssh is not None
-
     def run(self, cmd: str, tree: Path, *args: str, timeout: float = 200) -> subprocess.CompletedProcess:
         return subprocess.run([PY, "-m", "eaglepatch", cmd, *self.target(tree), *args], capture_output=True,
                               text=True, timeout=timeout, env=self.env)

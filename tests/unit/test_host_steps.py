@@ -766,31 +766,43 @@ def test_log_bytes_that_are_not_what_the_answer_says_are_refused_and_nothing_is_
     that sends fewer attachments, more bytes than it says, or something else, has its whole answer refused
     (BadAnswer) before a byte of it reaches the cache."""
     from eaglepatch.errors import BadAnswer
+
+    def tamper(res: dict[str, Any], blobs: list[Any]) -> list[Any]:
+        if lie == "fewer attachments":
+            return blobs[:1]
+        if lie == "more bytes than it says":
+            blobs[1] += b'{"v": 1}\n'
+        else:
+            blobs[1] = blobs[1].decode()
+        return blobs
+
+    with pytest.raises(BadAnswer, match="refused"):
+        _fetch_through_a_lying_host(tmp_path, monkeypatch, 2, tamper)
+    assert not list((tmp_path / "cache").rglob("*.jsonl"))
+
+
+def _fetch_through_a_lying_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: int,
+                                tamper: Any) -> None:
+    """Fetch a folder of ``files`` logs (h-N-rank0.jsonl, 3 records each) through this machine's host-side logs
+    step, whose every answer ``tamper(answer, attachments)`` changes first (it returns the attachments to send)."""
     from eaglepatch.ops import logs as fetch
 
     d = tmp_path / "logs"
     d.mkdir(mode=0o700)
-    (d / "h-1-rank0.jsonl").write_bytes(_log_lines(3))
-    (d / "h-2-rank0.jsonl").write_bytes(_log_lines(3))
+    for i in range(1, files + 1):
+        (d / f"h-{i}-rank0.jsonl").write_bytes(_log_lines(3))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
     def call_each(host: Any, python: str, op: str, /, *, follow: Any, on_result: Any, **payload: Any) -> None:
         res = logs.op_logs(payload)
         blobs = [bytes(b) for b in res.pop("__blobs__")]
-        if lie == "fewer attachments":
-            blobs = blobs[:1]
-        elif lie == "more bytes than it says":
-            blobs[1] += b'{"v": 1}\n'
-        else:
-            blobs[1] = blobs[1].decode()
         res = json.loads(json.dumps(res))
+        blobs = tamper(res, blobs)
         follow(res)
         on_result(dict(res, __blobs__=blobs))
 
     monkeypatch.setattr(fetch, "call_each", call_each)
-    with pytest.raises(BadAnswer, match="refused"):
-        fetch.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
-    assert not list((tmp_path / "cache").rglob("*.jsonl"))
+    fetch.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
 
 
 def test_a_folder_of_more_logs_than_one_answer_may_attach_comes_in_several(tmp_path: Path,
@@ -825,26 +837,14 @@ def test_log_bytes_of_a_file_the_answer_does_not_list_once_are_refused(
     """Bytes for a file the answer does not list in that folder, or for one file twice in one answer: the whole
     answer refused before a byte of it is written."""
     from eaglepatch.errors import BadAnswer
-    from eaglepatch.ops import logs as fetch
 
-    d = tmp_path / "logs"
-    d.mkdir(mode=0o700)
-    (d / "h-1-rank0.jsonl").write_bytes(_log_lines(3))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-
-    def call_each(host: Any, python: str, op: str, /, *, follow: Any, on_result: Any, **payload: Any) -> None:
-        res = logs.op_logs(payload)
-        blobs = [bytes(b) for b in res.pop("__blobs__")]
-        res = json.loads(json.dumps(res))
+    def tamper(res: dict[str, Any], blobs: list[Any]) -> list[Any]:
         if lie == "a file it does not list":
             res["files"].append(dict(res["files"][0], name="h-9-rank0.jsonl"))
         else:
             res["files"].append(dict(res["files"][0]))
-        blobs.append(blobs[0])
-        follow(res)
-        on_result(dict(res, __blobs__=blobs))
+        return blobs + [blobs[0]]
 
-    monkeypatch.setattr(fetch, "call_each", call_each)
     with pytest.raises(BadAnswer, match="does not list once"):
-        fetch.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
+        _fetch_through_a_lying_host(tmp_path, monkeypatch, 1, tamper)
     assert not list((tmp_path / "cache").rglob("*.jsonl"))
