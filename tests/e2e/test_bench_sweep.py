@@ -393,7 +393,7 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(standins, tmp_path, local
     doc = jdoc(r)
     assert f"resuming: {len(saved)} of 6 run(s) already done" in r.stderr
     assert r.stderr.count("starting sglang on") == 6 - len(saved) + 1  # the runs left, then the original
-    assert [p["runs"] for p in doc["points"]] == [2, 2, 2] and doc["best"] == 1
+    assert [p["runs"] for p in doc["points"]] == [2, 2, 2] and doc["best"] == 1, (doc["points"], r.stderr)
     runs = [json.loads(x) for x in state.read_text().splitlines() if '"kind":"run"' in x]
     assert len(runs) == 6 and len({(x["point"], x["rep"]) for x in runs}) == 6
     assert runs[:len(saved)] == saved
