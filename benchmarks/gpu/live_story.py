@@ -39,8 +39,10 @@ Usage: ``python3 live_story.py [STAGE]`` (STAGE: auto (default), live, restart, 
 this call may run, in order: default live,restart,deploy; e.g. live,deploy leaves the restart sweep out), OUT, T0, BUDGET
 (seconds from T0, default 520), PREV, LIVE_MODELS, LIVE_P, LIVE_MAKE, LIVE_SHAPE, START, GRID (0,1,3,5), ROUNDS (3), WINDOW
 (12), CONC (4), MAX_NEW (128), REQUESTS (48: the restart sweep's and the deploy benches' requests, about as
-long as a window), REPEAT (3),
-REHEARSAL.
+long as a window), REPEAT (3), BASELINE (1: the restart sweep's --baseline; 0 leaves its three launches out),
+KEEP_BEST (1: the restart sweep's --keep-best, so that no launch puts its start back and deploy benches the best
+point as the sweep left it, when that happens in the same call), LAUNCH_S (150: seconds a launch and its bench take
+at worst, to decide whether a stage can begin), REHEARSAL.
 """
 
 from __future__ import annotations
@@ -71,12 +73,14 @@ CONC = os.environ.get("CONC", "4")
 MAX_NEW = os.environ.get("MAX_NEW", "128")
 REQUESTS = os.environ.get("REQUESTS", "48")
 REPEAT = os.environ.get("REPEAT", "3")
+BASELINE = os.environ.get("BASELINE", "1") == "1"  # the restart sweep's --baseline (three launches more)
+KEEP_BEST = os.environ.get("KEEP_BEST", "1") == "1"  # --keep-best: no launch to put the start back; deploy benches it
 PY = sys.executable
 LOG_DIR = "/tmp/eplogs"
 LIVE_STEPS = ",".join(str(s) for s in STEPS)
 STATIC_STEPS = ",".join(str(s) for s in STEPS if s > 0)
 LOAD = ["--concurrency", CONC, "--max-new-tokens", MAX_NEW, "--warmup", "2", "--log-wait", "4"]
-LAUNCH_S = 150  # a launch of the real server, with its bench, at worst (cold caches: 145 s to ready)
+LAUNCH_S = float(os.environ.get("LAUNCH_S", "150"))  # a launch with its bench, at worst (cold caches: 145 s)
 
 if REHEARSAL:
     _spec = importlib.util.spec_from_file_location(
@@ -378,8 +382,9 @@ def stage_live() -> None:
 
 def stage_restart() -> None:
     rs = story["restart"]
-    args = ["sweep", TARGET, "--grid", f"speculative-num-steps={STATIC_STEPS}", "--baseline", "--repeat", REPEAT,
-            "--requests", REQUESTS, *LOAD, "--timeout", "400", "--json", "--chart", str(OUT / "restart_sweep.svg")]
+    args = ["sweep", TARGET, "--grid", f"speculative-num-steps={STATIC_STEPS}", *(["--baseline"] if BASELINE else []),
+            *(["--keep-best"] if KEEP_BEST else []), "--repeat", REPEAT, "--requests", REQUESTS, *LOAD,
+            "--timeout", "400", "--json", "--chart", str(OUT / "restart_sweep.svg")]
     rs["cmd"] = "eaglepatch " + " ".join(args)
     if "doc" not in rs and not story["state_files"].get(rs.get("state", "")):
         # the first call: a server to sweep (the static one, as the live sweep's START=static puts back)
@@ -397,6 +402,8 @@ def stage_restart() -> None:
         rs["state"] = os.path.basename(doc.get("state_file", ""))
         rs["launches"] = sum(1 for line in Path(doc["state_file"]).read_text().splitlines()
                              if '"kind":"launch"' in line) + int(bool((doc.get("restore") or {}).get("restarted")))
+        if KEEP_BEST and health():
+            return  # the best point runs (--keep-best): deploy benches it as it is, no launch
     else:
         files = sorted(SWEEPS.glob("*.jsonl"), key=lambda f: f.stat().st_mtime)
         restart_files = [f for f in files if "-live-" not in f.name]
@@ -417,6 +424,12 @@ def bench() -> dict | None:
 
 def stage_deploy() -> None:
     dep = story["deploy"]
+    rdoc = story["restart"].get("doc")
+    if KEEP_BEST and rdoc and rdoc.get("best") is not None and "best_static" not in dep and health():
+        best = rdoc["points"][rdoc["best"]]  # left running by the restart sweep's --keep-best, in this call
+        dep["best_static"] = {"launch": {"name": "kept by sweep --keep-best", "status": "ok"}, "label": best["label"],
+                              "bench": bench()}
+    stop()
     adaptive = story["live"].get("doc", {}).get("adaptive_config")
     if adaptive and "adaptive" not in dep and left() > LAUNCH_S:
         cfg = BASE / "emitted_adaptive.json"  # the emitted file, as a user copies it to the host
@@ -430,7 +443,6 @@ def stage_deploy() -> None:
         if p is not None:
             dep["adaptive"]["bench"] = bench()
             stop(p)
-    rdoc = story["restart"].get("doc")
     if rdoc and rdoc.get("best") is not None and "best_static" not in dep and left() > LAUNCH_S:
         best = rdoc["points"][rdoc["best"]]
         steps = best["flags"].get("speculative-num-steps")
