@@ -13,7 +13,11 @@ the model for users; the parts, stated once:
   request-cycle passed does not promise that all later ones will). Records without per-request counts (``accepts``) give only the mean: a geometric profile
   fitted to it stands in, and the basis says so.
 * **Cost.** Each phase's time per cycle (its total over the group's cycles) as a function of the step count: the
-  draft proportional to the steps, verify and draft extend as measured, everything else in the cycle as measured;
+  draft proportional to the steps, or, where the GPU sets the pace (see Cadence), its GPU time to its forwards,
+  ``steps - 1`` (sglang's ``draft_forward`` takes the first guess from the draft extend before it: on the H200's
+  GPU-bound testbed the draft's GPU time read 0.02, 0.44 and 0.84 ms at 1, 3 and 5 steps; a host-bound GPU clock
+  reads the host's launches, which do not follow the forwards), verify and draft extend as measured, everything
+  else in the cycle as measured;
   when the result holds decode groups at two or more step counts of the same kind (a sweep's runs, an adaptive
   server's spec groups), each phase is fitted by least squares on the step count instead. The GPU clock and the
   host clock (``events`` timer) are modelled apart.
@@ -21,6 +25,10 @@ the model for users; the parts, stated once:
   host-bound, it moves with the host's time for the phases; GPU-bound, with the GPU's. With ``C`` the measured
   cadence, ``G``/``H`` the GPU/host cycle at ``k`` and ``G(j)``/``H(j)`` the modelled ones, the cadence at ``j``
   is ``max(C + H(j) - H, G(j) * min(1, C / G))``: exactly ``C`` at ``k``, and never below the GPU's own time.
+  When the GPU sets the pace (``events`` timer, ``G >= 1.25 H`` and ``C >= G``, measured at more than one step) the
+  host waits out the GPU between cycles, so a host change inside the cycle does not move the cadence: it is ``C - G + max(G(j), H(j))``, the gap
+  beyond the GPU's time kept (on the H200's GPU-bound testbed the host-clock rule read a 1-step cadence of 7.07 ms
+  from a 5-step run where 6.51 was measured; this one 6.58).
 * **No speculation** (``steps: 0``): one token per request per cycle, and a cycle between two bounds: the
   target's forward alone (the verify phase at one token per request, the longer of its GPU and host time: the
   scheduler's own work hidden as the overlap scheduler hides it) and that forward plus all else the speculative
@@ -39,7 +47,7 @@ the model for users; the parts, stated once:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from eaglepatch.errors import UsageError
@@ -48,6 +56,10 @@ from eaglepatch.report.stats import round_json
 
 BASES = ("measured", "profile", "extrapolated", "estimate")
 DRAFT_PHASES = ("draft",)  # cost grows with the steps
+# The GPU sets the pace when a cycle's GPU time is this much longer than the host's time in it: the host launched
+# everything and waits (on the H200 testbeds G/H read 1.65-3.2 on the GPU-bound server, 1.00-1.01 on the
+# host-bound one, where the GPU clock reads the host's launches)
+_GPU_BOUND = 1.25
 _MODEL_ERROR = 0.25  # the share of a modelled change in cadence taken as its uncertainty (one step count measured)
 # The no-speculation estimate's spread is never below this: on the H200 testbed plain decoding ran from 21% slower
 # to 27% faster than it (six comparisons: a host-bound and a GPU-bound model, one and four requests at a time).
@@ -311,17 +323,24 @@ class _Cost:
     k: int
     lines: dict[str, tuple[float, float]] | None = None  # fitted a + b j, from several step counts
     rms: float = 0.0  # the fit's residual, summed over phases (ms)
+    forwards: bool = False  # the draft scaled by its forwards (steps - 1), not its steps: see ``phase``
 
     def phase(self, name: str, j: int) -> float:
         """The time per cycle of ``name`` at ``j`` steps: none for the draft and its extend without speculation,
-        the fitted line where there is one, else the draft proportional to the steps and the rest as at ``k``."""
+        the fitted line where there is one, else the draft proportional to its forwards (``j - 1``: see below) and
+        the rest as at ``k``."""
         if j == 0 and name in (*DRAFT_PHASES, "draft_extend"):
             return 0.0
         if self.lines is not None and name in self.lines:
             a, b = self.lines[name]
             return max(a + b * j, 0.0)
         v = self.at_k[name]
-        return v * j / self.k if name in DRAFT_PHASES else v
+        if name not in DRAFT_PHASES:
+            return v
+        # sglang's draft_forward runs steps - 1 forwards of the draft (the first guess comes from the draft
+        # extend of the cycle before): their GPU time scales so where the GPU sets the pace (``forwards``); a
+        # host-bound GPU clock reads the host's launches, which do not (one CUDA graph replay, or a launch each)
+        return v * (j - 1) / (self.k - 1) if self.forwards else v * j / self.k
 
     def cycle(self, j: int) -> float:
         """The cycle's time at ``j`` steps: the sum of its phases and the rest."""
@@ -412,6 +431,11 @@ def predict_group(g: GroupStats, shape: Shape, *, steps: Sequence[int] | None = 
     G = gcost.cycle(k)
     H = hcost.cycle(k)
     r = min(1.0, C / G) if G > 0 else 1.0
+    # the GPU sets the pace: the host waits out the GPU between cycles, so a change of the host's time inside the
+    # cycle does not move the cadence, and the draft's GPU time follows its forwards (a 1-step run measured none)
+    gpu_bound = events and k > 1 and G >= _GPU_BOUND * H and C >= G
+    if gpu_bound:
+        gcost = replace(gcost, forwards=True)
     between = g.between.mean if g.between is not None else 0.0
     a_k = prof.accept_len(k)
     tokens_k = (g.wall_tokens_per_s or 0.0) * C / 1000.0  # tokens per cycle, measured
@@ -420,6 +444,8 @@ def predict_group(g: GroupStats, shape: Shape, *, steps: Sequence[int] | None = 
     fitted = gcost.lines is not None
 
     def cadence(j: int) -> float:
+        if gpu_bound:  # the gap beyond the GPU's time stays
+            return C - G + max(gcost.cycle(j), hcost.cycle(j))
         return max(C + hcost.cycle(j) - H, gcost.cycle(j) * r)
 
     notes = [f"measured: {g.accepted_cycles} decode cycles at {k} steps"]
@@ -433,7 +459,8 @@ def predict_group(g: GroupStats, shape: Shape, *, steps: Sequence[int] | None = 
     if fitted:
         notes.append(f"cost: each phase fitted on the step counts of {len(family)} groups")
     else:
-        notes.append("cost: the draft proportional to its steps, verify, draft extend and the rest as measured")
+        notes.append("cost: the draft proportional to its steps (its GPU time to its forwards, steps - 1, where the GPU "
+                     "sets the pace), verify, draft extend and the rest as measured")
     if events:
         notes.append("cadence: the host clock between cycle starts; host-bound phases move it by their host time, "
                      "GPU-bound by their GPU time")

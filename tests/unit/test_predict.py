@@ -222,6 +222,25 @@ def test_the_cadence_moves_with_the_gpu_when_the_gpu_sets_it(tmp_path):
     assert pts[5].tokens_per_s == approx(pts[5].accept_len / max(C + 0.6, 12.0 * r) * 1000)
 
 
+def test_a_gpu_bound_cadence_keeps_its_gap_and_ignores_the_hosts_slack(tmp_path):
+    """Events timer, the GPU setting the pace: GPU cycle 10 ms (draft 3 at 3 steps, 1.5 ms a forward), host cycle 2
+    ms, the next cycle 10 ms after the host's end (C about 12 ms: the host waits out the GPU, then 2 ms more). At 2
+    steps the GPU's cycle is 8.5 ms (the draft follows its forwards here) and the cadence C - G + G(j) = 10.5 ms,
+    not the host clock's C - 0.3 (11.6 ms: the host's own saving would be lost in its wait); at 5 steps 15 ms; the
+    measured point stays C. From a run at 1 step (no draft forward measured) the rule is not used."""
+    host = (2.0, {"draft": 0.9, "verify": 0.6, "draft_extend": 0.3})
+    recs = records(cycle=10.0, gap=10.0, host=host, phases={"draft": 3.0, "verify": 6.0, "draft_extend": 1.0})
+    res, (p,) = one_group(tmp_path, recs)
+    (g,) = res.groups
+    C = g.cadence_ms
+    assert C == approx((80 * 2.0 + 79 * 10.0) / 80, rel=1e-4)  # 80 cycles, 79 gaps: about 12 ms
+    pts = {x.steps: x for x in p.points}
+    assert pts[3].tokens_per_s == approx(2.875 / C * 1000)
+    assert pts[2].tokens_per_s == approx(2.5 / (C - 10.0 + 8.5) * 1000)
+    assert pts[1].tokens_per_s == approx(1.875 / (C - 10.0 + 7.0) * 1000)
+    assert pts[5].tokens_per_s == approx(pts[5].accept_len / (C - 10.0 + 13.0) * 1000)
+
+
 @pytest.mark.parametrize("flags, why", [
     ({**FLAGS, "speculative-eagle-topk": "4", "speculative-num-draft-tokens": "8"}, "top-k 4"),
     ({}, "step count this run used is not known"),

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""The tables of docs/real-gpu.md's live sweep against the restart sweep (issue 23) and of one run's prediction
+against both (issue 22), from a live story's JSON (its state files hold every live window and every restart run)
+and its timing logs, with this checkout's code:
+
+* per step count: the live windows' client tok/s and the restart sweep's launches' (each in time order), medians,
+  spreads ((max - min) / median) and their ratio;
+* per 5-step run (each restart launch at the largest step count, and each live window at it): what its records at
+  batch size 4 (the load's steady state) predict for the other step counts, against the tok/s measured there:
+  the restart launches' batch-size-4 wall tok/s and client tok/s, and the live windows' client tok/s.
+
+    python benchmarks/gpu/restart_tables.py docs/gpu/live_story_big_p70.json docs/gpu/live_story_big_p70_eplogs.tgz
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from eaglepatch import report as rep
+from eaglepatch.report.predict import predict
+
+BS = 4
+
+
+def spread(xs: list[float]) -> float:
+    return (max(xs) - min(xs)) / statistics.median(xs)
+
+
+def steps_of(point: str) -> int | None:
+    flags = dict(json.loads(point)["flags"])
+    k = flags.get("speculative-num-steps")
+    return None if k is None else int(k)
+
+
+def header_steps(path: str) -> tuple[int | None, float]:
+    """The step count a launch's timing log says in its run header, and the time of its first line."""
+    with open(path, encoding="utf-8") as fh:
+        first = json.loads(fh.readline())
+    k = (first.get("flags") or {}).get("speculative-num-steps")
+    return (None if k is None else int(k)), first["t"]
+
+
+def bs_group(res: rep.ReportResult):  # type: ignore[no-untyped-def]
+    for i, g in enumerate(res.groups):
+        if g.mode == "decode" and g.key_dict().get("bs") == BS:
+            return i, g
+    return None, None
+
+
+def prediction(res: rep.ReportResult) -> dict[int, object]:
+    i, _ = bs_group(res)
+    pred = predict(res)[i] if i is not None else None
+    return {pt.steps: pt for pt in pred.points} if pred else {}
+
+
+def main(story_path: str, logs_tgz: str) -> None:
+    story = json.loads(Path(story_path).read_text())
+    states = story["state_files"]
+    live_lines = next(t for n, t in states.items() if "-live-" in n).splitlines()
+    restart_lines = next(t for n, t in states.items() if "-live-" not in n).splitlines()
+    live_runs = [json.loads(x) for x in live_lines if '"kind":"run"' in x]
+    restart_runs = [json.loads(x) for x in restart_lines if '"kind":"run"' in x]
+    tmp = Path(tempfile.mkdtemp())
+    with tarfile.open(logs_tgz) as tf:
+        tf.extractall(tmp, filter="data")
+    files = sorted(str(f) for f in tmp.rglob("*.jsonl"))
+
+    live: dict[int, list[dict]] = {}
+    for r in sorted(live_runs, key=lambda r: r["window"][0]):
+        live.setdefault(steps_of(r["point"]), []).append(r)
+    # each restart launch wrote one file (its server's pid); its header names its step count
+    launches: dict[int | None, list[dict]] = {}
+    for f in files:
+        k, t0 = header_steps(f)
+        res = rep.aggregate([f], by="bs")
+        _, g = bs_group(res)
+        if g is None or any(lo <= t0 <= hi for r in live_runs for lo, hi in [r["window"]]):
+            continue  # the live sweep's adaptive server, or a launch without a load (the sweep's start)
+        if t0 < min(r["window"][0] for r in live_runs):
+            continue
+        launches.setdefault(k, []).append({"file": f, "t": t0, "res": res, "wall": g.wall_tokens_per_s})
+    # the restart runs' client figures, in time order, matched to the launches in time order per step count
+    for k in launches:
+        launches[k].sort(key=lambda x: x["t"])
+        runs = sorted((r for r in restart_runs if steps_of(r["point"]) == k), key=lambda r: r["t"])
+        for L, r in zip(launches[k], runs):
+            L["client"] = r["tokens_per_s"]
+            L["accept_len"] = r["accept_len"]
+
+    print("| steps | live windows: client tok/s (time order) | median | spread | restart launches: client tok/s "
+          "(time order) | median | spread | restart spread / live spread |")
+    print("|---|---|---|---|---|---|---|---|")
+    for k in sorted(live):
+        lt = [r["tokens_per_s"] for r in live[k]]
+        rt = [L["client"] for L in launches.get(k, []) if "client" in L]
+        cells = [", ".join(f"{x:.0f}" for x in lt), f"{statistics.median(lt):.0f}", f"{spread(lt) * 100:.1f}%"]
+        if rt:
+            cells += [", ".join(f"{x:.0f}" for x in rt), f"{statistics.median(rt):.0f}", f"{spread(rt) * 100:.1f}%",
+                      f"{spread(rt) / spread(lt):.1f}x"]
+        else:
+            cells += ["(a live state only)", "", "", ""]
+        print(f"| {k} | " + " | ".join(cells) + " |")
+    print()
+
+    measured = {k: {"wall": statistics.median(L["wall"] for L in v),
+                    "client": statistics.median(L["client"] for L in v if "client" in L)}
+                for k, v in launches.items() if k is not None}
+    live_med = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in live.items()}
+    top = max(measured)
+    targets = sorted(k for k in measured if k != top)
+    print(f"| from one {top}-step run | its bs {BS} wall tok/s | " + " | ".join(
+        f"{k} steps predicted: vs restart bs {BS} wall {measured[k]['wall']:.0f} / client {measured[k]['client']:.0f}"
+        f" / live {live_med[k]:.0f}" for k in targets) + " | predicted best (basis) |")
+    print("|---|---|" + "---|" * len(targets) + "---|")
+    sources = [(f"restart launch {i + 1}", L["res"]) for i, L in enumerate(launches[top])]
+    for i, r in enumerate(live[top]):
+        lo, hi = r["window"]
+        sources.append((f"live window {i + 1}", rep.aggregate(files, by="bs", t_min=lo, t_max=hi)))
+    for name, res in sources:
+        pts = prediction(res)
+        _, g = bs_group(res)
+        if not pts or g is None:
+            print(f"| {name} | - | " + " | ".join("-" for _ in targets) + " | - |")
+            continue
+        cells = []
+        for k in targets:
+            p = pts[k].tokens_per_s
+            cells.append(f"{p:.0f} ({(p / measured[k]['wall'] - 1) * 100:+.1f}% / {(p / measured[k]['client'] - 1) * 100:+.1f}%"
+                         f" / {(p / live_med[k] - 1) * 100:+.1f}%)")
+        best = max(pts.values(), key=lambda p: p.tokens_per_s)
+        print(f"| {name} | {g.wall_tokens_per_s:.0f} | " + " | ".join(cells) + f" | {best.steps} ({best.basis}) |")
+    print()
+    print("| steps | restart launches: bs 4 wall tok/s (time order) | client tok/s | wall / client |")
+    print("|---|---|---|---|")
+    for k in sorted(x for x in launches if x is not None):
+        v = launches[k]
+        print(f"| {k} | " + ", ".join(f"{L['wall']:.0f}" for L in v) + " | " + ", ".join(
+            f"{L.get('client', 0):.0f}" for L in v) + " | " + ", ".join(
+            f"{(L['wall'] / L['client'] - 1) * 100:+.1f}%" for L in v if L.get("client")) + " |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
