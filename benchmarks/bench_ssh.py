@@ -445,11 +445,17 @@ def measure(runs: int, version: str, do_breakdown: bool, breakdown_runs: int) ->
                 "revert_ssh": ([*EAGLEPATCH, "revert", "--no-restart", *target], "revert: changed"),
                 "apply_local": ([*EAGLEPATCH, "apply", "--no-restart", str(tree)], "apply: changed"),
                 "revert_local": ([*EAGLEPATCH, "revert", "--no-restart", str(tree)], "revert: changed"),
+                # the first apply of this release from this client: the transform's results not yet cached
+                "apply_ssh_cold": ([*EAGLEPATCH, "apply", "--no-restart", *target], "apply: changed"),
+                "revert_ssh_again": ([*EAGLEPATCH, "revert", "--no-restart", *target], "revert: changed"),
             }
             times: dict[str, list[float]] = {k: [] for k in cmds}
             for rnd in range(runs + 1):  # round 0: warm-up, not counted
                 for name, (argv, expect) in cmds.items():
-                    dt = run_timed(argv, lb.env, str(cwd), expect)
+                    env = lb.env
+                    if name == "apply_ssh_cold":  # an empty client cache of its own, every round
+                        env = dict(lb.env, XDG_CACHE_HOME=str(tmp / f"cold-cache-{rnd}"))
+                    dt = run_timed(argv, env, str(cwd), expect)
                     if rnd:
                         times[name].append(dt)
                 if tree_digest(tree) != pristine:
@@ -470,6 +476,8 @@ def measure(runs: int, version: str, do_breakdown: bool, breakdown_runs: int) ->
                 "pair_ratio": round((med["apply_ssh"] + med["revert_ssh"]) / base, 3),
                 "pair_target": PAIR_TARGET,
                 "pair_met": (med["apply_ssh"] + med["revert_ssh"]) / base <= PAIR_TARGET,
+                "pair_cold_s": round(med["apply_ssh_cold"] + med["revert_ssh"], 4),
+                "pair_cold_ratio": round((med["apply_ssh_cold"] + med["revert_ssh"]) / base, 3),
                 "commands": {
                     "ssh": "ssh -F HOME/.ssh/config -i KEY -p PORT -o BatchMode=yes -o IdentitiesOnly=yes "
                            "-o UserKnownHostsFile=HOME/.ssh/known_hosts USER@127.0.0.1 true",
@@ -477,6 +485,10 @@ def measure(runs: int, version: str, do_breakdown: bool, breakdown_runs: int) ->
                     "revert_ssh": "eaglepatch revert --no-restart USER@127.0.0.1:PORT -i KEY --sglang-path TREE",
                     "apply_local": "eaglepatch apply --no-restart TREE",
                     "revert_local": "eaglepatch revert --no-restart TREE",
+                    "apply_ssh_cold": "eaglepatch apply --no-restart USER@127.0.0.1:PORT -i KEY --sglang-path TREE "
+                                      "(XDG_CACHE_HOME an empty folder)",
+                    "revert_ssh_again": "eaglepatch revert --no-restart USER@127.0.0.1:PORT -i KEY --sglang-path "
+                                        "TREE",
                 },
                 "openssh": subprocess.run([lb.ssh_argv[0], "-V"], capture_output=True, text=True).stderr.strip(),
                 "python": platform.python_version(),

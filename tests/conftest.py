@@ -32,6 +32,15 @@ if TYPE_CHECKING:
     from eaglepatch.transform.recipe import Recipe
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _client_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The client's cache (``$XDG_CACHE_HOME``: fetched logs, sweeps, the transform's results) in a folder of this
+    test session, never the user's ``~/.cache``; a test that needs its own sets its own."""
+    import os
+
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("client-cache"))
+
+
 @pytest.fixture(scope="session")
 def recipe() -> Recipe:
     """The built-in recipe."""

@@ -14,11 +14,12 @@ from typing import Any, Sequence
 
 from eaglepatch.errors import Unsupported, UsageError
 from eaglepatch.hosts.base import Host
-from eaglepatch.ops import lazy_engine
+from eaglepatch.ops import transform_cache
 from eaglepatch.hosts.agent import call
 from eaglepatch.ops.options import FactsOptions
 from eaglepatch.transform.marks import is_instrumented
 from eaglepatch.transform.recipe import Recipe
+from eaglepatch.transform.results import Instrumented
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,9 +174,8 @@ def file_state(facts: HostFacts, f: WorkerFile, recipe: Recipe) -> str:
         return "drifted"
     if not is_instrumented(f.text):
         return "pristine"
-    engine = lazy_engine.engine()
-    again = engine.instrument(f.text, f.path, recipe)
-    return "patched" if isinstance(again, engine.Instrumented) and not again.changed else "drifted"
+    again = transform_cache.instrument(f.text, f.path, recipe)
+    return "patched" if isinstance(again, Instrumented) and not again.changed else "drifted"
 
 
 def code_state(started_at: float | None, facts: HostFacts) -> str:

@@ -12,6 +12,7 @@ import re
 import secrets
 from typing import Any, Callable, Collection, Sequence
 
+from eaglepatch.cache import cache_root
 from eaglepatch.errors import BadAnswer, Unsupported, UsageError
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.spec import TargetSpec
@@ -25,8 +26,7 @@ Say = Callable[[str], None]
 
 
 def _cache_root() -> pathlib.Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "eaglepatch" / "logs"
+    return cache_root() / "logs"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from eaglepatch import __version__
 from eaglepatch.errors import Conflict, Unsupported
-from eaglepatch.ops import lazy_engine
+from eaglepatch.ops import lazy_engine, transform_cache
 from eaglepatch.ops.facts import HostFacts, WorkerFile, file_state, short_path
 from eaglepatch.ops.options import RuntimeOptions
 from eaglepatch.ops.runtime_file import RUNTIME_FILE, config_change, render_runtime
@@ -97,9 +97,9 @@ def plan_apply(facts: HostFacts, recipe: Recipe, opts: RuntimeOptions, *,
     refused: list[str] = []
     timers: dict[str, str] = {}
     engine = lazy_engine.engine()
-    instrument, strip, Refused, NotApplicable = engine.instrument, engine.strip, engine.Refused, engine.NotApplicable
+    strip, Refused, NotApplicable = engine.strip, engine.Refused, engine.NotApplicable
     with lazy_engine.few_collections():
-        results = [(f, instrument(f.text, f.path, recipe)) for f in facts.files]
+        results = [(f, transform_cache.instrument(f.text, f.path, recipe)) for f in facts.files]
     for f, res in results:
         if isinstance(res, Refused):
             refused.append(res.message())

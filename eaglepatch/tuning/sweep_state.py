@@ -15,13 +15,13 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
+from eaglepatch.cache import cache_root
 from eaglepatch.errors import Conflict
 from eaglepatch.tuning.sweep import Point
 
 
 def cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "eaglepatch", "sweeps")
+    return str(cache_root() / "sweeps")
 
 
 def sweep_id(target: str, points: Sequence[Point], repeat: int, load: Mapping[str, Any]) -> str:
