@@ -6,17 +6,19 @@ own, as the line loop (``eaglepatch.report.lines``) adds it record by record, so
 
 from __future__ import annotations
 
+import struct
 import sys
 from array import array
 from functools import lru_cache, reduce
-from itertools import chain, compress
-from operator import add, itemgetter
+from itertools import compress
+from operator import add, iconcat, itemgetter
 from typing import Any
 
 from eaglepatch.report.groups import Acc
 from eaglepatch.report.record import BadLine, hist_counts
 
 _BYTES = [bytes((i,)) for i in range(256)]
+_pack = struct.pack
 
 
 def plan(st: Any, recs: list[Any], hcs: list[Any] | None, prevs: list[float], carry: float,
@@ -28,8 +30,8 @@ def plan(st: Any, recs: list[Any], hcs: list[Any] | None, prevs: list[float], ca
     nidle = -idle
     # the gap before each cycle in ms: 0 for a small negative one, -1 where it is left out (idle, or the
     # records out of order)
-    gv = [x * 1000.0 if 0.0 < x <= idle else (0.0 if nidle <= x <= 0.0 else -1.0)
-          for x in [r.t - p for r, p in zip(recs, prevs)]]
+    gv = [x * 1000.0 if 0.0 < (x := r.t - p) <= idle else (0.0 if nidle <= x <= 0.0 else -1.0)
+          for r, p in zip(recs, prevs)]
     out = gv.count(-1.0)
     cycs = [r.cycle_ms for r in recs]
     wcs = cycs if hcs is None else hcs
@@ -142,17 +144,26 @@ def _phase_getter(k: int) -> Any:
     return ns["columns"]
 
 
-def _phase_columns(objs: Any, names: tuple[str, ...]) -> list[tuple[str, array]]:
-    """(name, times) of each phase that the phase structs ``objs`` hold, their times in order."""
+def _f32(values: Any) -> bytes:
+    """The values as 32-bit floats (the bytes of ``array("f", values)``): ``struct`` converts them three times
+    quicker than ``array``, with the same rounding, but refuses what ``array`` makes infinite."""
+    try:
+        return _pack(f"{len(values)}f", *values)
+    except OverflowError:
+        return array("f", values).tobytes()
+
+
+def _phase_columns(objs: Any, names: tuple[str, ...]) -> list[tuple[str, bytes]]:
+    """(name, times as ``_f32`` bytes) of each phase that the phase structs ``objs`` hold, their times in order."""
     out = []
     for name, col in zip(names, _phase_getter(len(names))(objs)):
         try:
-            times = array("f", col)
-        except TypeError:  # a record without this phase
+            times = _f32(col)
+        except struct.error:  # a record without this phase (None)
             col = [x for x in col if x is not None]
             if not col:
                 continue
-            times = array("f", col)
+            times = _f32(col)
         out.append((name, times))
     return out
 
@@ -203,7 +214,7 @@ def _columns(idx: list[int] | None, recs: list[Any], cycs: list[Any], hcs: list[
 
     # the acceptance profile: each request's tokens (accepts), or a histogram (accept_hist)
     hist: dict[int, int] = {}
-    flat = list(chain.from_iterable(filter(None, gacs)))
+    flat = reduce(iconcat, filter(None, gacs), [])
     if flat:
         try:
             b = bytes(flat)  # the counts below 256, one byte each
@@ -246,24 +257,24 @@ def _sum(values: Any, start: Any) -> Any:
 
 def apply(g: Acc, cyc: Any, phases: Any, host: Any, btw: Any, acc: Any, hist: dict[int, int]) -> None:
     """Add a plan's columns (``_columns``) to the group ``g``, as the line loop adds them record by record."""
-    g.cyc.extend(array("f", cyc))
+    g.cyc.frombytes(_f32(cyc))
     for name, times in phases:
-        _app(g.ph, name).extend(times)
+        _app(g.ph, name).frombytes(times)
     if host is not None:
         hcyc, hphases = host
-        g.hcyc.extend(array("f", hcyc))
+        g.hcyc.frombytes(_f32(hcyc))
         for name, times in hphases:
-            _app(g.hph, name).extend(times)
+            _app(g.hph, name).frombytes(times)
     if btw:
-        g.btw.extend(array("f", btw))
+        g.btw.frombytes(_f32(btw))
     if acc is not None:
         accs, cycs, wadj, gaps, walls, accab, bsab = acc
         g.acc = _sum(accs, g.acc)
         g.cyc_acc = _seq_sum(cycs, g.cyc_acc)
         g.wcyc_acc = _seq_sum(wadj, g.wcyc_acc)
         g.btw_acc = _seq_sum(gaps, g.btw_acc)
-        g.accs.extend(array("f", accs))
-        g.walls.extend(array("f", walls))
+        g.accs.frombytes(_f32(accs))
+        g.walls.frombytes(_f32(walls))
         if accab:
             g.acc_ab = _sum(accab, g.acc_ab)
             g.bs_ab = _sum(bsab, g.bs_ab)

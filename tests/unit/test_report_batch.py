@@ -47,6 +47,7 @@ ODD = [
     ("mode", "verify"), ("accepts", []), ("kind", "x"), ("phases", {"other": 1.0, "draft": 2}),
     ("accept_hist", {"3": 2}), ("cycle_ms", 7), ("spec", {"steps": 3, "topk": True}), ("t", True),
     ("cycle_ms", False), ("host_phases", {"draft": None}), ("worker", None), ("timer", 5), ("dropped", 2),
+    ("cycle_ms", 1e39), ("phases", {"draft": -1e39, "verify": 2 ** 53}),  # beyond a 32-bit float: infinite
 ]
 
 
