@@ -91,6 +91,7 @@ class _Counted:
 
 
 _UINT = {array(c).itemsize: c for c in "QLI"}  # an unsigned typecode of each size (the smallest name last wins)
+_SIGN = {c: 1 << (8 * array(c).itemsize - 1) for c in "QLI"}  # the sign bit of a float of that size
 _COUNT_MIN = 1 << 16  # below this many values a plain sort is quick enough
 _COUNT_CHUNK = 1 << 16
 
@@ -120,6 +121,12 @@ def ordered(values: array) -> Sequence[float]:
         else:
             del keyed
             if code is not None:
+                bits = sorted(counts)
+                if bits[-1] < _SIGN[code]:
+                    # no sign bit set: the bits of non-negative floats sort as the floats do
+                    floats = array(values.typecode)
+                    floats.frombytes(array(code, bits).tobytes())
+                    return _Counted(floats.tolist(), list(accumulate([counts[b] for b in bits])))
                 floats = array(values.typecode)
                 floats.frombytes(array(code, counts).tobytes())
                 by_value: dict[float, int] = {}
