@@ -117,18 +117,24 @@ def _index(seq: list[Any], value: Any, start: int) -> int:
 
 
 def _split(keys: list[Any], found: dict[Any, None], m: int) -> list[list[int]]:
-    """The indexes of each found key's records."""
-    counts = {k: keys.count(k) for k in found}
+    """The indexes of each found key's records: for two keys, one of them rare (prefill among decode cycles), the
+    rare one's found by ``list.index`` and the other's by a mask; else by one pass over them all."""
+    counts = {k: keys.count(k) for k in found} if len(found) == 2 else {}
+    if not counts or min(counts.values()) * 16 > m:
+        idx: dict[Any, list[int]] = {k: [] for k in found}
+        for i, k in enumerate(keys):
+            idx[k].append(i)
+        return list(idx.values())
     most = max(counts, key=counts.__getitem__)
     mask = bytearray(b"\x01") * m
     out: dict[Any, list[int]] = {}
     for k in found:
         if k is most:
             continue
-        idx = out[k] = []
+        found_at = out[k] = []
         i = keys.index(k)
         while i >= 0:
-            idx.append(i)
+            found_at.append(i)
             mask[i] = 0
             i = _index(keys, k, i + 1)
     out[most] = list(compress(range(m), mask))
