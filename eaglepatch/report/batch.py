@@ -47,6 +47,8 @@ except ImportError:  # pragma: no cover - msgspec is a dependency; the line loop
 
 PIECE = 1 << 16  # bytes read and decoded at a time (larger buffers cost more to allocate than they save)
 BATCH = 2048  # records added together (more: the garbage collector walks the waiting records' lists more often)
+_SHORT = 16  # records a part holds on average, at least, for the generic decoder's records to be batched
+_SKIP = 16  # pieces then left to the line loop before the batch path tries again
 _TRIES = 4  # lines of a piece that may fail to decode before the rest of the piece goes to the line loop
 _MAX_PHASES = 32  # phase names a decoder knows at most
 _MAX_DECODERS = 64  # decoders made for a process, run and timer that are kept
@@ -113,6 +115,7 @@ class Batches:
         self.failed = 0  # pieces that did not decode since the phase names were last looked at
         self.segs: list[tuple[Any, list[Any], bytes, int]] = []  # (key, records, data, end): lines data[:end]
         self.waiting = 0
+        self.skip = 0  # pieces still to leave to the line loop (parts too short to batch)
         self.set_phases(CANONICAL_PHASES)
 
     def set_phases(self, names: tuple[str, ...]) -> None:
@@ -151,6 +154,10 @@ class Batches:
 
     def piece(self, data: bytes, end: int, tries: int = _TRIES) -> None:
         """Decode the whole lines ``data[:end]`` (each ending with a newline, but for a file's last line)."""
+        if self.skip:
+            self.skip -= 1
+            self.text(data[:end])
+            return
         if data.find(b"\r", 0, end) >= 0:
             self.text(data[:end])
             return
@@ -166,8 +173,8 @@ class Batches:
         elif recs:
             self.segs.append((self.key, recs, data, end))
             self.waiting += len(recs)
-            if self.waiting >= BATCH:
-                self.flush()
+            if self.waiting >= BATCH or self.key is None:
+                self.flush()  # the generic decoder's records at once: cut short, the next pieces go to the line loop
 
     def refused(self, data: bytes, msg: str, tries: int) -> None:
         """``data`` did not decode: the line named by msgspec's message to ``line``, the lines before and after it
@@ -290,6 +297,9 @@ class Batches:
         keys = [(r.host, r.pid, r.rank, r.run, r.spec) for r in kept]
         cuts = [i for i in range(1, n) if keys[i] != keys[i - 1]]
         cuts.append(n)
+        if len(cuts) * _SHORT > n:
+            self.skip = _SKIP  # parts this short: the line loop is as quick, for the next pieces too
+            return 0
         a = 0
         for b in cuts:
             if b - a < 8 or not self.part(kept[a:b]):

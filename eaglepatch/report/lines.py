@@ -78,7 +78,13 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
     hi = st.hi
     bad_errors = BAD_ERRORS
     slow = append_phases_slow
-    switch_run = st.switch_run
+    spec_cache = st.spec_cache
+    spec_of = st.spec_of
+    runs = st.runs
+    new_run = st.new_run
+    ctxs = st.ctxs
+    file_run = st.file_run
+    file_index = st.file_index
     c_host = st.c_host
     c_pid = st.c_pid
     c_rank = st.c_rank
@@ -173,11 +179,33 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
                 e = t + hcyc * 0.001 + cyc * 0.0
 
             if rraw != c_rraw or sraw != c_sraw:
-                switch_run(rraw, sraw, t, d.get("timer"))  # BadLine before it changes anything
-                R = st.R
-                groups = st.groups
-                c_rid = st.c_rid
-                c_spec = st.c_spec
+                # Another run or spec (or file, or process): validate them, find their groups. This record's t
+                # and timer count for the run's start and timer (Scan.switch_run, written out here for speed).
+                if rraw is None:
+                    rid = file_run
+                elif type(rraw) is str and rraw:
+                    rid = rraw
+                else:
+                    raise BadLine("bad run")
+                if sraw is None:
+                    spec = None
+                else:
+                    try:
+                        spec = spec_cache[tuple(sraw.items())]
+                    except (KeyError, TypeError, AttributeError):
+                        spec = spec_of(sraw)
+                R = runs.get(rid) or new_run(rid)
+                R.files.add(file_index)
+                if t < R.start:
+                    R.start = float(t)
+                timer = d.get("timer")
+                if type(timer) is str and timer:
+                    R.timers.add(timer)
+                groups = ctxs.get((rid, spec))
+                if groups is None:
+                    groups = ctxs[(rid, spec)] = {}
+                c_rid = rid
+                c_spec = spec
                 c_rraw = rraw
                 c_sraw = sraw
                 cur_gk = NO

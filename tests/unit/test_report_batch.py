@@ -235,8 +235,10 @@ def test_processes_runs_and_specs_that_change_from_line_to_line(tmp_path: Path,
         runs[i] = json.dumps(r)
     specs = [json.dumps(record(rng, T0 + i * 0.02, pid=9, spec={"steps": 1 + i // 50 % 3, "topk": 1}))
              for i in range(400)]
+    every = [json.dumps(record(rng, T0 + i * 0.02, pid=10, spec={"steps": rng.choice((1, 3)), "topk": 1}))
+             for i in range(3000)]  # a spec of its own every record or two: left to the line loop
     files = [write_lines(tmp_path / f"{name}.jsonl", lines)
-             for name, lines in (("mixed", mixed), ("runs", runs), ("specs", specs))]
+             for name, lines in (("mixed", mixed), ("runs", runs), ("specs", specs), ("every", every))]
     for kw in ({}, {"by": "host"}, {"skip": 3}):
         assert_same(results(files, monkeypatch, **kw))
 
