@@ -1,8 +1,9 @@
 """The scan's batch path: a file read in pieces of whole lines, each piece decoded at once by msgspec into typed
-records, and the records added to the accumulators a column at a time, so that the per-record work is done by C
-loops (list comprehensions, ``map``, ``array``) rather than by Python statements.
+records, and the records added to the accumulators a column at a time (``eaglepatch.report.columns``), so that
+the per-record work is done by C loops (list comprehensions, ``struct.pack``, ``sum``) rather than by Python
+statements: about twice as quick as the line loop.
 
-It gives exactly what the line-by-line loop (``eaglepatch.report.scan``) gives, and leaves to that loop whatever
+It gives exactly what the line-by-line loop (``eaglepatch.report.lines``) gives, and leaves to that loop whatever
 it cannot vouch for:
 
 * Records decode into ``Record`` structs whose types are the record rules of ``eaglepatch.report.record`` made
@@ -19,13 +20,15 @@ it cannot vouch for:
 * While the records of one process and run come, they are decoded by a decoder made for that process, run and
   timer (``Literal`` fields): a record of another one fails to decode, so the records of one decoder need no
   check that they belong together, and their strings cost nothing to decode. Otherwise (a ``spec`` that varies,
-  several processes in a file) a generic decoder's records are cut where the process, ``run`` or ``spec`` changes.
+  several processes in a file) a generic decoder's records are cut where the process, ``run`` or ``spec`` changes;
+  where that leaves parts of a few records (a spec of its own every record or two), the line loop is as quick and
+  reads the next pieces.
 * Records are added a part at a time (one process, run and spec: the line loop's state changes only between
   parts). Everything that can refuse a part (its spec, accept_hist objects, the accepts lists, records with and
   without ``host_cycle_ms`` mixed) is checked before anything is added; a refused part goes to the line loop.
 * The sums (cycle time of the records with accepted, wall time, gaps, tokens) are added in record order, one at a
-  time (``functools.reduce``), as the line loop adds them: ``sum`` of floats rounds differently on newer
-  Pythons. Sums of whole numbers use ``sum``.
+  time, as the line loop adds them: ``sum`` up to Python 3.11, ``functools.reduce`` from 3.12 on (where ``sum``
+  of floats compensates the rounding).
 """
 
 from __future__ import annotations
@@ -111,7 +114,6 @@ class Batches:
     def __init__(self, st: Any):
         self.st = st
         self.errors = (_msgspec.MsgspecError, ValueError, RecursionError)
-        self.flat = _msgspec.json.Decoder(list[int]).decode
         self.failed = 0  # pieces that did not decode since the phase names were last looked at
         self.segs: list[tuple[Any, list[Any], bytes, int]] = []  # (key, records, data, end): lines data[:end]
         self.waiting = 0
@@ -177,8 +179,8 @@ class Batches:
                 self.flush()  # the generic decoder's records at once: cut short, the next pieces go to the line loop
 
     def refused(self, data: bytes, msg: str, tries: int) -> None:
-        """``data`` did not decode: the line named by msgspec's message to ``line``, the lines before and after it
-        decoded again (when it names neither a record nor a byte: the two halves)."""
+        """``data`` did not decode: the line that msgspec's message names (by its record or a byte) to ``line``, the
+        lines before and after it decoded again; when it names neither, the two halves decoded again."""
         self.failed += 1
         at = -1
         m = _AT_RECORD.search(msg)
