@@ -72,15 +72,15 @@ def plan(st: Any, recs: list[Any], hcs: list[Any] | None, prevs: list[float], ca
     # accept_hist: read where a record has no accepts
     acs = [r.accepts for r in recs]
     pairs: dict[int, list[tuple[int, int]]] = {}
-    if acs.count(None):
-        hists = [r.accept_hist for r in recs]
-        if hists.count(None) < m:
-            for i, (a, h) in enumerate(zip(acs, hists)):
-                if a is None and h is not None:
-                    try:
-                        pairs[i] = hist_counts(h)
-                    except BadLine:
-                        return None
+    i = _index(acs, None, 0)
+    while i >= 0:
+        h = recs[i].accept_hist
+        if h is not None:
+            try:
+                pairs[i] = hist_counts(h)
+            except BadLine:
+                return None
+        i = _index(acs, None, i + 1)
 
     # The groups, in the order of their first records.
     bycode = st.bycode
@@ -163,6 +163,8 @@ def _phase_columns(objs: Any, names: tuple[str, ...]) -> list[tuple[str, bytes]]
     """(name, times as ``_f32`` bytes) of each phase that the phase structs ``objs`` hold, their times in order."""
     out = []
     for name, col in zip(names, _phase_getter(len(names))(objs)):
+        if col[0] is None and col.count(None) == len(col):
+            continue  # no record has this phase
         try:
             times = _f32(col)
         except struct.error:  # a record without this phase (None)
