@@ -137,21 +137,24 @@ class Batches:
         self.dec = dec
 
     def read(self, f: Any) -> None:
-        rest = b""
+        rest: list[bytes] = []  # the start of a line that the pieces read so far do not end
         while True:
             data = f.read(PIECE)
             if not data:
                 break
-            if rest:
-                data = rest + data
             cut = data.rfind(b"\n") + 1
             if not cut:
-                rest = data
+                rest.append(data)  # a line longer than a piece: joined once it ends
                 continue
-            rest = data[cut:]
+            if rest:
+                cut += sum(map(len, rest))
+                rest.append(data)
+                data = b"".join(rest)
+            rest = [data[cut:]] if cut < len(data) else []
             self.piece(data, cut)
         if rest:
-            self.piece(rest, len(rest))
+            data = b"".join(rest)
+            self.piece(data, len(data))
         self.flush()
 
     def piece(self, data: bytes, end: int, tries: int = _TRIES) -> None:
