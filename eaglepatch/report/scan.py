@@ -52,6 +52,7 @@ import os
 from collections import Counter
 from typing import Any, Iterable, Sequence
 
+from eaglepatch.collector import few_collections
 from eaglepatch.errors import UsageError
 from eaglepatch.report.batch import Batches
 from eaglepatch.report.groups import Acc
@@ -285,6 +286,15 @@ def scan_files(
     fast = _fast_decode()
     st = Scan(by, skip, idle_gap_s, tracer, t_min, t_max, trace_runs, fast)
     batches = Batches(st) if fast is not None and tracer is None else None
+    with few_collections():  # records decoded by the thousand, freed by reference counting: ~4% of the time
+        _scan(st, batches, files)
+    out = st.out
+    out.records = st.records
+    out.bad = st.bad
+    return out
+
+
+def _scan(st: Scan, batches: Batches | None, files: Sequence[str]) -> None:
     for file_index, (path, file_run) in enumerate(zip(files, _file_run_ids(files))):
         st.file_index = file_index
         st.file_run = file_run
@@ -298,7 +308,3 @@ def scan_files(
                 batches.read(f)
             else:
                 st.lines(f)
-    out = st.out
-    out.records = st.records
-    out.bad = st.bad
-    return out

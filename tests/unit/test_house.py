@@ -18,7 +18,7 @@ MAX_LINES = 600
 
 # The layers, bottom to top: a module may import from its own layer's packages and the ones below, never above.
 LAYERS = [
-    {"errors", "failpoints", "redact", "progress", "console", "runtime", "hostside", "releases", ""},
+    {"errors", "failpoints", "redact", "progress", "console", "collector", "runtime", "hostside", "releases", ""},
     {"transform", "report", "hosts"},
     {"server"},
     {"ops"},

@@ -258,3 +258,27 @@ def test_a_recipe_of_ones_own_is_learnt(tmp_path: Path, monkeypatch: pytest.Monk
     assert_same(res)
     assert int(res["added"]) > 1500
     assert "name='mine'" in res["batches"]
+
+
+def test_the_collector_is_held_off_while_the_files_are_read_and_put_back(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    from eaglepatch.errors import UsageError
+
+    rng = random.Random(7)
+    f = write_lines(tmp_path / "a.jsonl", log_lines(rng, 50, 0.0))
+    before = gc.get_threshold()
+    seen = []
+    real_read = batch_mod.Batches.read
+
+    def read(self: Any, fh: Any) -> None:
+        seen.append(gc.get_threshold()[0])
+        real_read(self, fh)
+
+    monkeypatch.setattr(batch_mod.Batches, "read", read)
+    aggregate([f])
+    assert seen and seen[0] >= 50_000 and gc.get_threshold() == before
+    with pytest.raises(UsageError):
+        aggregate([f, str(tmp_path / "gone.jsonl")])
+    assert gc.get_threshold() == before
