@@ -4,11 +4,12 @@ runs. Call ``engine()`` through this module (``lazy_engine.engine()``): the benc
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import sys
 import threading
-from typing import Any, Iterator
+from typing import Any
+
+from eaglepatch.collector import few_collections  # noqa: F401  (ops call lazy_engine.few_collections)
 
 _ENGINE = "eaglepatch.transform.engine"
 
@@ -41,32 +42,9 @@ def preload_transform() -> None:
     threading.Thread(target=load, name="eaglepatch-import-transform").start()
 
 
-# The young generation's threshold while the transform runs (Python's default: 700 allocations). libcst allocates
-# trees by the ten thousand, nearly all freed by reference counting, and each young collection walks them again:
-# measured on the worker files of sglang 0.5.16 in a fresh process after gc.freeze (2026-12-02), the first
-# plan_apply took 0.30-0.37 s with the default and 0.20 s with this one; in the CLI's own flow (bench_ssh's
-# breakdown) the transform's time went from 0.20 s to 0.19 s, within that benchmark's noise. Cycles are still
-# collected, only less often.
-_TRANSFORM_GC_THRESHOLD = 50_000
-
-
-_GC_LOCK = threading.Lock()
-_GC_STATE: list[Any] = [0, None]  # blocks inside few_collections (several targets plan at once), saved threshold
-
-
-@contextlib.contextmanager
-def few_collections() -> Iterator[None]:
-    """Raise the young generation's collection threshold for the block; the last block to end (targets plan on
-    threads of their own) puts the old one back."""
-    with _GC_LOCK:
-        if _GC_STATE[0] == 0:
-            _GC_STATE[1] = gc.get_threshold()
-            gc.set_threshold(max(_GC_STATE[1][0], _TRANSFORM_GC_THRESHOLD), *_GC_STATE[1][1:])
-        _GC_STATE[0] += 1
-    try:
-        yield
-    finally:
-        with _GC_LOCK:
-            _GC_STATE[0] -= 1
-            if _GC_STATE[0] == 0:
-                gc.set_threshold(*_GC_STATE[1])
+# few_collections (eaglepatch/collector.py) raises the young generation's threshold while the transform runs
+# (Python's default: 700 allocations). libcst allocates trees by the ten thousand, nearly all freed by reference
+# counting, and each young collection walks them again: measured on the worker files of sglang 0.5.16 in a fresh
+# process after gc.freeze (2026-12-02), the first plan_apply took 0.30-0.37 s with the default and 0.20 s with a
+# threshold of 50,000; in the CLI's own flow (bench_ssh's breakdown) the transform's time went from 0.20 s to
+# 0.19 s, within that benchmark's noise. Cycles are still collected, only less often.

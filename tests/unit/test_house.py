@@ -18,7 +18,8 @@ MAX_LINES = 600
 
 # The layers, bottom to top: a module may import from its own layer's packages and the ones below, never above.
 LAYERS = [
-    {"errors", "failpoints", "redact", "progress", "console", "cache", "runtime", "hostside", "releases", ""},
+    {"errors", "failpoints", "redact", "progress", "console", "cache", "collector", "runtime", "hostside", "releases",
+     ""},
     {"transform", "report", "hosts"},
     {"server"},
     {"ops"},

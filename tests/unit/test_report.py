@@ -104,6 +104,8 @@ def test_counted_order_statistics_equal_sorted() -> None:
     rng = random.Random(7)
     for values in (
         array("d", (round(rng.gauss(5, 0.3), 2) for _ in range(70_000))),  # few distinct: counted
+        array("f", (round(rng.gauss(5, 0.3), 3) for _ in range(70_000))),  # the scan's arrays: counted
+        array("f", (rng.choice((-0.0, 0.0, -1.5, 2.25)) for _ in range(70_000))),  # 0.0 and -0.0 one value
         array("d", (rng.random() for _ in range(70_000))),  # all distinct: sorted
     ):
         got = ordered(values)
@@ -111,6 +113,7 @@ def test_counted_order_statistics_equal_sorted() -> None:
         for q in (0, 1, 50, 90, 99, 99.9, 100):
             assert percentile(got, q) == percentile(want, q)
         assert got[len(values) - 1] == want[-1]
+        assert [got[i] for i in range(0, len(values), 997)] == want[::997]
 
 
 def test_phase_order_is_canonical_then_alphabetical() -> None:

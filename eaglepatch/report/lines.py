@@ -1,0 +1,365 @@
+"""The scan's line-by-line loop (``read_lines``): each line of a timing log decoded by itself (by msgspec, or by
+the standard library's scanner where msgspec is not there or refuses the line), validated and added to its group,
+the run header lines read. It reads whole files where msgspec is not installed (or ``EAGLEPATCH_JSON_PARSER=json``)
+or a trace is written, and otherwise the lines that the batch path (``eaglepatch.report.batch``) leaves to it.
+The rules it follows are stated in ``eaglepatch.report.scan``; what a valid record is: ``eaglepatch.report.record``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Iterable
+
+from eaglepatch.report.groups import Acc
+from eaglepatch.report.record import (
+    BadLine,
+    append_phases_slow,
+    check_skipped,
+    hist_counts,
+    is_num,
+    pop_phases,
+    reject_constant,
+)
+
+NO = object()  # "no current process/run" sentinel; compares unequal to anything a record holds
+
+BAD_ERRORS = (
+    ValueError,  # includes json.JSONDecodeError and BadLine
+    KeyError,
+    TypeError,
+    AttributeError,
+    StopIteration,  # the C scanner's "nothing parses at this index"
+    OverflowError,
+    IndexError,
+    RecursionError,
+)
+
+
+def header(line: str) -> dict[str, Any] | None:
+    """The run header of this line (``{"v": 1, "kind": "run", "run": ID, ...}``), else ``None``."""
+    if '"kind"' not in line:
+        return None
+    try:
+        h = json.loads(line, parse_constant=reject_constant)
+    except (ValueError, RecursionError):
+        return None
+    if type(h) is not dict or h.get("kind") != "run" or h.get("v") != 1:
+        return None
+    rid = h.get("run")
+    if type(rid) is not str or not rid:
+        return None
+    return h
+
+
+def read_lines(st: Any, source: Iterable[str]) -> None:
+    """The line-by-line loop over ``source``'s lines (text, as a file opened in text mode gives them), for the
+    scan's state ``st`` (``eaglepatch.report.scan.Scan``).
+
+    Speed matters here: the C scanner's ``scan_once`` is called directly, the current process's, run's and
+    group's running state live in local variables and are written back only when the process, the run (or
+    spec) or the group changes (and at the end), and a record is validated before anything is mutated (the
+    phase appends, the one step that can fail half-way, are rolled back by the slow path). A record costs two
+    dict look-ups for its run (``"run"``, ``"spec"``) and one comparison of each with the previous record's.
+    """
+    scan = json.JSONDecoder(parse_constant=reject_constant).scan_once
+    fast = st.fast
+    fast_errors = st.fast_errors
+    bycode = st.bycode
+    skip = st.skip
+    tracer = st.tracer
+    records = st.records
+    bad = st.bad
+    ninf = -math.inf
+    idle = st.idle
+    nidle = -idle
+    windowed = st.windowed
+    lo = st.lo
+    hi = st.hi
+    bad_errors = BAD_ERRORS
+    slow = append_phases_slow
+    spec_cache = st.spec_cache
+    spec_of = st.spec_of
+    runs = st.runs
+    new_run = st.new_run
+    ctxs = st.ctxs
+    file_run = st.file_run
+    file_index = st.file_index
+    c_host = st.c_host
+    c_pid = st.c_pid
+    c_rank = st.c_rank
+    cnt = st.cnt
+    last_end = st.last_end
+    carry = st.carry
+    c_rraw = st.c_rraw
+    c_sraw = st.c_sraw
+    R = st.R
+    c_rid = st.c_rid
+    c_spec = st.c_spec
+    groups = st.groups
+    cur_gk = st.cur_gk
+    g = st.g
+    procs = st.procs
+    pm: Any = None
+    cyc_app: Any = None
+    btw_app: Any = None
+    s_acc = s_acc_ab = s_bs_ab = 0
+    s_cyc_acc = s_btw_acc = 0.0
+    if g is not None:
+        s_acc = g.acc
+        s_acc_ab = g.acc_ab
+        s_bs_ab = g.bs_ab
+        s_cyc_acc = g.cyc_acc
+        s_btw_acc = g.btw_acc
+        pm = g.ph
+        cyc_app = g.cyc_app
+        btw_app = g.btw_app
+    for line in source:
+        try:
+            d = NO
+            if fast is not None:
+                try:
+                    d = fast(line)
+                except fast_errors:
+                    d = NO  # refused: the standard parser decides, as it would alone
+            if d is NO:
+                try:
+                    d, end = scan(line, 0)
+                except StopIteration:
+                    line = line.strip()
+                    if not line:
+                        continue
+                    d, end = scan(line, 0)
+                if end != len(line) - 1 and line[end:].strip():
+                    raise BadLine("trailing data")
+            if d["v"] != 1:
+                raise BadLine("unknown version")
+            t = d["t"]
+            if windowed and not lo <= t <= hi:  # TypeError on a non-number: a bad line
+                if not is_num(t):
+                    raise BadLine("bad t")
+                if "kind" in d:
+                    raise BadLine("a header, or no record")  # the handler below reads headers
+                continue
+            cyc = d["cycle_ms"]  # KeyError on a run header line: read by the handler below
+            phases = d["phases"]
+            mode = d["mode"]
+            host = d["host"]
+            pid = d["pid"]
+            rank = d["rank"]
+            try:
+                acc = d["accepted"]
+            except KeyError:
+                acc = None
+            try:
+                bs = d["bs"]
+            except KeyError:
+                bs = None
+            hcyc = d["host_cycle_ms"] if "host_cycle_ms" in d else None
+            acs = d.get("accepts")
+            ahs = d.get("accept_hist") if acs is None else None
+            rraw = d.get("run")
+            sraw = d.get("spec")
+
+            if host != c_host or pid != c_pid or rank != c_rank:
+                if type(host) is not str or type(pid) is not int or type(rank) is not int:
+                    raise BadLine("bad process fields")
+                if c_host is not NO:
+                    procs[(c_host, c_pid, c_rank)] = (cnt, last_end, carry)
+                c_host = host
+                c_pid = pid
+                c_rank = rank
+                cnt, last_end, carry = procs.get((host, pid, rank), (0, ninf, 0.0))
+                c_rraw = NO  # a run's start is looked for where the process changes, too
+
+            # Validates t and the durations (TypeError on non-numbers) before anything is mutated.
+            if hcyc is None:
+                e = t + cyc * 0.001
+            else:
+                e = t + hcyc * 0.001 + cyc * 0.0
+
+            if rraw != c_rraw or sraw != c_sraw:
+                # Another run or spec (or file, or process): validate them, find their groups. This record's t
+                # and timer count for the run's start and timer (Scan.switch_run, written out here for speed).
+                if rraw is None:
+                    rid = file_run
+                elif type(rraw) is str and rraw:
+                    rid = rraw
+                else:
+                    raise BadLine("bad run")
+                if sraw is None:
+                    spec = None
+                else:
+                    try:
+                        spec = spec_cache[tuple(sraw.items())]
+                    except (KeyError, TypeError, AttributeError):
+                        spec = spec_of(sraw)
+                R = runs.get(rid) or new_run(rid)
+                R.files.add(file_index)
+                if t < R.start:
+                    R.start = float(t)
+                timer = d.get("timer")
+                if type(timer) is str and timer:
+                    R.timers.add(timer)
+                groups = ctxs.get((rid, spec))
+                if groups is None:
+                    groups = ctxs[(rid, spec)] = {}
+                c_rid = rid
+                c_spec = spec
+                c_rraw = rraw
+                c_sraw = sraw
+                cur_gk = NO
+
+            if cnt < skip:
+                check_skipped(d)
+                if type(mode) is not str:
+                    raise BadLine("bad mode")
+                cnt += 1
+                last_end = e
+                records += 1
+                R.skipped += 1
+                if tracer is not None and R.traced:
+                    tracer.add(d, host, pid, rank, mode, t, True)
+                continue
+
+            if bycode == 0:
+                gk = mode
+            elif bycode == 1:
+                gk = (mode, bs)
+            elif bycode == 2:
+                gk = (mode, rank)
+            else:
+                gk = (mode, host)
+            if gk != cur_gk:
+                try:
+                    ng = groups[gk]
+                except KeyError:
+                    if type(mode) is not str:
+                        raise BadLine("bad mode") from None
+                    kv = None if bycode == 0 else gk[1]
+                    if bycode == 1 and kv is not None and not is_num(kv):
+                        raise BadLine("bad bs") from None
+                    ng = groups[gk] = Acc(mode, kv, c_rid, c_spec)
+                if g is not None:
+                    g.acc = s_acc
+                    g.acc_ab = s_acc_ab
+                    g.bs_ab = s_bs_ab
+                    g.cyc_acc = s_cyc_acc
+                    g.btw_acc = s_btw_acc
+                g = ng
+                cur_gk = gk
+                s_acc = g.acc
+                s_acc_ab = g.acc_ab
+                s_bs_ab = g.bs_ab
+                s_cyc_acc = g.cyc_acc
+                s_btw_acc = g.btw_acc
+                pm = g.ph
+                cyc_app = g.cyc_app
+                btw_app = g.btw_app
+
+            if acc is not None:
+                x_acc = s_acc + acc  # validates accepted
+                if bs is not None:
+                    x_accab = s_acc_ab + acc
+                    x_bsab = s_bs_ab + bs  # validates bs
+            wc = cyc if hcyc is None else hcyc
+            if acs is not None:
+                # the common case, validated here without a call: a list of whole numbers, at least 0
+                if type(acs) is not list:
+                    raise BadLine("bad accepts")
+                for x in acs:
+                    if type(x) is not int or x < 0:
+                        raise BadLine("bad accepts")
+            elif ahs is not None:
+                pairs = hist_counts(ahs)
+
+            try:
+                for name, ms in phases.items():
+                    pm[name](ms)
+            except Exception:
+                slow(pm, phases)
+
+            if hcyc is not None:
+                hp = d.get("host_phases")
+                if hp is not None:
+                    hpm = g.hph
+                    try:
+                        try:
+                            for name, ms in hp.items():
+                                hpm[name](ms)
+                        except Exception:
+                            slow(hpm, hp)
+                    except BadLine:
+                        pop_phases(pm, phases)
+                        raise
+                g.hcyc_app(hcyc)
+
+            # Nothing below can fail.
+            cyc_app(cyc)
+            gap = t - last_end
+            if nidle <= gap <= idle:
+                gap = gap * 1000.0 if gap > 0.0 else 0.0
+                btw_app(gap)
+            else:
+                gap = -1.0
+            if acc is not None:
+                s_acc = x_acc
+                s_cyc_acc += cyc
+                # the wall time a client waits for these tokens: this cycle (host clock), the gap before
+                # it, and the prefill cycles (and their gaps) since the process's last counted cycle
+                wc += carry
+                carry = 0.0
+                g.wcyc_acc += wc
+                if gap >= 0.0:
+                    s_btw_acc += gap
+                    wc += gap
+                g.accs.append(acc)
+                g.walls.append(wc)
+                if bs is not None:
+                    s_acc_ab = x_accab
+                    s_bs_ab = x_bsab
+            elif gap >= 0.0:
+                carry += wc + gap
+            else:
+                carry = wc  # after an idle gap only this cycle itself
+            if acs is not None:
+                ah = g.ahist
+                for x in acs:
+                    ah[x] = ah.get(x, 0) + 1
+            elif ahs is not None:
+                ah = g.ahist
+                for k, v in pairs:
+                    ah[k] = ah.get(k, 0) + v
+            cnt += 1
+            last_end = e
+            records += 1
+            if tracer is not None and R.traced:
+                tracer.add(d, host, pid, rank, mode, t, False)
+        except bad_errors:
+            h = header(line)
+            if h is None:
+                bad += 1
+            else:
+                st.add_header(h)
+    if g is not None:
+        g.acc = s_acc
+        g.acc_ab = s_acc_ab
+        g.bs_ab = s_bs_ab
+        g.cyc_acc = s_cyc_acc
+        g.btw_acc = s_btw_acc
+    st.records = records
+    st.bad = bad
+    st.c_host = c_host
+    st.c_pid = c_pid
+    st.c_rank = c_rank
+    st.cnt = cnt
+    st.last_end = last_end
+    st.carry = carry
+    st.c_rraw = c_rraw
+    st.c_sraw = c_sraw
+    st.R = R
+    st.c_rid = c_rid
+    st.c_spec = c_spec
+    st.groups = groups
+    st.cur_gk = cur_gk
+    st.g = g
