@@ -10,10 +10,11 @@ subprocess:
   byte fetched, then the same aggregation);
 * ``ssh_warm``: the same again, the cache full (nothing new to fetch).
 
-Peak memory: the client's is ``ru_maxrss`` of ``os.wait4`` on its pid (that process and the children it waited
-for, ssh included). The host side's is the highest ``VmHWM`` (the kernel's own high-water mark, so a poll every
-20 ms loses nothing but what grows in the last 20 ms) of every process below the sshd, read from /proc while the
-command runs. Both reports must give the same ``records``.
+Peak memory: the client's is the sum of the peaks (``VmHWM``, the kernel's own high-water mark, so a poll every
+20 ms loses nothing but what grows in the last 20 ms) of the client's process and every process below it (the
+report over SSH aggregates in a child of its own while it fetches: both count, as if both peaked at once), and at
+least ``ru_maxrss`` of ``os.wait4`` on its pid. The host side's is the highest ``VmHWM`` of every process below the
+sshd, read from /proc while the command runs. Both reports must give the same ``records``.
 
 Prints one JSON object on stdout. ``python benchmarks/bench_fetch.py [--size-mb 1024] [--quick]``
 """
@@ -39,8 +40,19 @@ TARGET_RATIO = 1.5
 TARGET_MB = 200
 
 
-def _children(root: int) -> list[int]:
-    """Every process below ``root``, by the parent of each in /proc."""
+def _children(root: int, parent: dict[int, list[int]] | None = None) -> list[int]:
+    """Every process below ``root``, by the parent of each in /proc (``_parents()``, read again unless given)."""
+    parent = _parents() if parent is None else parent
+    out, todo = [], [root]
+    while todo:
+        for c in parent.get(todo.pop(), ()):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _parents() -> dict[int, list[int]]:
+    """pid -> its children, from /proc."""
     parent: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -50,12 +62,7 @@ def _children(root: int) -> list[int]:
             except (OSError, IndexError, ValueError):
                 continue
             parent.setdefault(ppid, []).append(int(d))
-    out, todo = [], [root]
-    while todo:
-        for c in parent.get(todo.pop(), ()):
-            out.append(c)
-            todo.append(c)
-    return out
+    return parent
 
 
 def _hwm_kb(pid: int) -> int:
@@ -70,37 +77,42 @@ def _hwm_kb(pid: int) -> int:
 
 
 def run_measured(argv: list[str], env: dict, sshd_pid: int | None) -> dict:
-    """Wall seconds, the client's peak RSS (MB) and, with ``sshd_pid``, the host side's highest peak (MB)."""
+    """Wall seconds, the client's peak RSS (MB: its processes' peaks added up) and, with ``sshd_pid``, the host
+    side's highest peak (MB)."""
     host_peak = {"kb": 0, "pid": None}
+    client_kb: dict[int, int] = {}  # the peak of each process of the client seen so far
     stop = threading.Event()
-
-    def poll() -> None:
-        while not stop.is_set():
-            for pid in _children(sshd_pid):
-                kb = _hwm_kb(pid)
-                if kb > host_peak["kb"]:
-                    host_peak.update(kb=kb, pid=pid)
-            stop.wait(0.02)
-
-    poller = threading.Thread(target=poll, daemon=True) if sshd_pid else None
     out = tempfile.TemporaryFile()
     err = tempfile.TemporaryFile()
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-    if poller:
-        poller.start()
+
+    def poll() -> None:
+        while not stop.is_set():
+            parents = _parents()
+            for pid in _children(sshd_pid, parents) if sshd_pid else ():
+                kb = _hwm_kb(pid)
+                if kb > host_peak["kb"]:
+                    host_peak.update(kb=kb, pid=pid)
+            for pid in [proc.pid, *_children(proc.pid, parents)]:
+                client_kb[pid] = max(client_kb.get(pid, 0), _hwm_kb(pid))
+            stop.wait(0.02)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
     _pid, status, ru = os.wait4(proc.pid, 0)
     dt = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
     stop.set()
-    if poller:
-        poller.join()
+    poller.join()
     out.seek(0)
     err.seek(0)
     stdout, stderr = out.read().decode(), err.read().decode(errors="replace")
     if proc.returncode != 0:
         raise SystemExit(f"benchmark command failed (exit {proc.returncode}): {' '.join(argv)}\n{stderr[-2000:]}")
-    res = {"wall_s": round(dt, 3), "client_peak_mb": round(ru.ru_maxrss / 1024, 1),
+    client = max(sum(client_kb.values()), ru.ru_maxrss)
+    res = {"wall_s": round(dt, 3), "client_peak_mb": round(client / 1024, 1),
+           "client_processes": len([kb for kb in client_kb.values() if kb]),
            "records": json.loads(stdout)["records"], "stderr": stderr.strip().splitlines()[-1:]}
     if sshd_pid:
         res["host_peak_mb"] = round(host_peak["kb"] / 1024, 1)

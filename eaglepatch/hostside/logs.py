@@ -187,8 +187,10 @@ def op_logs(payload):
     follows the size the client already has (``have``: "folder/name" -> size), whole lines only, at most
     LOG_BATCH bytes in all (``more``: ask again). A folder other than ``log_dir`` is read only when its logs start
     with the runtime's header saying it fell back from ``log_dir`` (``fallback_from``). ``dirs`` lists each folder
-    read, and each refused with why. The bytes come as the answer's attachments (``__blobs__``: the agent sends
-    them as raw frames after the JSON), one per entry of ``files`` (``size`` says how many bytes).
+    read, and each refused with why; ``sizes`` the size of each file of ``names`` (so that the client knows which
+    files the whole fetch will bring before their bytes come). The bytes come as the answer's attachments
+    (``__blobs__``: the agent sends them as raw frames after the JSON), one per entry of ``files`` (``size`` says
+    how many bytes).
 
     ``fetch`` (an id) keeps what this answer sent, so that the next request may be ``{"continue": id}`` alone:
     the same request from where this one ended, sent by the client before it has handled this answer."""
@@ -205,7 +207,7 @@ def op_logs(payload):
     candidates = [(log_dir, "configured")]
     candidates += [(d, "open") for d in _dirs_in_use(pids)]
     candidates += [(d, "fallback") for d in _fallback_dirs(owners, _temp_dirs(pids))]
-    dirs, files, blobs, names, seen, more = [], [], [], {}, set(), False
+    dirs, files, blobs, names, sizes, seen, more = [], [], [], {}, {}, set(), False
     for path, kind in candidates:
         if path in seen:
             continue
@@ -220,10 +222,11 @@ def op_logs(payload):
             if kind != "configured" and not _fell_back_from(dfd, listed, log_dir, owners):
                 continue  # a runtime's private folder for another log dir (another install's, or not asked for)
             dirs.append({"path": path, "kind": kind})
-            names[path] = []
+            names[path], sizes[path] = [], []
             for name, f, st in _log_files(dfd, listed, owners):
-                names[path].append(name)
                 size = st.st_size
+                names[path].append(name)
+                sizes[path].append(size)
                 off = int(have.get(path + "/" + name, 0))
                 if off > size:
                     off = 0  # the file was replaced: fetch it whole
@@ -255,4 +258,4 @@ def op_logs(payload):
         if len(_FETCHES) >= _MAX_FETCHES and fid not in _FETCHES:
             _FETCHES.pop(next(iter(_FETCHES)))
         _FETCHES[fid] = dict(payload, have=have)
-    return {"dirs": dirs, "files": files, "names": names, "more": more, "__blobs__": blobs}
+    return {"dirs": dirs, "files": files, "names": names, "sizes": sizes, "more": more, "__blobs__": blobs}

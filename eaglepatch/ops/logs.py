@@ -10,7 +10,7 @@ import os
 import pathlib
 import re
 import secrets
-from typing import Any, Callable, Collection, Sequence
+from typing import Any, Callable, Collection, Protocol, Sequence
 
 from eaglepatch.cache import cache_root
 from eaglepatch.errors import BadAnswer, Unsupported, UsageError
@@ -42,8 +42,23 @@ class FetchedLogs:
     name: str = ""  # the target's name (as sweeps and the cache know it)
 
 
-def fetch_logs(spec: TargetSpec, c: Connect, log_dir: str | None, say: Say) -> FetchedLogs:
-    """Copy a target's timing logs into the local cache, fetching only bytes not fetched before."""
+class LogWatch(Protocol):
+    """What follows a fetch as it goes (``report`` reads the logs while they arrive: ``eaglepatch.report.follow``).
+    It is told only of checked bytes, once they are in the cache."""
+
+    def begin(self, files: list[str], sizes: dict[str, int]) -> None:
+        """The files that the whole fetch will leave in the cache folder, as ``iter_log_files`` lists them (the
+        host's word on their sizes: the list is a forecast), and the bytes that each has there now; called once,
+        when the first answer has been checked, before its bytes are written."""
+
+    def wrote(self, path: str, size: int, replaced: bool) -> None:
+        """``path`` now holds ``size`` bytes; ``replaced``: written again from 0, over the bytes it had."""
+
+
+def fetch_logs(spec: TargetSpec, c: Connect, log_dir: str | None, say: Say,
+               watch: Callable[[FetchedLogs], LogWatch | None] | None = None) -> FetchedLogs:
+    """Copy a target's timing logs into the local cache, fetching only bytes not fetched before. ``watch``, told
+    what the fetch is for (the facts, the cache folder) before it starts, may give a ``LogWatch`` to follow it."""
     with Target(spec, c) as t:
         python = c.facts.python or "python3"
         current: frozenset[int] = frozenset()
@@ -60,8 +75,11 @@ def fetch_logs(spec: TargetSpec, c: Connect, log_dir: str | None, say: Say) -> F
             servers = tuple((s["pid"], _port_of_scan(s)) for s in facts.servers)
         except (Unsupported, AmbiguousInstall):
             pass  # the logs can still be read (--log-dir, or the default folder); which run is current is unknown
-        folder = fetch_logs_from(t.host, t.spec.name, python, log_dir or "/tmp/eaglepatch", say, pids=current)
-        return FetchedLogs(folder, current, launches, package, servers, t.spec.name)
+        log_dir = log_dir or "/tmp/eaglepatch"
+        logs = FetchedLogs(str(_cache_dest(t.spec.name, log_dir)), current, launches, package, servers, t.spec.name)
+        watcher = watch(logs) if watch is not None else None
+        fetch_logs_from(t.host, t.spec.name, python, log_dir, say, pids=current, watch=watcher)
+        return logs
 
 
 def _port_of_scan(item: dict[str, Any]) -> int | None:
@@ -85,13 +103,19 @@ def _cache_folder(root: pathlib.Path, host_dir: str) -> pathlib.Path:
     return root / hashlib.sha256(host_dir.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
+def _cache_dest(name: str, log_dir: str) -> pathlib.Path:
+    """The cache folder of the target ``name`` and its ``log_dir``."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_.@" else "_" for ch in name)
+    return _cache_root() / safe / hashlib.sha256(log_dir.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
 def _refuse(name: str, why: str) -> BadAnswer:
     return BadAnswer(f"{name}: the host's answer to the log request is refused: {why}: nothing of it was written "
                      "(is the host's python the real one? see docs/safety.md, trust boundaries)")
 
 
 def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say,
-                    pids: Collection[int] = ()) -> str:
+                    pids: Collection[int] = (), watch: LogWatch | None = None) -> str:
     """``fetch_logs`` on an open host: copy the new bytes of the timing logs into the local cache folder of the
     target ``name`` and ``log_dir`` (another ``--log-dir`` has a folder of its own), dropping the cached copies of
     files that are no longer on the host; return that folder. The host reads by the runtime's own rules, from
@@ -104,9 +128,8 @@ def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say,
     answer is the host's word (docs/safety.md): a file name is a plain basename of the log pattern, an offset is 0 or
     the size of the copy here, the bytes are the attachment of their entry, as many as it says; anything else raises
     ``BadAnswer`` before a byte of that answer is written. Raises ``UsageError`` when the host has no log it may
-    read."""
-    safe = "".join(ch if ch.isalnum() or ch in "-_.@" else "_" for ch in name)
-    dest = _cache_root() / safe / hashlib.sha256(log_dir.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    read. ``watch`` is told which files the fetch will bring, then of each batch written."""
+    dest = _cache_dest(name, log_dir)
     dest.mkdir(parents=True, exist_ok=True, mode=0o700)
     for old in dest.glob("*.jsonl"):  # the flat layout of earlier versions: fetched again into subfolders
         old.unlink(missing_ok=True)
@@ -133,6 +156,7 @@ def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say,
                 said.add(d["path"])
                 say(f"note: {name}: not reading {shown(d['path'])}: {shown(d['refused'])}")
         listed = state["listed"] = _check_names(name, res.get("names"), accepted)
+        hosted = _check_sizes(name, res.get("sizes"), listed)
         writes = _check_files(name, res.get("files"), res.get("__blobs__"), listed, known)
         for host_dir in listed:
             sub = _cache_folder(dest, host_dir)
@@ -143,12 +167,18 @@ def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say,
             if host_dir != os.path.normpath(log_dir) and host_dir not in said and listed[host_dir]:
                 said.add(host_dir)
                 say(f"{name}: reading the timing logs in {shown(host_dir)} too (where the runtime writes them)")
+        if watch is not None and state["rounds"] == 1:
+            watch.begin(*_forecast(dest, listed, hosted, known))
         for host_dir, file_name, offset, data in writes:
-            _write_log(_cache_folder(dest, host_dir) / file_name, offset, data)
+            path = _cache_folder(dest, host_dir) / file_name
+            _write_log(path, offset, data)
             sizes = known[host_dir][1]
+            before = sizes.get(file_name, 0)
             sizes[file_name] = offset + len(data)
             state["fetched"] += len(data)
             state["files"] += 1
+            if watch is not None:
+                watch.wrote(str(path), offset + len(data), offset == 0 and before > 0)
 
     fetch_id = secrets.token_hex(8)
     call_each(host, python, "logs", follow=follow, on_result=handle, log_dir=log_dir, have=have,
@@ -206,6 +236,38 @@ def _check_names(name: str, names: Any, dirs: dict[str, dict[str, Any]]) -> dict
             raise _refuse(name, f"log files of a folder it did not read ({shown(repr(host_dir)[:200])})")
         out[host_dir] = [_check_name(name, f) for f in files]
     return out
+
+
+def _check_sizes(name: str, sizes: Any, listed: dict[str, list[str]]) -> dict[str, list[int]]:
+    """The host's size of each listed file (an answer may leave them out: then nothing is known)."""
+    if sizes is None:
+        return {}
+    if not isinstance(sizes, dict):
+        raise _refuse(name, "sizes that are not a list per folder")
+    for host_dir, each in sizes.items():
+        if (host_dir not in listed or not isinstance(each, list) or len(each) != len(listed[host_dir])
+                or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in each)):
+            raise _refuse(name, f"sizes that are not one whole number per log file listed "
+                                f"({shown(repr(host_dir)[:200])})")
+    return sizes
+
+
+def _forecast(dest: pathlib.Path, listed: dict[str, list[str]], hosted: dict[str, list[int]],
+              known: dict[str, tuple[pathlib.Path, dict[str, int]]]) -> tuple[list[str], dict[str, int]]:
+    """The files a fetch will leave in ``dest`` (those the host lists that are here or have bytes there: the
+    others are dropped at its end), sorted as ``iter_log_files`` lists them, and the bytes each has here now."""
+    files, now = [], {}
+    for host_dir, names in listed.items():
+        sub = _cache_folder(dest, host_dir)
+        here = known.get(host_dir, (None, {}))[1]
+        sizes = hosted.get(host_dir)
+        for i, file_name in enumerate(names):
+            if file_name in here or sizes is None or sizes[i] > 0:
+                path = str(sub / file_name)
+                files.append(path)
+                now[path] = here.get(file_name, 0)
+    files.sort()
+    return files, now
 
 
 def _check_files(name: str, files: Any, blobs: Any, listed: dict[str, list[str]],

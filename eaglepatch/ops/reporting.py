@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
 from typing import Any, Callable, Sequence
 
+from eaglepatch import console
 from eaglepatch.errors import UsageError
 from eaglepatch.hosts.target import is_local_target
 from eaglepatch.ops.logs import FetchedLogs, fetch_logs, logs_of
@@ -84,34 +86,86 @@ def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, tra
     per_source: list[list[str]] = []  # the log files of each source
     own: list[dict[str, Any]] = []  # each source's own selection: a TARGET's current run by default
     sweep: dict[str, Any] | None = None  # a TARGET's sweep with a baseline, for --predict
-    for s in sources:
-        if (os.path.exists(s) or is_local_target(s)) and _is_log_source(s):
-            per_source.append(rep.iter_log_files([s]))
-            own.append({})
-            continue
-        # a TARGET: a remote one, or a local install (package, venv, checkout): the same code path
-        fetched = fetch_logs(target_spec(s, c), c, log_dir, say)
-        files = rep.iter_log_files([fetched.folder])
-        sel: dict[str, Any] = {}
-        if not runs.explicit:
-            # by default the current run: the runs of the servers that run now (every rank), read from their
-            # processes' files; never an earlier launch that had the same pid
-            mine = logs_of(files, fetched.current)
-            if mine:
-                files, sel = mine, {"launches": fetched.launches}
-            elif fetched.current:
+    select: dict[str, Any] = {"merge_runs": runs.merge, "run_ids": list(runs.ids) or None, "since": runs.since}
+    # one TARGET alone: its logs are aggregated while they arrive, beside the fetch (report.follow)
+    follower = None
+    if len(sources) == 1 and not compare and os.environ.get("EAGLEPATCH_FOLLOW") != "0" and not (
+            (os.path.exists(sources[0]) or is_local_target(sources[0])) and _is_log_source(sources[0])):
+        from eaglepatch.report.follow import Follower
+
+        follower = Follower()
+    try:
+        for s in sources:
+            if (os.path.exists(s) or is_local_target(s)) and _is_log_source(s):
+                per_source.append(rep.iter_log_files([s]))
+                own.append({})
+                continue
+            # a TARGET: a remote one, or a local install (package, venv, checkout): the same code path
+            ahead = None
+            if follower is not None:
+                kwargs = {"by": by, "skip": skip, "trace_path": trace, "origins": None, **select}
+                ahead = functools.partial(_Ahead, follower, runs=runs, kwargs=kwargs)
+            fetched = fetch_logs(target_spec(s, c), c, log_dir, say, watch=ahead)
+            chosen = _own_runs(fetched, rep.iter_log_files([fetched.folder]), runs)
+            if chosen is None:
                 # the server runs and has timed nothing: another server's numbers in its place would mislead
                 raise UsageError(f"{s}: {_no_records(fetched)}")
-            else:
-                # no server of the install runs: its newest run, never one that another install's runtime wrote
-                sel = {"latest": True, "install": fetched.package}
+            files, sel = chosen
+            if sel.get("latest"):
                 say(f"note: {s}: no server of this install runs: its newest run is shown (--all-runs for every "
                     "run)")
-        per_source.append(files)
-        own.append(sel)
-        if predict and sweep is None and sweep_of is not None:
-            sweep = sweep_of(fetched.name)
-    select: dict[str, Any] = {"merge_runs": runs.merge, "run_ids": list(runs.ids) or None, "since": runs.since}
+            per_source.append(files)
+            own.append(sel)
+            if predict and sweep is None and sweep_of is not None:
+                sweep = sweep_of(fetched.name)
+        return _report(rep, per_source, own, sources, select, follower, by=by, skip=skip, trace=trace,
+                       compare=compare, fmt=fmt, say=say, chart=chart, predict=predict, steps=steps, sweep=sweep)
+    finally:
+        if follower is not None:
+            follower.close()
+
+
+def _own_runs(fetched: FetchedLogs, files: list[str], runs: RunSelection) -> tuple[list[str], dict[str, Any]] | None:
+    """A TARGET's log files and its own choice of runs (``aggregate``'s arguments) among ``files``: by default its
+    current run; None where its servers run and have written no record."""
+    if runs.explicit:
+        return files, {}
+    # by default the current run: the runs of the servers that run now (every rank), read from their processes'
+    # files; never an earlier launch that had the same pid
+    mine = logs_of(files, fetched.current)
+    if mine:
+        return mine, {"launches": fetched.launches}
+    if fetched.current:
+        return None
+    # no server of the install runs: its newest run, never one that another install's runtime wrote
+    return files, {"latest": True, "install": fetched.package}
+
+
+@dataclasses.dataclass
+class _Ahead:
+    """The ``LogWatch`` of a TARGET's fetch whose logs ``follower`` aggregates as they arrive: the files that the
+    fetch will leave and the same choice of runs as ``report`` will make of them."""
+
+    follower: Any  # report.follow.Follower
+    fetched: FetchedLogs
+    runs: RunSelection
+    kwargs: dict[str, Any]
+
+    def begin(self, files: list[str], sizes: dict[str, int]) -> None:
+        chosen = _own_runs(self.fetched, files, self.runs)
+        if chosen is not None and chosen[0]:
+            self.follower.start(chosen[0], sizes, {**self.kwargs, **chosen[1]})
+
+    def wrote(self, path: str, size: int, replaced: bool) -> None:
+        self.follower.wrote(path, size, replaced)
+
+
+def _report(rep: Any, per_source: list[list[str]], own: list[dict[str, Any]], sources: Sequence[str],
+            select: dict[str, Any], follower: Any, *, by: str | None, skip: int, trace: str | None, compare: bool,
+            fmt: str, say: Say, chart: str | None, predict: bool, steps: Sequence[int] | None,
+            sweep: dict[str, Any] | None) -> str:
+    """``report`` once each source's files and runs are known: aggregated (the follower's result, where it has the
+    same), compared or predicted, rendered."""
     if compare:
         results, traces = rep.aggregate_each(per_source, list(sources), trace_path=trace, by=by, skip=skip,
                                              each=own, **select)
@@ -145,8 +199,12 @@ def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, tra
             files = []
     # several sources in one report: each run's table says which SOURCE it came from
     origins = [src for fs, src in zip(per_source, sources) for _f in fs] if len(sources) > 1 else None
-    result = rep.aggregate(files, by=by, skip=skip, trace_path=trace, origins=origins, **select, **own[0]) \
-        if files else rep.aggregate([], by=by, skip=skip)
+    kwargs = {"by": by, "skip": skip, "trace_path": trace, "origins": origins, **select, **own[0]}
+    result = follower.result(files, kwargs) if follower is not None and files else None
+    if follower is not None and os.environ.get("EAGLEPATCH_DEBUG"):
+        console.line(f"eaglepatch: report: aggregated {'after the fetch: ' + str(follower.why) if result is None else 'while fetching'}")
+    if result is None:
+        result = rep.aggregate(files, **kwargs) if files else rep.aggregate([], by=by, skip=skip)
     if trace:
         say(f"trace written to {trace}: open it in https://ui.perfetto.dev")
     preds = None

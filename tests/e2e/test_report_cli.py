@@ -226,6 +226,34 @@ def test_target_logs_are_fetched_incrementally_over_ssh(sshd, ssh_env, tmp_path)
     assert cached[0].read_bytes() == f0.read_bytes()
 
 
+def test_a_cold_report_over_ssh_aggregates_while_it_fetches_with_the_local_reports_numbers(sshd, ssh_env, tmp_path):
+    """A log of several batches (more than LOG_BATCH), fetched into an empty cache: aggregated while it arrives
+    (report.follow, said with EAGLEPATCH_DEBUG), with the very numbers of the report of the same files here, and of
+    a report that aggregates after the fetch (EAGLEPATCH_FOLLOW=0)."""
+    remote = tmp_path / "remote logs"
+    for rank in range(2):
+        write_log(remote, f"gpu1-10-rank{rank}.jsonl",
+                  [header("gpu1-10-500-aaaaaaaa", 99, 10, rank, "sync", "3")]
+                  + [record(100 + i * 0.01, rank=rank, bs=1 + i % 4, draft=1 + i % 5 * 0.1, accepted=i % 4,
+                            run="gpu1-10-500-aaaaaaaa") for i in range(20000)])
+    assert sum(p.stat().st_size for p in remote.iterdir()) > (8 << 20)
+    args = ["report", "--json", "--by", "bs", "--log-dir", str(remote), "-i", sshd.client_key, sshd.target,
+            "--sglang-path", bare_install(tmp_path)]
+    docs = []
+    for follow in ("1", "0"):
+        env = dict(ssh_env, XDG_CACHE_HOME=str(tmp_path / f"cache{follow}"), EAGLEPATCH_DEBUG="1",
+                   EAGLEPATCH_FOLLOW=follow)
+        r = run(*args, env=env)
+        assert r.returncode == 0, r.stderr
+        assert ("aggregated while fetching" in r.stderr) == (follow == "1"), r.stderr
+        docs.append(json.loads(r.stdout))
+    here = json.loads(run("report", "--json", "--by", "bs", str(remote)).stdout)
+    assert docs[0]["records"] == 40000
+    for doc in (*docs, here):
+        doc.pop("sources")
+    assert docs[0] == docs[1] == here
+
+
 def test_the_cache_is_per_log_dir_and_forgets_deleted_files(sshd, ssh_env, tmp_path):
     """report TARGET --log-dir A, then --log-dir B: B's records only (the cache is keyed by target and log dir);
     a log deleted on the host does not come back from the cache."""

@@ -759,17 +759,25 @@ def test_a_fetch_cut_off_keeps_what_it_wrote_and_the_next_run_goes_on_from_there
     assert cached[0].read_bytes() == body
 
 
-@pytest.mark.parametrize("lie", ["fewer attachments", "more bytes than it says", "not bytes"])
+@pytest.mark.parametrize("lie", ["fewer attachments", "more bytes than it says", "not bytes", "sizes not one a file",
+                                 "a size that is no number"])
 def test_log_bytes_that_are_not_what_the_answer_says_are_refused_and_nothing_is_written(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lie: str) -> None:
     """Each file of a logs answer has its bytes as the attachment at the same place, as many as its ``size``: a host
     that sends fewer attachments, more bytes than it says, or something else, has its whole answer refused
-    (BadAnswer) before a byte of it reaches the cache."""
+    (BadAnswer) before a byte of it reaches the cache; so has one whose ``sizes`` (of the files it lists: what
+    the fetch will bring) are not one whole number per file."""
     from eaglepatch.errors import BadAnswer
 
     def tamper(res: dict[str, Any], blobs: list[Any]) -> list[Any]:
         if lie == "fewer attachments":
             return blobs[:1]
+        if lie == "sizes not one a file":
+            res["sizes"] = {d: v[:1] for d, v in res["sizes"].items()}
+            return blobs
+        if lie == "a size that is no number":
+            res["sizes"] = {d: [True] * len(v) for d, v in res["sizes"].items()}
+            return blobs
         if lie == "more bytes than it says":
             blobs[1] += b'{"v": 1}\n'
         else:
@@ -848,3 +856,111 @@ def test_log_bytes_of_a_file_the_answer_does_not_list_once_are_refused(
     with pytest.raises(BadAnswer, match="does not list once"):
         _fetch_through_a_lying_host(tmp_path, monkeypatch, 1, tamper)
     assert not list((tmp_path / "cache").rglob("*.jsonl"))
+
+
+def _fetch_in_batches(monkeypatch: pytest.MonkeyPatch, budget: int, cut_after: int | None = None) -> list[dict[str, int]]:
+    """``ops.logs.call_each`` replaced by the host's logs step on this machine, in batches of ``budget`` bytes (the
+    connection broken after ``cut_after`` answers); returns what each request said the cache had."""
+    from eaglepatch.errors import ConnectionFailed
+    from eaglepatch.ops import logs as fetch
+
+    asked: list[dict[str, int]] = []
+
+    def call_each(host: Any, python: str, op: str, /, *, follow: Any, on_result: Any, **payload: Any) -> None:
+        while True:
+            if len(asked) == cut_after:
+                raise ConnectionFailed("connection reset")
+            asked.append(dict(payload.get("have") or {}))
+            res = logs.op_logs(dict(payload, budget=budget))
+            blobs = [bytes(b) for b in res.pop("__blobs__")]
+            res = json.loads(json.dumps(res))
+            nxt = follow(res)
+            on_result(dict(res, __blobs__=blobs))
+            if nxt is None:
+                return
+            payload = nxt
+
+    monkeypatch.setattr(fetch, "call_each", call_each)
+    return asked
+
+
+def test_a_fetch_tells_its_watch_the_files_it_will_leave_then_each_batch_it_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watch (``report`` aggregates while it fetches) hears once, before a byte is written, which files the
+    fetch will leave in the cache, as ``iter_log_files`` lists them afterwards (an empty log on the host leaves
+    none), then each batch as it is written, the file's size after it."""
+    from eaglepatch.ops import logs as fetch
+    from eaglepatch.report import iter_log_files
+
+    d = tmp_path / "logs"
+    d.mkdir(mode=0o700)
+    (d / "h-1-rank0.jsonl").write_bytes(_log_lines(300))
+    (d / "h-1-rank1.jsonl").write_bytes(_log_lines(200))
+    (d / "h-2-rank0.jsonl").write_bytes(b"")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    _fetch_in_batches(monkeypatch, 4000)
+    seen: list[Any] = []
+
+    class Watch:
+        def begin(self, files: list[str], sizes: dict[str, int]) -> None:
+            assert not list((tmp_path / "cache").rglob("*.jsonl"))
+            seen.append(("begin", files, sizes))
+
+        def wrote(self, path: str, size: int, replaced: bool) -> None:
+            assert os.path.getsize(path) == size and not replaced
+            seen.append((path, size))
+
+    folder = fetch.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None,  # type: ignore[arg-type]
+                                   watch=Watch())
+    files = iter_log_files([folder])
+    assert [os.path.basename(f) for f in files] == ["h-1-rank0.jsonl", "h-1-rank1.jsonl"]
+    assert seen[0] == ("begin", files, dict.fromkeys(files, 0))
+    assert len(seen) > 5 and all(s[0] != "begin" for s in seen[1:])
+    for f in files:
+        sizes = [size for path, size in seen[1:] if path == f]
+        assert sizes == sorted(sizes) and sizes[-1] == os.path.getsize(f)
+
+
+def test_a_report_aggregated_while_fetching_resumes_after_a_cut_with_the_same_result(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fetch followed by ``report.follow`` breaks after two batches (its child let go), then goes on from what
+    the cache has: the follower's result is that of ``aggregate`` of the finished files, each the host's bytes."""
+    from eaglepatch.errors import ConnectionFailed
+    from eaglepatch.ops import logs as fetch
+    from eaglepatch.report import aggregate, iter_log_files
+    from eaglepatch.report.follow import Follower
+
+    d = tmp_path / "logs"
+    d.mkdir(mode=0o700)
+    for rank in range(2):
+        (d / f"h-1-rank{rank}.jsonl").write_bytes(b"".join(
+            b'{"v": 1, "t": %d.5, "host": "h", "pid": 1, "rank": %d, "mode": "decode", "bs": %d, "cycle_ms": %d.25, '
+            b'"phases": {"draft": 1.5, "verify": %d.0}, "accepted": %d, "run": "h-1-7-0000abcd"}\n'
+            % (1764500000 + i, rank, 1 + i % 3, 10 + i % 7, 5 + i % 4, i % 4) for i in range(300 + 50 * rank)))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    class Watch:
+        def __init__(self, f: Follower) -> None:
+            self.f = f
+
+        def begin(self, files: list[str], sizes: dict[str, int]) -> None:
+            self.f.start(files, sizes, {"by": "bs"})
+
+        def wrote(self, path: str, size: int, replaced: bool) -> None:
+            self.f.wrote(path, size, replaced)
+
+    _fetch_in_batches(monkeypatch, 5000, cut_after=2)
+    f = Follower()
+    with pytest.raises(ConnectionFailed):
+        fetch.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None,  # type: ignore[arg-type]
+                              watch=Watch(f))
+    f.close()
+    asked = _fetch_in_batches(monkeypatch, 5000)
+    f = Follower()
+    folder = fetch.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None,  # type: ignore[arg-type]
+                                   watch=Watch(f))
+    assert any(asked[0].values())  # went on from the cache
+    files = iter_log_files([folder])
+    assert [Path(p).read_bytes() for p in files] == [(d / f"h-1-rank{r}.jsonl").read_bytes() for r in range(2)]
+    got = f.result(files, {"by": "bs"})
+    assert f.why is None and got == aggregate(files, by="bs") and got.records == 650 and not got.skipped_lines
