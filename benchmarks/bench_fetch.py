@@ -10,10 +10,10 @@ subprocess:
   byte fetched, then the same aggregation);
 * ``ssh_warm``: the same again, the cache full (nothing new to fetch).
 
-Peak memory: the client's is the sum of the peaks (``VmHWM``, the kernel's own high-water mark, so a poll every
-20 ms loses nothing but what grows in the last 20 ms) of the client's process and every process below it (the
-report over SSH aggregates in a child of its own while it fetches: both count, as if both peaked at once), and at
-least ``ru_maxrss`` of ``os.wait4`` on its pid. The host side's is the highest ``VmHWM`` of every process below the
+Peak memory: the client's is the highest sum, at one poll, of the peaks so far (``VmHWM``, the kernel's own
+high-water mark, so a poll every 20 ms loses nothing but what grows in the last 20 ms) of the client's process and
+every process below it alive then (the report over SSH aggregates in a child of its own while it fetches: both
+count, as if both peaked at once), and at least ``ru_maxrss`` of ``os.wait4`` on its pid. The host side's is the highest ``VmHWM`` of every process below the
 sshd, read from /proc while the command runs. Both reports must give the same ``records``.
 
 Prints one JSON object on stdout. ``python benchmarks/bench_fetch.py [--size-mb 1024] [--quick]``
@@ -65,6 +65,14 @@ def _parents() -> dict[int, list[int]]:
     return parent
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
 def _hwm_kb(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -80,7 +88,8 @@ def run_measured(argv: list[str], env: dict, sshd_pid: int | None) -> dict:
     """Wall seconds, the client's peak RSS (MB: its processes' peaks added up) and, with ``sshd_pid``, the host
     side's highest peak (MB)."""
     host_peak = {"kb": 0, "pid": None}
-    client_kb: dict[int, int] = {}  # the peak of each process of the client seen so far
+    client_kb: dict[int, int] = {}  # the peak of each process of the client, as last read
+    client_sum = {"kb": 0}  # the highest sum of the peaks of the client's processes alive at one poll
     stop = threading.Event()
     out = tempfile.TemporaryFile()
     err = tempfile.TemporaryFile()
@@ -94,8 +103,16 @@ def run_measured(argv: list[str], env: dict, sshd_pid: int | None) -> dict:
                 kb = _hwm_kb(pid)
                 if kb > host_peak["kb"]:
                     host_peak.update(kb=kb, pid=pid)
+            own = _cmdline(proc.pid)
+            alive = 0
             for pid in [proc.pid, *_children(proc.pid, parents)]:
-                client_kb[pid] = max(client_kb.get(pid, 0), _hwm_kb(pid))
+                # a child not yet exec'd (the client's subprocesses start as vfork: the client's own pages) is no
+                # memory of its own; after its exec, VmHWM is its new program's
+                if pid == proc.pid or _cmdline(pid) != own:
+                    kb = _hwm_kb(pid)
+                    client_kb[pid] = kb or client_kb.get(pid, 0)
+                    alive += kb
+            client_sum["kb"] = max(client_sum["kb"], alive)
             stop.wait(0.02)
 
     poller = threading.Thread(target=poll, daemon=True)
@@ -110,9 +127,9 @@ def run_measured(argv: list[str], env: dict, sshd_pid: int | None) -> dict:
     stdout, stderr = out.read().decode(), err.read().decode(errors="replace")
     if proc.returncode != 0:
         raise SystemExit(f"benchmark command failed (exit {proc.returncode}): {' '.join(argv)}\n{stderr[-2000:]}")
-    client = max(sum(client_kb.values()), ru.ru_maxrss)
+    client = max(client_sum["kb"], ru.ru_maxrss)
     res = {"wall_s": round(dt, 3), "client_peak_mb": round(client / 1024, 1),
-           "client_processes": len([kb for kb in client_kb.values() if kb]),
+           "client_processes_mb": sorted((round(kb / 1024, 1) for kb in client_kb.values() if kb), reverse=True),
            "records": json.loads(stdout)["records"], "stderr": stderr.strip().splitlines()[-1:]}
     if sshd_pid:
         res["host_peak_mb"] = round(host_peak["kb"] / 1024, 1)

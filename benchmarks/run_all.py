@@ -739,8 +739,8 @@ def section_fetch(run: dict, summary: list) -> str:
         "--json DIR` on the files where they are, then `eaglepatch report --json USER@127.0.0.1:PORT -i KEY "
         "--log-dir DIR` with an empty cache (every byte fetched in bounded batches, aggregated while it arrives "
         "by a child process of the client) and once more with the cache full (nothing new). Peak memory: the "
-        "client's is the sum of the peaks (VmHWM) of its processes (the command and its aggregating child, as if "
-        "both peaked at once); the host side's is the highest VmHWM of any process below the sshd (the agent and "
+        "client's is the highest sum of the peaks so far (VmHWM) of its processes alive at one poll (the command "
+        "and its aggregating child, as if both peaked at once); the host side's is the highest VmHWM of any process below the sshd (the agent and "
         "its shell); both polled from /proc every 20 ms while the command runs. Targets (issue 25): the cold SSH report at most "
         "1.5x the local one, peak memory at most 200 MB on each side.")
     out.append("")

@@ -73,6 +73,36 @@ def inflate(data: bytes, limit: int = MAX_ANSWER) -> bytes:
     return out
 
 
+PIECE = 1 << 20  # an attachment comes as pieces of at most this many bytes
+_FEED = 1 << 16  # compressed bytes given to zlib at a time: what it leaves over (copied) stays small
+
+
+def inflate_pieces(data: bytes, limit: int = MAX_ANSWER) -> list[bytes]:
+    """``inflate``, as pieces of at most ``PIECE`` bytes (joined, ``inflate(data, limit)``): a big attachment is
+    never one block of memory, nor copied again to join it (an 8 MB batch of logs inflated at once took some
+    21 MB, and 0.4 s more a GB of the client's CPU); the same bounds and errors."""
+    d = zlib.decompressobj()
+    out: list[bytes] = []
+    total = 0
+    with memoryview(data) as view:
+        for at in range(0, len(view), _FEED):
+            chunk: Any = view[at : at + _FEED]
+            while chunk and not d.eof:
+                piece = d.decompress(chunk, PIECE)
+                total += len(piece)
+                if total > limit:
+                    raise ValueError(f"a frame that inflates to more than {mib(limit)} ({len(data)} bytes "
+                                     "compressed)")
+                if piece:
+                    out.append(piece)
+                chunk = d.unconsumed_tail
+            if d.eof:
+                break
+    if not d.eof:
+        raise zlib.error("truncated zlib stream")
+    return out
+
+
 # The agent's own code: python -c AGENT. It reads length-prefixed frames on stdin (the program first, then one
 # JSON request per frame) and answers each request with one length-prefixed JSON frame on what was its stdout.
 # A frame is "<length>\n<bytes>", or "z<length>\n<zlib bytes>" when it is worth compressing (the worker files
@@ -251,18 +281,19 @@ class PythonAgent:
 
     def _attachments(self, answer: dict[str, Any], deadline: float | None) -> Any:
         """The answer's result, with its attachments (``"blobs"``: raw frames after the JSON one) read into its
-        ``"__blobs__"``, within MAX_BLOBS frames and MAX_ANSWER inflated bytes in all."""
+        ``"__blobs__"``, within MAX_BLOBS frames and MAX_ANSWER inflated bytes in all: each a list of pieces of
+        at most ``PIECE`` bytes (``inflate_pieces``; joined, the bytes the host sent; none for an empty one)."""
         result = answer["result"]
         n = answer.get("blobs", 0)
         if n == 0:
             return result
         if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= MAX_BLOBS or not isinstance(result, dict):
             self._fail_protocol()
-        blobs: list[bytes] = []
+        blobs: list[list[bytes]] = []
         left = MAX_ANSWER
         for _ in range(n):
-            data = self._read_data(deadline, left)
-            left -= len(data)
+            data = self._read_data(deadline, left, pieces=True)
+            left -= sum(map(len, data))
             blobs.append(data)
         result["__blobs__"] = blobs
         return result
@@ -302,9 +333,9 @@ class PythonAgent:
             self._fail_protocol()
         return doc
 
-    def _read_data(self, deadline: float | None, limit: int) -> bytes:
-        """The next frame's bytes, inflated; past a bound (its header, MAX_FRAME on the wire, ``limit`` inflated)
-        the process is killed and the answer refused."""
+    def _read_data(self, deadline: float | None, limit: int, pieces: bool = False) -> Any:
+        """The next frame's bytes, inflated (with ``pieces``, as a list of pieces: ``inflate_pieces``); past a bound
+        (its header, MAX_FRAME on the wire, ``limit`` inflated) the process is killed and the answer refused."""
         assert self.proc is not None
         while True:
             nl = self._buf.find(b"\n", 0, MAX_HEADER)
@@ -325,9 +356,11 @@ class PythonAgent:
                     del self._buf[: nl + 1 + size]
                     try:
                         if packed:
-                            return inflate(data, limit)
+                            return inflate_pieces(data, limit) if pieces else inflate(data, limit)
                         if size > limit:
                             raise ValueError(f"an answer of {size} bytes (at most {mib(limit)})")
+                        if pieces:
+                            return [data[at : at + PIECE] for at in range(0, len(data), PIECE)]
                         return data
                     except ValueError as exc:
                         self._refuse(str(exc))

@@ -169,16 +169,16 @@ def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say,
                 say(f"{name}: reading the timing logs in {shown(host_dir)} too (where the runtime writes them)")
         if watch is not None and state["rounds"] == 1:
             watch.begin(*_forecast(dest, listed, hosted, known))
-        for host_dir, file_name, offset, data in writes:
+        for host_dir, file_name, offset, data, size in writes:
             path = _cache_folder(dest, host_dir) / file_name
             _write_log(path, offset, data)
             sizes = known[host_dir][1]
             before = sizes.get(file_name, 0)
-            sizes[file_name] = offset + len(data)
-            state["fetched"] += len(data)
+            sizes[file_name] = offset + size
+            state["fetched"] += size
             state["files"] += 1
             if watch is not None:
-                watch.wrote(str(path), offset + len(data), offset == 0 and before > 0)
+                watch.wrote(str(path), offset + size, offset == 0 and before > 0)
 
     fetch_id = secrets.token_hex(8)
     call_each(host, python, "logs", follow=follow, on_result=handle, log_dir=log_dir, have=have,
@@ -271,10 +271,12 @@ def _forecast(dest: pathlib.Path, listed: dict[str, list[str]], hosted: dict[str
 
 
 def _check_files(name: str, files: Any, blobs: Any, listed: dict[str, list[str]],
-                 known: dict[str, tuple[pathlib.Path, dict[str, int]]]) -> list[tuple[str, str, int, bytes]]:
-    """(host folder, name, offset, bytes) of each file in the answer, every one checked first: a file the answer
-    lists in a folder it read (``listed``), once, its offset 0 or the size of the copy here, its bytes the attachment
-    of the same place in the answer (``size`` of them)."""
+                 known: dict[str, tuple[pathlib.Path, dict[str, int]]]
+                 ) -> list[tuple[str, str, int, list[bytes], int]]:
+    """(host folder, name, offset, its bytes as pieces, how many) of each file in the answer, every one checked
+    first: a file the answer lists in a folder it read (``listed``), once, its offset 0 or the size of the copy
+    here, its bytes the attachment of the same place in the answer (``size`` of them; an attachment is a list of
+    pieces, as the agent reads it, or bytes)."""
     if not isinstance(files, list):
         raise _refuse(name, "no list of files")
     blobs = [] if blobs is None else blobs
@@ -295,18 +297,20 @@ def _check_files(name: str, files: Any, blobs: Any, listed: dict[str, list[str]]
         if not isinstance(offset, int) or isinstance(offset, bool) or offset not in (0, here):
             raise _refuse(name, f"bytes of {file_name} at offset {shown(repr(offset)[:40])}, where the copy here "
                                 f"has {here} (only 0 or {here} are asked for)")
-        if not isinstance(data, bytes) or f.get("size") != len(data):
+        pieces = [data] if isinstance(data, bytes) else data
+        if not (isinstance(pieces, list) and all(isinstance(p, bytes) for p in pieces)) or (
+                f.get("size") != sum(map(len, pieces))):
             raise _refuse(name, f"bytes of {file_name} that are not the {shown(repr(f.get('size'))[:40])} it says")
-        out.append((f["dir"], file_name, offset, data))
+        out.append((f["dir"], file_name, offset, pieces, f["size"]))
     return out
 
 
-def _write_log(path: pathlib.Path, offset: int, data: bytes) -> None:
+def _write_log(path: pathlib.Path, offset: int, pieces: list[bytes]) -> None:
     """Write one batch into the cache: the whole file at offset 0, else appended; never through a link."""
     flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | (os.O_TRUNC if offset == 0 else os.O_APPEND)
     fd = os.open(path, flags, 0o600)
     with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
+        fh.writelines(pieces)
 
 
 # a timing log's name: <host>-<pid>-rank<r>.jsonl

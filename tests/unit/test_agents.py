@@ -307,11 +307,14 @@ def test_call_runs_the_host_side_package_and_says_what_a_failure_means(tmp_path)
 
 
 def test_attachments_travel_as_raw_frames_after_the_answer(host):
-    """An answer's ``__blobs__`` come back as bytes, byte for byte, big ones compressed, empty ones too; the rest
-    of the answer is its JSON."""
+    """An answer's ``__blobs__`` come back byte for byte, big ones compressed, empty ones too, each as pieces of at
+    most ``PIECE`` bytes (a big one is never one block of memory); the rest of the answer is its JSON."""
+    from eaglepatch.hosts.agent import PIECE
+
     res = host.agents.call(PY, PROGRAM, {"op": "blobs", "n": 1, "size": 5 << 20}, timeout=30)
     assert res["k"] == 0 and res["more"] is False
-    assert res["__blobs__"] == [bytes([0]) * (5 << 20), b"", b"tail 0"]
+    assert [b"".join(b) for b in res["__blobs__"]] == [bytes([0]) * (5 << 20), b"", b"tail 0"]
+    assert all(0 < len(p) <= PIECE for b in res["__blobs__"] for p in b) and len(res["__blobs__"][0]) >= 5
 
 
 def test_rounds_are_pipelined_the_next_asked_before_the_last_is_handled(host):
@@ -324,7 +327,8 @@ def test_rounds_are_pipelined_the_next_asked_before_the_last_is_handled(host):
 
     def on_result(res):
         t0 = time.monotonic()
-        assert res["__blobs__"][0] == bytes([res["k"]]) * 1000 and res["__blobs__"][2] == b"tail %d" % res["k"]
+        blobs = [b"".join(b) for b in res["__blobs__"]]
+        assert blobs[0] == bytes([res["k"]]) * 1000 and blobs[2] == b"tail %d" % res["k"]
         time.sleep(0.3)  # slow handling: the host's next round must not wait for it
         handled.append((res["k"], t0, time.monotonic()))
 
@@ -383,4 +387,27 @@ def test_an_answer_whose_attachment_cannot_be_sent_is_an_error_and_the_process_g
     with pytest.raises(RemoteScriptError, match="TypeError"):
         host.agents.call(PY, PROGRAM, {"op": "bad blob"}, timeout=30)
     assert _pid(host) == first
-    assert host.agents.call(PY, PROGRAM, {"op": "blobs", "n": 1, "size": 3}, timeout=30)["__blobs__"][0] == b"\0" * 3
+    assert host.agents.call(PY, PROGRAM, {"op": "blobs", "n": 1, "size": 3}, timeout=30)["__blobs__"][0] == [b"\0" * 3]
+
+
+def test_an_attachment_inflated_in_pieces_is_inflate_s_bytes_within_the_same_bounds():
+    """``inflate_pieces``: the pieces joined are ``inflate``'s bytes (compressible or not, empty, bytes after the
+    stream's end left alone); a stream that inflates past the bound, or is cut short, is refused as ``inflate``
+    refuses it, having made at most one piece more than the bound."""
+    import zlib
+
+    from eaglepatch.hosts.agent import PIECE, inflate, inflate_pieces
+
+    for raw in (b"", b"x", os.urandom(3 << 20), b"".join(b"%d," % i for i in range(1 << 20))):
+        data = zlib.compress(raw, 1)
+        got = inflate_pieces(data)
+        assert b"".join(got) == inflate(data) == raw and all(0 < len(p) <= PIECE for p in got)
+        assert b"".join(inflate_pieces(data + b"trailing")) == inflate(data + b"trailing") == raw
+    bomb = zlib.compress(bytes(20 << 20), 9)
+    for f in (inflate, inflate_pieces):
+        with pytest.raises(ValueError, match="inflates to more than 8 MiB"):
+            f(bomb, 8 << 20)
+        with pytest.raises(zlib.error, match="truncated"):
+            f(bomb[: len(bomb) // 2])
+        with pytest.raises(zlib.error):
+            f(b"not zlib at all")
