@@ -86,6 +86,7 @@ class _Growing(io.RawIOBase):
         self.news, self.i, self.name = news, i, path
         self.fd: int | None = None
         self.pos = 0
+        self.ended = False
         news.opened[i] += 1
 
     def readable(self) -> bool:
@@ -106,7 +107,9 @@ class _Growing(io.RawIOBase):
                 news.take(False)
                 return n
             if news.done:
-                news.ends[self.i].append(self.pos)
+                if not self.ended:  # once an opening (a buffered reader asks again at the end)
+                    self.ended = True
+                    news.ends[self.i].append(self.pos)
                 return 0
             news.take(True)
 

@@ -189,11 +189,15 @@ def test_the_reader_waits_at_what_is_written_until_more_is_said(tmp_path: Path) 
     t.start()
     with open_(str(p), encoding="utf-8") as fh:
         got.extend(fh)
+        assert fh.read() == ""  # asked again at the end: the same end
     t.join()
     os.close(w)
     os.close(r)
     assert got == [f"line {i}\n" for i in range(5)]
     assert news.opened == [1] and news.ends == [[p.stat().st_size]]
+    with open_(str(p), "rb") as fh:  # in pieces, as a scan of bytes reads: the same bytes, a second opening
+        assert b"".join(iter(lambda: fh.read(7), b"")) == p.read_bytes()
+    assert news.opened == [2] and news.ends == [[p.stat().st_size] * 2]
     with open_(str(tmp_path / "other.txt"), "w") as fh:  # any other file: the real open
         fh.write("x")
     assert (tmp_path / "other.txt").read_text() == "x"
