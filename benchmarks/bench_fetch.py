@@ -73,11 +73,11 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def _hwm_kb(pid: int) -> int:
+def _hwm_kb(pid: int, field: str = "VmHWM:") -> int:
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field):
                     return int(line.split()[1])
     except OSError:
         pass
@@ -89,7 +89,7 @@ def run_measured(argv: list[str], env: dict, sshd_pid: int | None) -> dict:
     side's highest peak (MB)."""
     host_peak = {"kb": 0, "pid": None}
     client_kb: dict[int, int] = {}  # the peak of each process of the client, as last read
-    client_sum = {"kb": 0}  # the highest sum of the peaks of the client's processes alive at one poll
+    client_sum = {"kb": 0, "rss": 0}  # the highest sum of the peaks (and of the RSS) of its processes at one poll
     stop = threading.Event()
     out = tempfile.TemporaryFile()
     err = tempfile.TemporaryFile()
@@ -104,7 +104,7 @@ def run_measured(argv: list[str], env: dict, sshd_pid: int | None) -> dict:
                 if kb > host_peak["kb"]:
                     host_peak.update(kb=kb, pid=pid)
             own = _cmdline(proc.pid)
-            alive = 0
+            alive = rss = 0
             for pid in [proc.pid, *_children(proc.pid, parents)]:
                 # a child not yet exec'd (the client's subprocesses start as vfork: the client's own pages) is no
                 # memory of its own; after its exec, VmHWM is its new program's
@@ -112,7 +112,9 @@ def run_measured(argv: list[str], env: dict, sshd_pid: int | None) -> dict:
                     kb = _hwm_kb(pid)
                     client_kb[pid] = kb or client_kb.get(pid, 0)
                     alive += kb
+                    rss += _hwm_kb(pid, "VmRSS:")
             client_sum["kb"] = max(client_sum["kb"], alive)
+            client_sum["rss"] = max(client_sum["rss"], rss)
             stop.wait(0.02)
 
     poller = threading.Thread(target=poll, daemon=True)
@@ -130,6 +132,8 @@ def run_measured(argv: list[str], env: dict, sshd_pid: int | None) -> dict:
     client = max(client_sum["kb"], ru.ru_maxrss)
     res = {"wall_s": round(dt, 3), "client_peak_mb": round(client / 1024, 1),
            "client_processes_mb": sorted((round(kb / 1024, 1) for kb in client_kb.values() if kb), reverse=True),
+           # what its processes held at once, sampled every 20 ms (client_peak_mb is the bound: each one's peak)
+           "client_rss_together_mb": round(client_sum["rss"] / 1024, 1),
            "records": json.loads(stdout)["records"], "stderr": stderr.strip().splitlines()[-1:]}
     if sshd_pid:
         res["host_peak_mb"] = round(host_peak["kb"] / 1024, 1)
