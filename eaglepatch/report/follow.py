@@ -190,9 +190,10 @@ def child() -> None:
 
 
 class Follower:
-    """``aggregate`` in a child process, over files that a fetch is writing (``begin``, ``wrote``: a
-    ``eaglepatch.ops.logs.LogWatch``); ``result`` once the fetch is over. Starting the child is the constructor's
-    (before the connection: its interpreter starts meanwhile); ``close`` ends it, whatever happened."""
+    """``aggregate`` in a child process, over files that a fetch is writing: ``start`` (its job, once the files are
+    known), ``wrote`` after each batch (what ``report``'s ``eaglepatch.ops.logs.LogWatch`` passes on), ``result``
+    once the fetch is over. Starting the child is the constructor's (before the connection: its interpreter starts
+    meanwhile); ``close`` ends it, whatever happened."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
