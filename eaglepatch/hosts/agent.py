@@ -229,6 +229,7 @@ class PythonAgent:
                     result = self._attachments(answer, deadline)
                     pending = nxt is not None
                     on_result(result)
+                    del answer, result  # this batch's bytes are let go before the next one is read
                     if nxt is None:
                         return
             except RemoteScriptError:

@@ -411,3 +411,28 @@ def test_an_attachment_inflated_in_pieces_is_inflate_s_bytes_within_the_same_bou
             f(bomb[: len(bomb) // 2])
         with pytest.raises(zlib.error):
             f(b"not zlib at all")
+
+
+def test_rounds_in_a_row_hold_one_answers_attachments_at_a_time(host):
+    """call_each lets each answer's bytes go once they are handled, before the next answer's are read: however many
+    rounds, this side holds one batch (a batch of logs is 8 MB), not two."""
+    import tracemalloc
+
+    size = 4 << 20
+    handled = []
+
+    def on_result(res):
+        handled.append(sum(len(p) for b in res["__blobs__"] for p in b))
+
+    def follow(res):
+        return {"op": "blobs", "k": res["k"] + 1, "n": 5, "size": size} if res["more"] else None
+
+    host.agents.call(PY, PROGRAM, {"op": "pid"}, timeout=30)  # started: its program is not counted
+    tracemalloc.start()
+    try:
+        host.agents.call_each(PY, PROGRAM, {"op": "blobs", "k": 0, "n": 5, "size": size}, follow, on_result, 30)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert handled == [size + 6] * 5
+    assert size < peak < size * 3 // 2, peak
