@@ -110,7 +110,7 @@ def inflate_pieces(data: bytes, limit: int = MAX_ANSWER) -> list[bytes]:
 # An op whose answer holds bytes (the timing logs) gives them as "__blobs__", a list: the JSON frame then says how
 # many ("blobs": n) and n raw frames follow it, each compressed as a frame is (no base64, no JSON around them).
 # Every frame of an answer is made before any is written: an error making one is answered as an error, never in the
-# middle of an answer.
+# middle of an answer. An answer is let go once written: the next request's batch of logs is read without it.
 # stdin and stdout are moved out of the way first, so that the program and any child it starts read /dev/null
 # and print on stderr, never into the frames. Python 3.8+, standard library only.
 _AGENT_SOURCE = r"""
@@ -143,6 +143,7 @@ while 1:
             w({'result':os.path.realpath(d['__realpath__'])});continue
         x=g['main'](d);b=x.pop('__blobs__',()) if type(x) is dict else ()
         w({'result':x,'blobs':len(b)},b) if b else w({'result':x})
+        x=b=None
     except SystemExit as e:
         c=e.code;sys.stderr.write('' if c is None or isinstance(c,int) else str(c)+'\n');sys.stderr.flush()
         w({'exit':c if isinstance(c,int) else (0 if c is None else 1)});break
