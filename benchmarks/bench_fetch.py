@@ -5,8 +5,8 @@ Writes ``--size-mb`` of timing log (bench_report.py's ``generate``: two rank fil
 its own OpenSSH server on 127.0.0.1 the way bench_ssh.py does (``Loopback``), then times whole commands, each a
 subprocess:
 
-* ``local``: ``eaglepatch report --json DIR`` (the files read where they are);
-* ``ssh_cold``: ``eaglepatch report --json USER@127.0.0.1:PORT -i KEY --log-dir DIR`` with an empty cache (every
+* ``local``: ``eaglepatch report --json --all-runs DIR`` (the files read where they are);
+* ``ssh_cold``: ``eaglepatch report --json --all-runs USER@127.0.0.1:PORT -i KEY --log-dir DIR`` with an empty cache (every
   byte fetched, then the same aggregation);
 * ``ssh_warm``: the same again, the cache full (nothing new to fetch).
 
@@ -155,8 +155,11 @@ def measure(size_mb: int) -> dict:
         with Loopback(tmp / "sshd") as lb:
             srv = lb.server
             env = dict(lb.env, XDG_CACHE_HOME=str(tmp / "cache"))
-            remote = [*EAGLEPATCH, "report", "--json", srv.target, "-i", srv.client_key, "--log-dir", str(logs)]
-            local = run_measured([*EAGLEPATCH, "report", "--json", str(logs)], env, None)
+            # --all-runs: every record of the log, whatever server runs on this machine (another checkout's or
+            # test's sglang server would otherwise be taken for the host's current one, whose records these are not)
+            remote = [*EAGLEPATCH, "report", "--json", "--all-runs", srv.target, "-i", srv.client_key, "--log-dir",
+                      str(logs)]
+            local = run_measured([*EAGLEPATCH, "report", "--json", "--all-runs", str(logs)], env, None)
             cold = run_measured(remote, env, lb.proc.pid)
             warm = run_measured(remote, env, lb.proc.pid)
         if not local["records"] == cold["records"] == warm["records"]:
@@ -170,8 +173,9 @@ def measure(size_mb: int) -> dict:
             "target_ratio": TARGET_RATIO, "target_mb": TARGET_MB,
             "ratio_met": ratio <= TARGET_RATIO, "memory_met": max(peaks) <= TARGET_MB,
             "commands": {
-                "local": "eaglepatch report --json DIR",
-                "ssh": "eaglepatch report --json USER@127.0.0.1:PORT -i KEY --log-dir DIR (cold: empty cache)",
+                "local": "eaglepatch report --json --all-runs DIR",
+                "ssh": "eaglepatch report --json --all-runs USER@127.0.0.1:PORT -i KEY --log-dir DIR (cold: empty "
+                       "cache)",
             },
         }
     finally:

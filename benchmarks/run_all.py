@@ -736,13 +736,15 @@ def section_fetch(run: dict, summary: list) -> str:
     out.append(
         "How to read: benchmarks/bench_fetch.py writes 1 GB of timing log (bench_report.py's records, two rank "
         "files), starts its own sshd on 127.0.0.1 (as section 2) and times whole commands: `eaglepatch report "
-        "--json DIR` on the files where they are, then `eaglepatch report --json USER@127.0.0.1:PORT -i KEY "
+        "--json --all-runs DIR` on the files where they are, then `eaglepatch report --json --all-runs USER@127.0.0.1:PORT -i KEY "
         "--log-dir DIR` with an empty cache (every byte fetched in bounded batches, aggregated while it arrives "
         "by a child process of the client) and once more with the cache full (nothing new). Peak memory: the "
         "client's is the highest sum of the peaks so far (VmHWM) of its processes alive at one poll (the command "
         "and its aggregating child, as if both peaked at once); the host side's is the highest VmHWM of any process below the sshd (the agent and "
-        "its shell); both polled from /proc every 20 ms while the command runs. Targets (issue 25): the cold SSH report at most "
-        "1.5x the local one, peak memory at most 200 MB on each side.")
+        "its shell); both polled from /proc every 20 ms while the command runs. `--all-runs` on both: every record "
+        "of the log, whatever other sglang server runs on this machine (another checkout's or test's would "
+        "otherwise be taken for the host's current server, whose records these are not). Targets (issue 25): the "
+        "cold SSH report at most 1.5x the local one, peak memory at most 200 MB on each side.")
     out.append("")
     if "error" in run:
         summary.append(["report of 1 GB over SSH", "failed", "", "", "<= 1.5x", "**FAILED**"])
