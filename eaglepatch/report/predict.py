@@ -26,9 +26,9 @@ the model for users; the parts, stated once:
   cadence, ``G``/``H`` the GPU/host cycle at ``k`` and ``G(j)``/``H(j)`` the modelled ones, the cadence at ``j``
   is ``max(C + H(j) - H, G(j) * min(1, C / G))``: exactly ``C`` at ``k``, and never below the GPU's own time.
   When the GPU sets the pace (``events`` timer, ``G >= 1.25 H`` and ``C >= G``, measured at more than one step) the
-  host waits out the GPU between cycles, so a host change inside the cycle does not move the cadence: it is ``C - G + max(G(j), H(j))``, the gap
-  beyond the GPU's time kept (on the H200's GPU-bound testbed the host-clock rule read a 1-step cadence of 7.07 ms
-  from a 5-step run where 6.51 was measured; this one 6.58).
+  host waits out the GPU between cycles, so a host change inside the cycle does not move the cadence: it is
+  ``C - G + max(G(j), H(j))``, the gap beyond the GPU's time kept (on the H200's GPU-bound testbed the host-clock
+  rule read a 1-step cadence of 7.07 ms from a 5-step run where 6.51 was measured; this one 6.58).
 * **No speculation** (``steps: 0``): one token per request per cycle, and a cycle between two bounds: the
   target's forward alone (the verify phase at one token per request, the longer of its GPU and host time: the
   scheduler's own work hidden as the overlap scheduler hides it) and that forward plus all else the speculative
@@ -327,8 +327,8 @@ class _Cost:
 
     def phase(self, name: str, j: int) -> float:
         """The time per cycle of ``name`` at ``j`` steps: none for the draft and its extend without speculation,
-        the fitted line where there is one, else the draft proportional to its forwards (``j - 1``: see below) and
-        the rest as at ``k``."""
+        the fitted line where there is one, else the draft proportional to its steps (to its forwards, ``j - 1``,
+        with ``forwards``: see below) and the rest as at ``k``."""
         if j == 0 and name in (*DRAFT_PHASES, "draft_extend"):
             return 0.0
         if self.lines is not None and name in self.lines:
@@ -459,8 +459,8 @@ def predict_group(g: GroupStats, shape: Shape, *, steps: Sequence[int] | None = 
     if fitted:
         notes.append(f"cost: each phase fitted on the step counts of {len(family)} groups")
     else:
-        notes.append("cost: the draft proportional to its steps (its GPU time to its forwards, steps - 1, where the GPU "
-                     "sets the pace), verify, draft extend and the rest as measured")
+        notes.append("cost: the draft proportional to its steps (its GPU time to its forwards, steps - 1, where "
+                     "the GPU sets the pace), verify, draft extend and the rest as measured")
     if events:
         notes.append("cadence: the host clock between cycle starts; host-bound phases move it by their host time, "
                      "GPU-bound by their GPU time")
