@@ -187,18 +187,23 @@ def op_logs(payload):
     follows the size the client already has (``have``: "folder/name" -> size), whole lines only, at most
     LOG_BATCH bytes in all (``more``: ask again). A folder other than ``log_dir`` is read only when its logs start
     with the runtime's header saying it fell back from ``log_dir`` (``fallback_from``). ``dirs`` lists each folder
-    read, and each refused with why; ``sizes`` the size of each file of ``names`` (so that the client knows which
-    files the whole fetch will bring before their bytes come). The bytes come as the answer's attachments
-    (``__blobs__``: the agent sends them as raw frames after the JSON), one per entry of ``files`` (``size`` says
-    how many bytes).
+    read, and each refused with why; ``sizes`` the size of each file of ``names``. The bytes come as the answer's
+    attachments (``__blobs__``: the agent sends them as raw frames after the JSON), one per entry of ``files``
+    (``size`` says how many bytes), the files in the order of ``names``.
 
     ``fetch`` (an id) keeps what this answer sent, so that the next request may be ``{"continue": id}`` alone:
-    the same request from where this one ended, sent by the client before it has handled this answer."""
+    the same request from where this one ended, sent by the client before it has handled this answer. A fetch
+    brings each file up to the size it had when the fetch began (the first answer's ``sizes``): what the runtime
+    appends meanwhile, and a file it makes meanwhile (listed, not read), come with the next fetch. So the client
+    knows from the first answer what the whole fetch will bring, a file the answers have gone past gets nothing
+    more, and a fetch ends however fast the server writes."""
     fid = payload.get("continue")
     if fid is not None:
         if fid not in _FETCHES:
             return {"error": "no fetch %r to continue on this host's helper" % str(fid)[:40], "dirs": []}
         payload = _FETCHES[fid]
+    upto = payload.get("upto")  # a fetch going on: "folder/name" -> the size the file had when it began
+    began = {}
     pids = [int(p) for p in payload.get("pids") or ()]
     have = dict(payload.get("have") or {})
     owners = _log_owners(pids)
@@ -224,10 +229,13 @@ def op_logs(payload):
             dirs.append({"path": path, "kind": kind})
             names[path], sizes[path] = [], []
             for name, f, st in _log_files(dfd, listed, owners):
-                size = st.st_size
+                key = path + "/" + name
+                size = began[key] = st.st_size
                 names[path].append(name)
                 sizes[path].append(size)
-                off = int(have.get(path + "/" + name, 0))
+                if upto is not None:
+                    size = min(size, upto.get(key, 0))
+                off = int(have.get(key, 0))
                 if off > size:
                     off = 0  # the file was replaced: fetch it whole
                 if off == size:
@@ -246,7 +254,7 @@ def op_logs(payload):
                 budget -= cut
                 files.append({"dir": path, "name": name, "offset": off, "size": cut})
                 blobs.append(data if cut == len(data) else memoryview(data)[:cut])  # no copy of the batch
-                have[path + "/" + name] = off + cut
+                have[key] = off + cut
         finally:
             os.close(dfd)
     if not names:
@@ -257,5 +265,5 @@ def op_logs(payload):
     if fid is not None:
         if len(_FETCHES) >= _MAX_FETCHES and fid not in _FETCHES:
             _FETCHES.pop(next(iter(_FETCHES)))
-        _FETCHES[fid] = dict(payload, have=have)
+        _FETCHES[fid] = dict(payload, have=have, upto=began if upto is None else upto)
     return {"dirs": dirs, "files": files, "names": names, "sizes": sizes, "more": more, "__blobs__": blobs}

@@ -54,6 +54,10 @@ class LogWatch(Protocol):
     def wrote(self, path: str, size: int, replaced: bool) -> None:
         """``path`` now holds ``size`` bytes; ``replaced``: written again from 0, over the bytes it had."""
 
+    def complete(self, path: str) -> None:
+        """``path`` gets no more bytes in this fetch (the host's word: a fetch brings each file up to the size it had
+        when the fetch began, the files in the order the host lists them)."""
+
 
 def fetch_logs(spec: TargetSpec, c: Connect, log_dir: str | None, say: Say,
                watch: Callable[[FetchedLogs], LogWatch | None] | None = None) -> FetchedLogs:
@@ -128,7 +132,8 @@ def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say,
     answer is the host's word (docs/safety.md): a file name is a plain basename of the log pattern, an offset is 0 or
     the size of the copy here, the bytes are the attachment of their entry, as many as it says; anything else raises
     ``BadAnswer`` before a byte of that answer is written. Raises ``UsageError`` when the host has no log it may
-    read. ``watch`` is told which files the fetch will bring, then of each batch written."""
+    read. ``watch`` is told which files the fetch will bring, then of each batch written and of each file that
+    will get no more."""
     dest = _cache_dest(name, log_dir)
     dest.mkdir(parents=True, exist_ok=True, mode=0o700)
     for old in dest.glob("*.jsonl"):  # the flat layout of earlier versions: fetched again into subfolders
@@ -137,6 +142,8 @@ def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say,
     known = _cached(dest)
     have = {f"{d}/{n}": size for d, (_sub, sizes) in known.items() for n, size in sizes.items()}
     state = {"fetched": 0, "files": 0, "rounds": 0, "listed": {}}
+    upto: dict[tuple[str, str], int] = {}  # (host folder, name) -> the size the whole fetch brings it to
+    complete: set[tuple[str, str]] = set()  # the files the watch was told get no more
 
     def follow(res: Any) -> dict[str, Any] | None:
         # decided on the answer's JSON alone, before its bytes are read: the host gets to work on the next batch
@@ -168,8 +175,30 @@ def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say,
                 said.add(host_dir)
                 say(f"{name}: reading the timing logs in {shown(host_dir)} too (where the runtime writes them)")
         if watch is not None and state["rounds"] == 1:
-            watch.begin(*_forecast(dest, listed, hosted, known))
-        for host_dir, file_name, offset, data, size in writes:
+            files, now = _forecast(dest, listed, hosted, known)
+            watch.begin(files, now)
+            # what the whole fetch brings each file to (the sizes the host began with, where it says them)
+            upto.update({(d, n): size for d, each in hosted.items() for n, size in zip(listed[d], each)})
+            for host_dir, file_name in upto:
+                if known[host_dir][1].get(file_name, 0) == upto[host_dir, file_name]:
+                    complete.add((host_dir, file_name))
+                    watch.complete(str(_cache_folder(dest, host_dir) / file_name))
+        # a file the answers have gone past gets no more (the host sends them in the order it lists them), nor one
+        # brought to the size it had when the fetch began
+        order = [(d, n) for d, each in listed.items() for n in each] if watch is not None else []
+        at = {key: i for i, key in enumerate(order)}
+        gone_past = [0]  # the files of ``order`` said already
+
+        def passed(before: int) -> None:
+            for key in order[gone_past[0] : before]:
+                if key not in complete:
+                    complete.add(key)
+                    if watch is not None:
+                        watch.complete(str(_cache_folder(dest, key[0]) / key[1]))
+            gone_past[0] = max(gone_past[0], before)
+
+        for j, (host_dir, file_name, offset, data, size) in enumerate(writes):
+            passed(at.get((host_dir, file_name), 0))
             path = _cache_folder(dest, host_dir) / file_name
             _write_log(path, offset, data)
             sizes = known[host_dir][1]
@@ -179,6 +208,8 @@ def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say,
             state["files"] += 1
             if watch is not None:
                 watch.wrote(str(path), offset + size, offset == 0 and before > 0)
+                if j + 1 < len(writes) or upto.get((host_dir, file_name)) == offset + size:
+                    passed(at.get((host_dir, file_name), -1) + 1)
 
     fetch_id = secrets.token_hex(8)
     call_each(host, python, "logs", follow=follow, on_result=handle, log_dir=log_dir, have=have,

@@ -159,6 +159,9 @@ class _Ahead:
     def wrote(self, path: str, size: int, replaced: bool) -> None:
         self.follower.wrote(path, size, replaced)
 
+    def complete(self, path: str) -> None:
+        self.follower.complete(path)
+
 
 def _report(rep: Any, per_source: list[list[str]], own: list[dict[str, Any]], sources: Sequence[str],
             select: dict[str, Any], follower: Any, *, by: str | None, skip: int, trace: str | None, compare: bool,

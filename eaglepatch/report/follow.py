@@ -5,12 +5,15 @@ process that reads each file as its bytes come, so that a cold ``report TARGET``
 The child (``python -c BOOT``, started before the connection so that its start is hidden) waits for its job: the
 files, in order, what each holds now, and the arguments of ``aggregate``. It then runs ``aggregate`` as it is,
 ``open`` answering for those files with a reader that stops at the bytes written so far and waits there (on its
-stdin) until the parent says more are written (``"<index> <size>\\n"``) or that the fetch is over (``"done\\n"``);
-its answer is a pickle on its stdout. A child of its own (not a thread): the scan holds the GIL, which paramiko's
-thread needs for every packet. The child's result is used only where it is ``aggregate`` of the finished files:
-the same files and arguments as the caller's own call (``Follower.result``), no file written again from 0 once the
-child could have read it, each file read through the reader to exactly its final size at every opening; anything
-else (the child failed, or never started) gives None, and the caller aggregates the finished files itself.
+stdin) until the parent says more are written (``"<index> <size>\\n"``), that the file gets no more
+(``"<index> end\\n"``: the scan goes on to the next file while the fetch brings that one) or that the fetch is over
+(``"done\\n"``); its answer is a pickle on its stdout. A child of its own (not a thread): the scan holds the GIL,
+which paramiko's thread needs for every packet.
+
+The child's result is used only where it is ``aggregate`` of the finished files: the same files and arguments as
+the caller's own call (``Follower.result``), no file written again from 0 once the child could have read it (nor
+after it was said to get no more), each file read through the reader to exactly its final size at every opening;
+anything else (the child failed, or never started) gives None, and the caller aggregates the finished files itself.
 """
 
 from __future__ import annotations
@@ -39,11 +42,13 @@ class _Gone(Exception):
 
 
 class _News:
-    """What the parent has said so far: how many bytes of each file are written (``sizes``), whether the fetch is
-    over (``done``); and what the readers saw: openings of each file, and where each reached its end."""
+    """What the parent has said so far: how many bytes of each file are written (``sizes``), which files get no
+    more (``complete``), whether the fetch is over (``done``); and what the readers saw: openings of each file,
+    and where each reached its end."""
 
     def __init__(self, fd: int, buf: bytes, sizes: list[int]):
         self.fd, self.buf, self.sizes = fd, buf, sizes
+        self.complete = [False] * len(sizes)
         self.done = False
         self.opened = [0] * len(sizes)
         self.ends: list[list[int]] = [[] for _ in sizes]
@@ -74,12 +79,15 @@ class _News:
                 raise _Gone("the parent gave the job up")
             else:
                 i, size = line.split()
-                self.sizes[int(i)] = int(size)
+                if size == b"end":
+                    self.complete[int(i)] = True
+                else:
+                    self.sizes[int(i)] = int(size)
 
 
 class _Growing(io.RawIOBase):
     """File ``i`` of the job, read up to the bytes the parent says are written, waiting there for more until the
-    fetch is over."""
+    parent says it gets no more, or that the fetch is over."""
 
     def __init__(self, news: _News, i: int, path: str):
         super().__init__()
@@ -106,7 +114,7 @@ class _Growing(io.RawIOBase):
                 self.pos += n
                 news.take(False)
                 return n
-            if news.done:
+            if news.done or news.complete[self.i]:
                 if not self.ended:  # once an opening (a buffered reader asks again at the end)
                     self.ended = True
                     news.ends[self.i].append(self.pos)
@@ -202,6 +210,7 @@ class Follower:
         self.spoiled = False  # the child's result can no longer be the caller's: it is not waited for
         self.why = "no job"  # why there is no result (for EAGLEPATCH_DEBUG and tests); None once there is one
         self._pending = b""
+        self._complete: set[int] = set()  # the files said to get no more
         try:
             self.proc = subprocess.Popen([sys.executable, "-c", BOOT, json.dumps(sys.path)], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -224,11 +233,20 @@ class Follower:
         i = self.index.get(path)
         if i is None or self.spoiled:
             return  # a file outside the job: ``result`` finds that the files differ
-        if replaced:
+        if replaced or i in self._complete:
             self._send(b"stop\n")
-            self._spoil(f"{path} was written again from its start")
+            self._spoil(f"{path} was written again from its start" if replaced else
+                        f"{path} was written after it was said to get no more")
             return
         self._send(b"%d %d\n" % (i, size))
+
+    def complete(self, path: str) -> None:
+        """``path`` gets no more bytes in this fetch: the child's scan may go on past its end."""
+        i = self.index.get(path)
+        if i is None or self.spoiled or i in self._complete:
+            return
+        self._complete.add(i)
+        self._send(b"%d end\n" % i)
 
     def _send(self, data: bytes, wait: bool = False) -> None:
         self._pending += data

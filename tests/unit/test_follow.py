@@ -41,7 +41,7 @@ def _bodies(n: int = 3000) -> dict[str, bytes]:
 
 def _write_in_pieces(paths: list[str], bodies: list[bytes], f: follow.Follower, piece: int) -> None:
     """What a fetch does: each file appended a batch at a time (some cut inside a line), the follower told after
-    each write."""
+    each write, and once the file gets no more."""
     for path, body in zip(paths, bodies):
         with open(path, "ab") as out:
             for at in range(0, len(body), piece):
@@ -49,6 +49,7 @@ def _write_in_pieces(paths: list[str], bodies: list[bytes], f: follow.Follower, 
                 out.flush()
                 f.wrote(path, min(at + piece, len(body)), False)
                 time.sleep(0.001)
+        f.complete(path)
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"by": "bs", "skip": 5}, {"latest": True},
@@ -201,3 +202,30 @@ def test_the_reader_waits_at_what_is_written_until_more_is_said(tmp_path: Path) 
     with open_(str(tmp_path / "other.txt"), "w") as fh:  # any other file: the real open
         fh.write("x")
     assert (tmp_path / "other.txt").read_text() == "x"
+
+
+def test_a_file_said_to_get_no_more_ends_there_before_the_fetch_is_over(tmp_path: Path) -> None:
+    """``"<i> end"``: the reader gives the end of that file at once (the scan goes on to the next one while the
+    fetch brings it); a file written after it was said to get no more spoils the result."""
+    p = tmp_path / "log.jsonl"
+    p.write_bytes(b"a\nb\n")
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    news = follow._News(r, b"", [0, 0])
+    open_ = follow._open_for(news, [str(p), str(tmp_path / "next.jsonl")])
+    os.write(w, b"0 4\n0 end\n")
+    with open_(str(p), encoding="utf-8") as fh:
+        assert list(fh) == ["a\n", "b\n"]  # no "done" yet
+    assert news.ends == [[4], []] and not news.done
+    os.close(w)
+    os.close(r)
+
+    bodies = _bodies(50)
+    paths = [str(tmp_path / n) for n in sorted(bodies)]
+    for q in paths:
+        Path(q).write_bytes(bodies[os.path.basename(q)])
+    f = follow.Follower()
+    f.start(paths, {q: os.path.getsize(q) for q in paths}, {})
+    f.complete(paths[0])
+    f.wrote(paths[0], os.path.getsize(paths[0]), False)
+    assert f.result(paths, {}) is None and "said to get no more" in str(f.why)

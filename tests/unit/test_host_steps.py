@@ -888,7 +888,8 @@ def test_a_fetch_tells_its_watch_the_files_it_will_leave_then_each_batch_it_writ
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The watch (``report`` aggregates while it fetches) hears once, before a byte is written, which files the
     fetch will leave in the cache, as ``iter_log_files`` lists them afterwards (an empty log on the host leaves
-    none), then each batch as it is written, the file's size after it."""
+    none), then each batch as it is written, the file's size after it, and of each file once it gets no more: the
+    first as soon as the answers go on to the second, not at the fetch's end."""
     from eaglepatch.ops import logs as fetch
     from eaglepatch.report import iter_log_files
 
@@ -907,8 +908,12 @@ def test_a_fetch_tells_its_watch_the_files_it_will_leave_then_each_batch_it_writ
             seen.append(("begin", files, sizes))
 
         def wrote(self, path: str, size: int, replaced: bool) -> None:
-            assert os.path.getsize(path) == size and not replaced
+            assert os.path.getsize(path) == size and not replaced and ("complete", path) not in seen
             seen.append((path, size))
+
+        def complete(self, path: str) -> None:
+            assert ("complete", path) not in seen
+            seen.append(("complete", path))
 
     folder = fetch.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None,  # type: ignore[arg-type]
                                    watch=Watch())
@@ -919,6 +924,9 @@ def test_a_fetch_tells_its_watch_the_files_it_will_leave_then_each_batch_it_writ
     for f in files:
         sizes = [size for path, size in seen[1:] if path == f]
         assert sizes == sorted(sizes) and sizes[-1] == os.path.getsize(f)
+        assert seen.count(("complete", f)) == 1
+    first, second = files
+    assert seen.index(("complete", first)) < [s[0] for s in seen].index(second)
 
 
 def test_a_report_aggregated_while_fetching_resumes_after_a_cut_with_the_same_result(
@@ -949,6 +957,9 @@ def test_a_report_aggregated_while_fetching_resumes_after_a_cut_with_the_same_re
         def wrote(self, path: str, size: int, replaced: bool) -> None:
             self.f.wrote(path, size, replaced)
 
+        def complete(self, path: str) -> None:
+            self.f.complete(path)
+
     _fetch_in_batches(monkeypatch, 5000, cut_after=2)
     f = Follower()
     with pytest.raises(ConnectionFailed):
@@ -964,3 +975,28 @@ def test_a_report_aggregated_while_fetching_resumes_after_a_cut_with_the_same_re
     assert [Path(p).read_bytes() for p in files] == [(d / f"h-1-rank{r}.jsonl").read_bytes() for r in range(2)]
     got = f.result(files, {"by": "bs"})
     assert f.why is None and got == aggregate(files, by="bs") and got.records == 650 and not got.skipped_lines
+
+
+def test_a_fetch_brings_each_log_up_to_the_size_it_had_when_the_fetch_began(tmp_path: Path) -> None:
+    """What the runtime appends while a fetch goes on, and a log it makes meanwhile (listed, not read), come with
+    the next fetch: the first answer's sizes are what the whole fetch brings, and it ends however fast the server
+    writes."""
+    d = tmp_path / "logs"
+    d.mkdir(mode=0o700)
+    log = d / "h-1-rank0.jsonl"
+    log.write_bytes(_log_lines(100))
+    began = log.stat().st_size
+    res = logs.op_logs({"log_dir": str(d), "have": {}, "budget": 1000, "fetch": "f1"})
+    assert res["sizes"] == {str(d): [began]} and res["more"]
+    got = b"".join(bytes(b) for b in res["__blobs__"])
+    with open(log, "ab") as f:
+        f.write(_log_lines(50))  # the server goes on writing
+    (d / "h-2-rank0.jsonl").write_bytes(_log_lines(5))  # and a new log
+    while res["more"]:
+        res = logs.op_logs({"continue": "f1"})
+        assert res["names"] == {str(d): ["h-1-rank0.jsonl", "h-2-rank0.jsonl"]}
+        assert all(f["name"] == "h-1-rank0.jsonl" for f in res["files"])
+        got += b"".join(bytes(b) for b in res["__blobs__"])
+    assert got == log.read_bytes()[:began]
+    res = logs.op_logs({"log_dir": str(d), "have": {str(log): began}, "fetch": "f2"})  # the next fetch
+    assert [(f["name"], f["offset"]) for f in res["files"]] == [("h-1-rank0.jsonl", began), ("h-2-rank0.jsonl", 0)]
