@@ -726,34 +726,14 @@ def test_a_fetch_cut_off_keeps_what_it_wrote_and_the_next_run_goes_on_from_there
     body = _log_lines(400)
     (d / "h-1-rank0.jsonl").write_bytes(body)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    asked: list[dict[str, int]] = []
-    cut_after = [2]
-
-    def call_each(host: Any, python: str, op: str, /, *, follow: Any, on_result: Any, **payload: Any) -> None:
-        """The agent's pipelined rounds, in process: each answer's JSON as it travels, then its attachments."""
-        assert op == "logs"
-        while True:
-            if len(asked) == cut_after[0]:
-                raise ConnectionFailed("connection reset")
-            asked.append(dict(payload.get("have") or {}))
-            res = logs.op_logs(dict(payload, budget=1000))
-            blobs = [bytes(b) for b in res.pop("__blobs__")]  # raw frames on the wire, bytes again here
-            res = json.loads(json.dumps(res))
-            nxt = follow(res)
-            on_result(dict(res, __blobs__=blobs))
-            if nxt is None:
-                return
-            payload = nxt
-
-    monkeypatch.setattr(fetch, "call_each", call_each)
+    _fetch_in_batches(monkeypatch, 1000, cut_after=2)
     with pytest.raises(ConnectionFailed):
         fetch.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
     cached = list((tmp_path / "cache").rglob("h-1-rank0.jsonl"))
     assert len(cached) == 1
     kept = cached[0].read_bytes()
     assert 0 < len(kept) < len(body) and body.startswith(kept) and kept.endswith(b"\n")
-    asked.clear()
-    cut_after[0] = 10 ** 6
+    asked = _fetch_in_batches(monkeypatch, 1000)
     fetch.fetch_logs_from(None, "gpu1", "python3", str(d), lambda _m: None)  # type: ignore[arg-type]
     assert asked[0] == {str(d) + "/h-1-rank0.jsonl": len(kept)} and asked[1:] and not any(asked[1:])
     assert cached[0].read_bytes() == body
