@@ -15,6 +15,8 @@ import subprocess
 import time
 
 from eaglepatch.hostside.discover import resolve_launcher, top_launchers
+from eaglepatch.hostside.files import open_private, private_dir
+from eaglepatch.hostside.lock import port_lock
 from eaglepatch.hostside.launchers import parse_server_args
 from eaglepatch.hostside.proc import KEPT_SIGNALS, descendants, is_alive, listening, proc_stat, table
 
@@ -109,29 +111,6 @@ def op_stop(payload):
 # ---------------------------------------------------------------------------------------------------------------
 # start
 
-def _safe_dir(path):
-    """``path`` if it is (or can be made, 0700) a folder of this user that nobody else may write; else a private
-    folder of this user's beside it (``<path>-<uid>``), made the same way; raises OSError when neither can be."""
-    for cand in (path, "%s-%d" % (path, os.geteuid())):
-        try:
-            os.makedirs(cand, mode=0o700, exist_ok=True)
-            st = os.lstat(cand)
-        except OSError:
-            continue
-        if os.path.isdir(cand) and not os.path.islink(cand) and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
-            return cand
-    raise OSError(errno.EACCES, "neither %s nor %s-%d is a folder of this user's only" % (path, path, os.geteuid()))
-
-
-def _open_private(path, flags, mode=0o600):
-    """Open ``path`` without following a symlink, and only if it is a regular file."""
-    fd = os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", path)
-    return fd
-
-
 def _start_script(argv, cwd, env):
     """A shell script that starts the server by hand exactly as eaglepatch does: its folder, its whole
     environment, its command line."""
@@ -157,15 +136,15 @@ def _prepare_start(payload):
     if got is None:
         return {"error": "%s names no executable file (from %s, along its PATH)" % (argv[0], cwd)}
     try:
-        folder = _safe_dir(os.path.dirname(log_path) or ".")
+        folder = private_dir(os.path.dirname(log_path) or ".")
         log_path = os.path.join(folder, os.path.basename(log_path))
-        log_fd = _open_private(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        log_fd = open_private(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     except OSError as exc:
         return {"error": "cannot open the log %s: %s" % (log_path, exc.strerror or exc)}
     script = os.path.join(folder, "start-%s.sh" % payload.get("port", "server"))
     try:
         tmp = script + ".tmp%d" % os.getpid()
-        fd = _open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
+        fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
         with os.fdopen(fd, "wb") as f:
             f.write(_start_script(argv, cwd, env))
         os.replace(tmp, script)
@@ -263,23 +242,38 @@ def op_relaunch(payload):
         prep = _prepare_start(start)
         if "error" in prep:
             return {"start": {"error": "nothing was stopped or started: " + prep["error"]}, "not_stopped": True}
-        others = _other_launchers(payload["port"], stop["pid"] if stop else None)
-        if others:
+        lock = port_lock(os.path.dirname(prep["log_path"]), payload["port"],
+                          payload.get("lock_wait", 150.0))
+        if lock is None:
             os.close(prep["log_fd"])
-            return {"busy": True, "busy_pids": others, "not_stopped": True}
-        out = {}
-        if stop:
-            out["stop"] = op_stop(stop)
-            res = out["stop"]
-            if res.get("remaining") or not res.get("port_free", True):
-                os.close(prep["log_fd"])
-                return out  # not stopped: starting another beside it would make two
-        if payload.get("check_port") and listening(payload["port"]):
-            os.close(prep["log_fd"])
-            out["busy"] = True
-            return out
-        out["start"] = _spawn(start, prep)
-        return out
+            return {"start": {"error": "nothing was stopped or started: another relaunch on :%s did not finish"
+                                       % payload["port"]}, "not_stopped": True}
+        try:
+            return _relaunch_locked(payload, start, stop, prep)
+        finally:
+            if lock >= 0:
+                os.close(lock)
     finally:
         for sig, old in saved:
             signal.signal(sig, old)
+
+
+def _relaunch_locked(payload, start, stop, prep):
+    """``op_relaunch`` once it holds the port's lock."""
+    others = _other_launchers(payload["port"], stop["pid"] if stop else None)
+    if others:
+        os.close(prep["log_fd"])
+        return {"busy": True, "busy_pids": others, "not_stopped": True}
+    out = {}
+    if stop:
+        out["stop"] = op_stop(stop)
+        res = out["stop"]
+        if res.get("remaining") or not res.get("port_free", True):
+            os.close(prep["log_fd"])
+            return out  # not stopped: starting another beside it would make two
+    if payload.get("check_port") and listening(payload["port"]):
+        os.close(prep["log_fd"])
+        out["busy"] = True
+        return out
+    out["start"] = _spawn(start, prep)
+    return out

@@ -7,6 +7,7 @@ Shared by the steps that write (``execute``, ``live``) and those that read (``in
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import json
 import os
@@ -115,3 +116,26 @@ def _write_into(path, data):
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def private_dir(path):
+    """``path`` if it is (or can be made, 0700) a folder of this user that nobody else may write; else a private
+    folder of this user's beside it (``<path>-<uid>``), made the same way; raises OSError when neither can be."""
+    for cand in (path, "%s-%d" % (path, os.geteuid())):
+        try:
+            os.makedirs(cand, mode=0o700, exist_ok=True)
+            st = os.lstat(cand)
+        except OSError:
+            continue
+        if os.path.isdir(cand) and not os.path.islink(cand) and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+            return cand
+    raise OSError(errno.EACCES, "neither %s nor %s-%d is a folder of this user's only" % (path, path, os.geteuid()))
+
+
+def open_private(path, flags, mode=0o600):
+    """Open ``path`` without following a symlink, and only if it is a regular file."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fd

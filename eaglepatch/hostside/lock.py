@@ -1,15 +1,17 @@
-"""The install's lock (the ``lock`` and ``unlock`` ops): a file made with O_EXCL in the speculative folder, naming
-its owner; a stale one (its client gone, or too old) is taken over.
+"""The host's locks. The install's (the ``lock`` and ``unlock`` ops): a file made with O_EXCL in the speculative
+folder, naming its owner; a stale one (its client gone, or too old) is taken over. A port's relaunches
+(``port_lock``, ``settle``): an flock on a file in the user's private log folder, so that they run one at a time.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import time
 
-from eaglepatch.hostside.files import read_json
+from eaglepatch.hostside.files import open_private, private_dir, read_json
 
 
 LOCK_NAME = ".eaglepatch.lock"
@@ -82,3 +84,42 @@ def op_unlock(payload):
         except OSError:
             pass
     return {"ok": True}
+
+
+def port_lock(folder, port, wait):
+    """An exclusive lock on the relaunches of ``port`` by this user (a file in their private log folder): its
+    descriptor; -1 when no lock file can be had there (the relaunch goes on unlocked, as before there was one);
+    None when another relaunch held it for ``wait`` s. A relaunch whose client was interrupted finishes on the
+    host: what reads the host after it (``settle``) must read it once that is done."""
+    try:
+        fd = open_private(os.path.join(folder, "relaunch-%s.lock" % port), os.O_RDWR | os.O_CREAT)
+    except OSError:
+        return -1
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                return -1
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.05)
+
+
+def settle(payload):
+    """Wait until no relaunch of ``payload["port"]`` (whose server logs to ``payload["log_path"]``) runs on the host,
+    at most ``payload["wait"]`` s; True when none does. A scan after it sees what such a relaunch left."""
+    try:
+        folder = private_dir(os.path.dirname(payload["log_path"]) or ".")
+    except OSError:
+        return True
+    fd = port_lock(folder, payload["port"], payload["wait"])
+    if fd is None:
+        return False
+    if fd >= 0:
+        os.close(fd)
+    return True

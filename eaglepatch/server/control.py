@@ -115,12 +115,20 @@ def relaunch_payload(current: ServerProcess | None, spec: LaunchSpec, grace: flo
     """What ``op_relaunch`` takes to stop ``current`` (if any) and start ``spec`` in one request."""
     return {"stop": stop_payload(current, grace, port_timeout) if current is not None else None,
             "start": start_payload(spec), "port": spec.port,
-            "check_port": current is None or current.port != spec.port}
+            "check_port": current is None or current.port != spec.port,
+            "lock_wait": lock_wait(grace, port_timeout)}
+
+
+def lock_wait(grace: float, port_timeout: float) -> float:
+    """How long a relaunch waits on the host for another relaunch of its port to end (one whose client was
+    interrupted goes on there): that one's stop and start."""
+    return grace + port_timeout + 60
 
 
 def relaunch_timeout(grace: float, port_timeout: float, n: int = 1) -> float:
-    """How long ``n`` relaunches may take on the host (each: the stop's grace and port wait, the start)."""
-    return n * (grace + port_timeout + 120)
+    """How long ``n`` relaunches may take on the host (each: the stop's grace and port wait, the start), after
+    waiting for one relaunch of the same port that was already running there."""
+    return n * (grace + port_timeout + 120) + lock_wait(grace, port_timeout)
 
 
 def read_log_tail(host: Host, log_path: str, *, offset: int = 0, lines: int = 30, python: str = "python3") -> str:

@@ -283,8 +283,12 @@ def describe_launch(server: ServerProcess) -> str:
     return "; ".join(parts)
 
 
-def find_servers(host: Host, python: str = "python3", package_dir: str | None = None) -> list[ServerProcess]:
+def find_servers(host: Host, python: str = "python3", package_dir: str | None = None,
+                 settle: LaunchSpec | None = None, settle_wait: float = 150.0) -> list[ServerProcess]:
     """The running sglang servers on ``host`` (launcher processes only), by pid; one round trip.
+
+    With ``settle``, read once no relaunch of its port runs on the host (one whose client was cut off goes on
+    there), waiting ``settle_wait`` s at most (``server.control.lock_wait``: the time one relaunch takes).
 
     Each carries the sglang package its own interpreter imports (``package_dir``) and how it was launched; with
     ``package_dir`` only the servers of that package are returned: the servers of a target's install, the only
@@ -294,7 +298,11 @@ def find_servers(host: Host, python: str = "python3", package_dir: str | None = 
     payload: dict[str, Any] = {"identify": True}
     if package_dir is not None:
         payload["package_dir"] = package_dir
-    result = call(host, python, "scan", timeout=90, **payload)
+    wait = 0.0
+    if settle is not None:
+        wait = settle_wait
+        payload["settle"] = {"port": settle.port, "log_path": settle.log_path, "wait": wait}
+    result = call(host, python, "scan", timeout=90 + wait, **payload)
     return [ServerProcess.from_scan(item) for item in result["servers"]]
 
 

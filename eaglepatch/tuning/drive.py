@@ -142,14 +142,16 @@ class _Owned:
         return any(srv.pid == o.get("pid") and srv.start == o.get("start")
                    for o in (self.state.header or {}).get("beside") or ())
 
-    def current(self, port: int) -> Any:
+    def current(self, port: int, settle: Any = None, settle_wait: float = 0.0) -> Any:
         """The server of the install on ``port`` that the sweep may stop (None when none runs); raises
         Conflict when one runs there that the sweep did not record or start, or when a new server of the install
-        runs elsewhere (starting one here would put a second model server on the host)."""
+        runs elsewhere (starting one here would put a second model server on the host). ``settle`` (a launch
+        spec): read once no relaunch of its port runs on the host (``find_servers``)."""
         from eaglepatch.errors import Conflict
         from eaglepatch.server.process import find_servers
 
-        servers = find_servers(self.host, self.python, package_dir=self.package_dir)
+        servers = find_servers(self.host, self.python, package_dir=self.package_dir, settle=settle,
+                               settle_wait=settle_wait)
         here = [s for s in servers if s.port == port]
         for srv in here:
             if not self._ours(srv):
@@ -381,22 +383,43 @@ def _one_run(host: Host, name: str, python: str, launch: Any, ropts: Any, log_di
                 notes=doc["notes"])
 
 
+# How many times putting the server back reads the host again after what ran on the port changed under it.
+RESTORE_ATTEMPTS = 3
+
+
+def _changed(now: Any, before: Any) -> bool:
+    """Another process than ``before`` (or than none) runs on the port ``now``."""
+    key = lambda srv: None if srv is None else (srv.pid, srv.start)  # noqa: E731
+    return key(now) != key(before)
+
+
 def _restore(host: Host, python: str, launch: Any, env_names: Sequence[str], ropts: Any, why: str,
              say: Say, owned: _Owned) -> dict[str, Any]:
     """Leave ``launch`` running: restart into it unless what runs is already it."""
     from eaglepatch.server.restart import restart
 
     from eaglepatch.ops.lifecycle import ROLLBACK_TIMEOUT_S, not_back
+    from eaglepatch.server.control import lock_wait
 
-    current = owned.current(launch.port)
-    if current is not None and _runs(current, launch, env_names):
-        say(f"the server already runs {why}")
-        return {"restarted": False, "ready": True, "argv": list(launch.argv),
-                "message": f"the server runs {why}"}
-    say(f"putting the server back: {why}")
     # as a rollback: its own generous timeout, whatever --timeout the points had, and a slow one is left loading
     slow = dataclasses.replace(ropts, timeout=max(ropts.timeout, ROLLBACK_TIMEOUT_S), stop_on_failure=False)
-    res = restart(host, current=current, launch=launch, options=slow, progress=lambda line: say('  ' + line), python=python)
+    for _ in range(RESTORE_ATTEMPTS):
+        # after a relaunch that an interrupt cut short has ended on the host (it goes on there): what it left
+        current = owned.current(launch.port, settle=launch, settle_wait=lock_wait(slow.grace, slow.port_timeout))
+        if current is not None and _runs(current, launch, env_names):
+            say(f"the server already runs {why}")
+            return {"restarted": False, "ready": True, "argv": list(launch.argv),
+                    "message": f"the server runs {why}"}
+        say(f"putting the server back: {why}")
+        res = restart(host, current=current, launch=launch, options=slow, progress=lambda line: say('  ' + line),
+                      python=python)
+        started_none = res.stopped_pid is None and (res.pid is None or res.untouched)
+        if res.ready or not started_none or not _changed(owned.current(launch.port), current):
+            break
+        # nothing was stopped or started, and another server took the port meanwhile: the one a relaunch that
+        # Ctrl-C cut short started on the host (it runs to its end there); read the host again and stop that one
+        say(f"  the server on :{launch.port} changed meanwhile (a relaunch cut short finished on the host); "
+            "reading it again")
     doc = {"restarted": True, "ready": res.ready, "argv": list(launch.argv), "pid": res.pid}
     if res.ready:
         doc["message"] = f"the server runs {why} again (pid {res.pid})"

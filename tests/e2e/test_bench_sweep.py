@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -432,6 +433,41 @@ def test_sweep_without_a_server_exits_4(tmp_path, local):
     r = local.run("sweep", tree, "--grid", "speculative-num-steps=1,2", *SWEEP)
     assert r.returncode == 4, r.stderr
     assert "no sglang server is running" in r.stderr
+
+
+def test_ctrl_c_during_a_relaunch_puts_back_what_that_relaunch_left(standins, tmp_path, local):
+    """A Ctrl-C while the host stops one server and starts the next: that relaunch ends on the host (it ignores the
+    signal, by design); the put-back must read the host after it, and stop the point's server it started, never
+    take the original, still stopping, for the server put back (CI once met the race the other way round)."""
+    srv = spec_server(standins, tmp_path, "--stop-delay", "2")
+    before_pid, before_argv, _ = srv.running()
+    proc = local.popen("sweep", srv.tree, "--grid", "speculative-num-steps=1", *SWEEP)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not any(line.lstrip().startswith("starting sglang on") for line in lines):
+            assert proc.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "the sweep started no server"
+            time.sleep(0.02)
+        time.sleep(0.5)  # the host is stopping the original now: it takes 2 s to let go of its port
+        assert not any("stopped in" in line for line in lines), "".join(lines)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=90)
+        reader.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    err = "".join(lines)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "already runs" not in err, err
+    [target] = local.target(srv.tree)
+    assert err.rstrip().splitlines()[-1] == (f"eaglepatch: interrupted: {target}: the sweep's server put back and "
+                                             f"ready: run `eaglepatch status {target}`"), err
+    pid, argv, _ = srv.running()  # one launcher on the port: the original's command line, a new process
+    assert argv == before_argv and pid != before_pid
 
 
 def test_ctrl_c_puts_the_server_back_and_keeps_the_runs(standins, tmp_path, local):

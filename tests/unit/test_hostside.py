@@ -81,3 +81,34 @@ def test_stop_ends_a_process_with_its_children_and_a_relaunch_starts_one(tmp_pat
         assert "starting in" in (tmp_path / "logs" / "server.log").read_text()
     finally:
         os.kill(pid, 9)
+
+
+def test_a_relaunch_waits_for_another_of_its_port_and_settle_says_when_none_runs(tmp_path):
+    """Relaunches of one port run one after the other (a lock file in the user's private log folder): while
+    another holds it, a relaunch starts nothing and stops nothing after its wait, and ``settle`` says so; once
+    it is let go, both go on."""
+    import fcntl
+    import os
+
+    from eaglepatch.hostside.control import op_relaunch
+    from eaglepatch.hostside.lock import settle
+
+    logs = tmp_path / "logs"
+    spec = {"argv": ["sleep", "30"], "cwd": str(tmp_path), "env": {"PATH": os.environ["PATH"]},
+            "log_path": str(logs / "server.log"), "port": 7}
+    assert settle({"port": 7, "log_path": spec["log_path"], "wait": 0})  # none ran: no wait
+    held = os.open(str(logs / "relaunch-7.lock"), os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        res = op_relaunch({"stop": None, "start": spec, "port": 7, "lock_wait": 0.2})
+        assert res["not_stopped"] and "another relaunch on :7" in res["start"]["error"], res
+        assert not settle({"port": 7, "log_path": spec["log_path"], "wait": 0.2})
+        assert settle({"port": 8, "log_path": spec["log_path"], "wait": 0})  # another port's lock
+    finally:
+        os.close(held)
+    assert settle({"port": 7, "log_path": spec["log_path"], "wait": 0})
+    res = op_relaunch({"stop": None, "start": spec, "port": 7, "lock_wait": 0.2})
+    try:
+        assert res["start"]["pid"]
+    finally:
+        os.kill(res["start"]["pid"], 9)

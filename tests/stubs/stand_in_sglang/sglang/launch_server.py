@@ -67,6 +67,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     # the stand-in's own
     p.add_argument("--startup-delay", type=float, default=0.0)
     p.add_argument("--ignore-sigterm", action="store_true")
+    p.add_argument("--stop-delay", type=float, default=0.0)
     p.add_argument("--ready-endpoint", action="store_true")
     p.add_argument("--accept-length", type=float, default=None)
     p.add_argument("--fail-if-exists", metavar="PATH")
@@ -665,6 +666,8 @@ def main(argv: list[str] | None = None) -> int:
             log("The server is fired up and ready to roll!")
             announced = True
     log(f"stopping: {len(children)} TP ranks")
+    if args.stop_delay > 0:  # a model server that takes its time to let go of the GPU and its port
+        time.sleep(args.stop_delay)
     return shutdown(0)
 
 
