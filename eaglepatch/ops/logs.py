@@ -43,7 +43,7 @@ class FetchedLogs:
 
 
 class LogWatch(Protocol):
-    """What follows a fetch as it goes (``report`` reads the logs while they arrive: ``eaglepatch.report.follow``).
+    """What follows a fetch as it goes (``report`` reads the logs while they arrive: ``eaglepatch.ops.follow``).
     It is told only of checked bytes, once they are in the cache."""
 
     def begin(self, files: list[str], sizes: dict[str, int]) -> None:

@@ -87,11 +87,11 @@ def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, tra
     own: list[dict[str, Any]] = []  # each source's own selection: a TARGET's current run by default
     sweep: dict[str, Any] | None = None  # a TARGET's sweep with a baseline, for --predict
     select: dict[str, Any] = {"merge_runs": runs.merge, "run_ids": list(runs.ids) or None, "since": runs.since}
-    # one TARGET alone: its logs are aggregated while they arrive, beside the fetch (report.follow)
+    # one TARGET alone: its logs are aggregated while they arrive, beside the fetch (ops.follow)
     follower = None
     if len(sources) == 1 and not compare and os.environ.get("EAGLEPATCH_FOLLOW") != "0" and not (
             (os.path.exists(sources[0]) or is_local_target(sources[0])) and _is_log_source(sources[0])):
-        from eaglepatch.report.follow import Follower
+        from eaglepatch.ops.follow import Follower
 
         follower = Follower()
     try:
@@ -146,7 +146,7 @@ class _Ahead:
     """The ``LogWatch`` of a TARGET's fetch whose logs ``follower`` aggregates as they arrive: the files that the
     fetch will leave and the same choice of runs as ``report`` will make of them."""
 
-    follower: Any  # report.follow.Follower
+    follower: Any  # ops.follow.Follower
     fetched: FetchedLogs
     runs: RunSelection
     kwargs: dict[str, Any]

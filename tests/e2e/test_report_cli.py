@@ -228,7 +228,7 @@ def test_target_logs_are_fetched_incrementally_over_ssh(sshd, ssh_env, tmp_path)
 
 def test_a_cold_report_over_ssh_aggregates_while_it_fetches_with_the_local_reports_numbers(sshd, ssh_env, tmp_path):
     """A log of several batches (more than LOG_BATCH), fetched into an empty cache: aggregated while it arrives
-    (report.follow, said with EAGLEPATCH_DEBUG), with the very numbers of the report of the same files here, and of
+    (ops.follow, said with EAGLEPATCH_DEBUG), with the very numbers of the report of the same files here, and of
     a report that aggregates after the fetch (EAGLEPATCH_FOLLOW=0)."""
     remote = tmp_path / "remote logs"
     for rank in range(2):

@@ -1,4 +1,4 @@
-"""``report.follow``: ``aggregate`` of timing logs while a fetch is still writing them, in a child process that reads
+"""``ops.follow``: ``aggregate`` of timing logs while a fetch is still writing them, in a child process that reads
 each file as its bytes come. Its result is ``aggregate``'s of the finished files, or there is none (and the caller
 aggregates them itself): never another."""
 
@@ -15,7 +15,7 @@ import pytest
 
 from eaglepatch.errors import UsageError
 from eaglepatch.report import aggregate
-from eaglepatch.report import follow
+from eaglepatch.ops import follow
 
 T0 = 1764500000.0
 

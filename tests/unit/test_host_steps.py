@@ -911,12 +911,12 @@ def test_a_fetch_tells_its_watch_the_files_it_will_leave_then_each_batch_it_writ
 
 def test_a_report_aggregated_while_fetching_resumes_after_a_cut_with_the_same_result(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A fetch followed by ``report.follow`` breaks after two batches (its child let go), then goes on from what
+    """A fetch followed by ``ops.follow`` breaks after two batches (its child let go), then goes on from what
     the cache has: the follower's result is that of ``aggregate`` of the finished files, each the host's bytes."""
     from eaglepatch.errors import ConnectionFailed
     from eaglepatch.ops import logs as fetch
     from eaglepatch.report import aggregate, iter_log_files
-    from eaglepatch.report.follow import Follower
+    from eaglepatch.ops.follow import Follower
 
     d = tmp_path / "logs"
     d.mkdir(mode=0o700)

@@ -211,3 +211,25 @@ def test_every_package_is_installed():
     listed = set(tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     folders = {_name(p) for p in ROOT.rglob("__init__.py")}
     assert folders - listed == set() and listed - folders == {"eaglepatch.patches"}
+
+
+# What the pure core may not import: it starts no process, waits on no descriptor, handles no signal and opens no
+# connection (a child process, as the report's while it fetches, lives in ops/).
+EFFECTS = {"subprocess", "select", "selectors", "signal", "socket", "multiprocessing", "threading", "paramiko"}
+PURE = {"transform", "report"}
+
+
+def _effects(module: str) -> list[str]:
+    out = []
+    for node in ast.walk(TREES[module]):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        out += [f"{module} line {node.lineno}: {n}" for n in names if n.split(".")[0] in EFFECTS]
+    return out
+
+
+def test_the_pure_core_starts_no_process_and_opens_no_connection(monkeypatch):
+    assert [bad for m in MODULES if _package(m) in PURE for bad in _effects(m)] == []
+    # and the rule is not vacuous: a report module that starts a process breaks it
+    monkeypatch.setitem(TREES, "eaglepatch.report.stats", ast.parse("import subprocess\n"))
+    assert _effects("eaglepatch.report.stats") == ["eaglepatch.report.stats line 1: subprocess"]

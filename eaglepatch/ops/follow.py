@@ -33,7 +33,7 @@ from typing import Any, Sequence
 from eaglepatch.errors import EaglepatchError
 
 # The child's command line: sys.path as the parent's (the same eaglepatch and msgspec), then the child's main.
-BOOT = "import sys,json;sys.path[:]=json.loads(sys.argv[1]);from eaglepatch.report.follow import child;child()"
+BOOT = "import sys,json;sys.path[:]=json.loads(sys.argv[1]);from eaglepatch.ops.follow import child;child()"
 _BUFFER = 1 << 20  # the reader's buffer: one call of Python code per MiB read
 
 
