@@ -744,7 +744,12 @@ def section_fetch(run: dict, summary: list) -> str:
         "its shell); both polled from /proc every 20 ms while the command runs. `--all-runs` on both: every record "
         "of the log, whatever other sglang server runs on this machine (another checkout's or test's would "
         "otherwise be taken for the host's current server, whose records these are not). Targets (issue 25): the "
-        "cold SSH report at most 1.5x the local one, peak memory at most 200 MB on each side.")
+        "cold SSH report at most 1.5x the local one, peak memory at most 200 MB on each side. Three rounds of a local "
+        "then a cold SSH report (each into an empty cache, removed after it): the ratio is the median of the "
+        "rounds' ratios, the row shown the median round's, the memory the highest of the rounds. One round alone "
+        "varied by 0.1x from run to run on this machine (how quickly the kernel took a new GB of cache files "
+        "into its page cache varied: writing 1 GB to a new file here took 0.2 s in one run, 2.4 to 2.9 s in "
+        "others).")
     out.append("")
     if "error" in run:
         summary.append(["report of 1 GB over SSH", "failed", "", "", "<= 1.5x", "**FAILED**"])
@@ -760,6 +765,10 @@ def section_fetch(run: dict, summary: list) -> str:
             ["over SSH, cache full", f"{warm['wall_s']:.2f} s", f"{r['ratio_warm']:.2f}x",
              f"{warm['client_peak_mb']} MB", f"{warm['host_peak_mb']} MB"]]
     out += [table(["what", "wall", "ratio to local", "client peak", "host peak"], rows), ""]
+    if r.get("ratios_cold"):
+        out += [f"The rounds: local {', '.join(f'{x:.2f}' for x in r['local_s'])} s, over SSH (cold) "
+                f"{', '.join(f'{x:.2f}' for x in r['ssh_cold_s'])} s: ratios "
+                f"{', '.join(f'{x:.2f}x' for x in r['ratios_cold'])}.", ""]
     fetch_s = cold["wall_s"] - warm["wall_s"]
     out += [f"Of the cold report, fetching took about {fetch_s:.1f} s (the cold run less the warm one, which fetched "
             f"nothing): {r['log_mb'] / max(fetch_s, 0.01):.0f} MB/s of log, in pipelined batches of 8 MB sent as raw "
