@@ -23,6 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from eaglepatch.hostside.lock import settle
+from eaglepatch.server.process import default_log_path
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 _spec = importlib.util.spec_from_file_location(
@@ -460,6 +463,9 @@ def test_ctrl_c_during_a_relaunch_puts_back_what_that_relaunch_left(standins, tm
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+        # whatever happened, the relaunch on the host ends before the stand-ins are cleaned up: a server it starts
+        # after them would outlive the test
+        settle({"port": srv.port, "log_path": default_log_path(srv.port), "wait": 60})
     err = "".join(lines)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "already runs" not in err, err
