@@ -6,17 +6,15 @@ stop and the start depends on the client (docs/safety.md).
 
 from __future__ import annotations
 
-import errno
 import os
 import shlex
 import signal
-import stat
 import subprocess
 import time
 
 from eaglepatch.hostside.discover import resolve_launcher, top_launchers
 from eaglepatch.hostside.files import open_private, private_dir
-from eaglepatch.hostside.lock import port_lock
+from eaglepatch.hostside.lock import relaunch_lock
 from eaglepatch.hostside.launchers import parse_server_args
 from eaglepatch.hostside.proc import KEPT_SIGNALS, descendants, is_alive, listening, proc_stat, table
 
@@ -229,7 +227,8 @@ def op_relaunch(payload):
     the host with the new server starting, never with none. Whatever can make the start fail is checked before
     the stop (``_prepare_start``): then nothing is stopped. Nothing starts while another launcher for the port
     runs (loading, or listening) besides the one stopped, or (``check_port``) something else listens there. A
-    list ``batch`` of such requests runs one after the other (answers in order).
+    list ``batch`` of such requests runs one after the other (answers in order). Relaunches of one port run one
+    at a time (``lock.relaunch_lock``: a relaunch that waited ``lock_wait`` s for another refuses, nothing done).
 
     SIGINT, SIGHUP and SIGTERM are ignored meanwhile (the new server gets the original's dispositions back): a
     Ctrl-C in the client's terminal or a hang-up must not stop the host halfway.
@@ -239,16 +238,16 @@ def op_relaunch(payload):
     saved = [(sig, signal.signal(sig, signal.SIG_IGN)) for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)]
     try:
         start, stop = payload["start"], payload.get("stop")
-        prep = _prepare_start(start)
-        if "error" in prep:
-            return {"start": {"error": "nothing was stopped or started: " + prep["error"]}, "not_stopped": True}
-        lock = port_lock(os.path.dirname(prep["log_path"]), payload["port"],
-                          payload.get("lock_wait", 150.0))
+        # the port's lock first (before anything is read or written), so that a scan that settles after this
+        # request was sent waits for it
+        lock = relaunch_lock(start["log_path"], payload["port"], payload.get("lock_wait", 150.0))
         if lock is None:
-            os.close(prep["log_fd"])
             return {"start": {"error": "nothing was stopped or started: another relaunch on :%s did not finish"
                                        % payload["port"]}, "not_stopped": True}
         try:
+            prep = _prepare_start(start)
+            if "error" in prep:
+                return {"start": {"error": "nothing was stopped or started: " + prep["error"]}, "not_stopped": True}
             return _relaunch_locked(payload, start, stop, prep)
         finally:
             if lock >= 0:

@@ -272,13 +272,15 @@ def op_scan(payload):
     of that interpreter as it was launched (argv[0] resolved against the process's cwd and PATH, its
     import-relevant options, its environment and working directory), one interpreter per distinct set-up, all
     at once; and ``launch``: how it was launched (interpreter, venv, import source, systemd unit). With
-    ``package_dir`` too, only the servers of that package are returned. With ``settle`` (``control.settle``'s
-    payload), the scan waits for a relaunch of that port that still runs on the host.
+    ``package_dir`` too, only the servers of that package are returned. With ``settle`` (``lock.settle``'s
+    payload), the scan waits for a relaunch of that port that still runs on the host (``unsettled``: it still did
+    after the wait).
     """
+    settled = True
     if payload.get("settle"):  # a relaunch of that port still running on the host (its client cut off) ends first
         from eaglepatch.hostside.lock import settle
 
-        settle(payload["settle"])
+        settled = settle(payload["settle"])
     procs = table()
     own_mnt = readlink("/proc/self/ns/mnt")
     boot = boot_time()
@@ -316,7 +318,7 @@ def op_scan(payload):
         want = payload.get("package_dir")
         if want:
             servers = [s for s in servers if s.get("package_dir") == want]
-    return {"servers": servers}
+    return {"servers": servers} if settled else {"servers": servers, "unsettled": True}
 
 
 def identify(servers, timeout=30.0):

@@ -110,14 +110,20 @@ def port_lock(folder, port, wait):
             time.sleep(0.05)
 
 
+def relaunch_lock(log_path, port, wait):
+    """``port_lock`` in the private folder of a server's log (``log_path``: the folder the relaunch writes the
+    log in; -1 when it cannot be made, and the relaunch then fails on its log)."""
+    try:
+        folder = private_dir(os.path.dirname(log_path) or ".")
+    except OSError:
+        return -1
+    return port_lock(folder, port, wait)
+
+
 def settle(payload):
     """Wait until no relaunch of ``payload["port"]`` (whose server logs to ``payload["log_path"]``) runs on the host,
     at most ``payload["wait"]`` s; True when none does. A scan after it sees what such a relaunch left."""
-    try:
-        folder = private_dir(os.path.dirname(payload["log_path"]) or ".")
-    except OSError:
-        return True
-    fd = port_lock(folder, payload["port"], payload["wait"])
+    fd = relaunch_lock(payload["log_path"], payload["port"], payload["wait"])
     if fd is None:
         return False
     if fd >= 0:

@@ -288,7 +288,8 @@ def find_servers(host: Host, python: str = "python3", package_dir: str | None = 
     """The running sglang servers on ``host`` (launcher processes only), by pid; one round trip.
 
     With ``settle``, read once no relaunch of its port runs on the host (one whose client was cut off goes on
-    there), waiting ``settle_wait`` s at most (``server.control.lock_wait``: the time one relaunch takes).
+    there), waiting ``settle_wait`` s at most (``server.control.lock_wait``: the time one relaunch takes); raises
+    ``Conflict`` when one still runs then.
 
     Each carries the sglang package its own interpreter imports (``package_dir``) and how it was launched; with
     ``package_dir`` only the servers of that package are returned: the servers of a target's install, the only
@@ -303,6 +304,11 @@ def find_servers(host: Host, python: str = "python3", package_dir: str | None = 
         wait = settle_wait
         payload["settle"] = {"port": settle.port, "log_path": settle.log_path, "wait": wait}
     result = call(host, python, "scan", timeout=90 + wait, **payload)
+    if result.get("unsettled") and settle is not None:
+        from eaglepatch.errors import Conflict
+
+        raise Conflict(f"a relaunch of the server on :{settle.port} still runs on {host.name} after {wait:.0f} s: "
+                       "nothing was read or changed; wait for it, then run the command again")
     return [ServerProcess.from_scan(item) for item in result["servers"]]
 
 

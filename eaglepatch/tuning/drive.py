@@ -398,6 +398,7 @@ def _restore(host: Host, python: str, launch: Any, env_names: Sequence[str], rop
     """Leave ``launch`` running: restart into it unless what runs is already it."""
     from eaglepatch.server.restart import restart
 
+    from eaglepatch.errors import Conflict
     from eaglepatch.ops.lifecycle import ROLLBACK_TIMEOUT_S, not_back
     from eaglepatch.server.control import lock_wait
 
@@ -413,8 +414,13 @@ def _restore(host: Host, python: str, launch: Any, env_names: Sequence[str], rop
         say(f"putting the server back: {why}")
         res = restart(host, current=current, launch=launch, options=slow, progress=lambda line: say('  ' + line),
                       python=python)
-        started_none = res.stopped_pid is None and (res.pid is None or res.untouched)
-        if res.ready or not started_none or not _changed(owned.current(launch.port), current):
+        if res.ready or res.stopped_pid is not None or not (res.pid is None or res.untouched):
+            break  # ready, or something was stopped or started: that is the answer
+        try:
+            now = owned.current(launch.port)
+        except Conflict:
+            break  # not the sweep's to stop: the answer stands
+        if not _changed(now, current):
             break
         # nothing was stopped or started, and another server took the port meanwhile: the one a relaunch that
         # Ctrl-C cut short started on the host (it runs to its end there); read the host again and stop that one

@@ -442,7 +442,7 @@ def test_ctrl_c_during_a_relaunch_puts_back_what_that_relaunch_left(standins, tm
     """A Ctrl-C while the host stops one server and starts the next: that relaunch ends on the host (it ignores the
     signal, by design); the put-back must read the host after it, and stop the point's server it started, never
     take the original, still stopping, for the server put back (CI once met the race the other way round)."""
-    srv = spec_server(standins, tmp_path, "--stop-delay", "2")
+    srv = spec_server(standins, tmp_path, "--stop-delay", "3")
     before_pid, before_argv, _ = srv.running()
     proc = local.popen("sweep", srv.tree, "--grid", "speculative-num-steps=1", *SWEEP)
     lines: list[str] = []
@@ -454,7 +454,7 @@ def test_ctrl_c_during_a_relaunch_puts_back_what_that_relaunch_left(standins, tm
             assert proc.poll() is None, "".join(lines)
             assert time.monotonic() < deadline, "the sweep started no server"
             time.sleep(0.02)
-        time.sleep(0.5)  # the host is stopping the original now: it takes 2 s to let go of its port
+        time.sleep(0.3)  # the host is stopping the original now: it takes 3 s to let go of its port
         assert not any("stopped in" in line for line in lines), "".join(lines)
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=90)

@@ -112,3 +112,21 @@ def test_a_relaunch_waits_for_another_of_its_port_and_settle_says_when_none_runs
         assert res["start"]["pid"]
     finally:
         os.kill(res["start"]["pid"], 9)
+
+
+def test_a_scan_that_settles_says_when_a_relaunch_of_the_port_still_runs(tmp_path):
+    """``op_scan`` with ``settle`` waits for the port's relaunch lock; still held after its wait, the answer says
+    ``unsettled`` (the client refuses to act on it)."""
+    import fcntl
+    import os
+
+    from eaglepatch.hostside.discover import op_scan
+
+    log = str(tmp_path / "logs" / "server.log")
+    assert "unsettled" not in op_scan({"settle": {"port": 9, "log_path": log, "wait": 0}})
+    held = os.open(str(tmp_path / "logs" / "relaunch-9.lock"), os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        assert op_scan({"settle": {"port": 9, "log_path": log, "wait": 0.2}})["unsettled"] is True
+    finally:
+        os.close(held)
