@@ -10,7 +10,10 @@ from typing import Any, Iterator
 
 # The young generation's threshold inside such blocks (Python's default: 700 allocations): each young collection
 # walks every object allocated since the last one, and such blocks keep thousands of them alive for a while.
-# Cycles are still collected, only less often.
+# Cycles are still collected, only less often. Measured on the worker files of sglang 0.5.16 in a fresh process
+# after gc.freeze (2026-12-02): the first plan_apply took 0.30-0.37 s with Python's default and 0.20 s with this
+# threshold; in the CLI's own flow (bench_ssh's breakdown) the transform's time went from 0.20 s to 0.19 s, within
+# that benchmark's noise.
 FEW_COLLECTIONS_THRESHOLD = 50_000
 
 _LOCK = threading.Lock()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from eaglepatch.collector import few_collections
 from eaglepatch.hosts.spec import TargetSpec
 from eaglepatch.ops import lazy_engine
 from eaglepatch.ops.facts import HostFacts, code_state, file_state, short_path
@@ -63,7 +64,7 @@ def analyze_all(facts: HostFacts, recipe: Recipe) -> dict[str, TransformResult]:
     """What the transform finds in each worker file, by path: one analysis that ``describe`` and
     ``source_slices`` share."""
     analyze = lazy_engine.engine().analyze
-    with lazy_engine.few_collections():
+    with few_collections():
         return {f.path: analyze(f.text, f.path, recipe) for f in facts.files}
 
 

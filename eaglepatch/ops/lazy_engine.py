@@ -1,6 +1,6 @@
 """The transform (libcst, the largest import), imported only by what analyses or instruments files: on first
-use, or on a thread of its own while the facts round trip waits on the host; and the collector held off while it
-runs. Call ``engine()`` through this module (``lazy_engine.engine()``): the benchmarks time it here."""
+use, or on a thread of its own while the facts round trip waits on the host (the ops hold the collector off while
+it runs: ``eaglepatch.collector.few_collections``). Call ``engine()`` through this module (``lazy_engine.engine()``): the benchmarks time it here."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ import gc
 import sys
 import threading
 from typing import Any
-
-from eaglepatch.collector import few_collections  # noqa: F401  (ops call lazy_engine.few_collections)
 
 _ENGINE = "eaglepatch.transform.engine"
 
@@ -40,11 +38,3 @@ def preload_transform() -> None:
         gc.freeze()
 
     threading.Thread(target=load, name="eaglepatch-import-transform").start()
-
-
-# few_collections (eaglepatch/collector.py) raises the young generation's threshold while the transform runs
-# (Python's default: 700 allocations). libcst allocates trees by the ten thousand, nearly all freed by reference
-# counting, and each young collection walks them again: measured on the worker files of sglang 0.5.16 in a fresh
-# process after gc.freeze (2026-12-02), the first plan_apply took 0.30-0.37 s with the default and 0.20 s with a
-# threshold of 50,000; in the CLI's own flow (bench_ssh's breakdown) the transform's time went from 0.20 s to
-# 0.19 s, within that benchmark's noise. Cycles are still collected, only less often.

@@ -15,6 +15,7 @@ import time
 from typing import Any, Sequence
 
 from eaglepatch import __version__
+from eaglepatch.collector import few_collections
 from eaglepatch.errors import Conflict, Unsupported
 from eaglepatch.ops import lazy_engine, transform_cache
 from eaglepatch.ops.facts import HostFacts, WorkerFile, file_state, short_path
@@ -22,6 +23,7 @@ from eaglepatch.ops.options import RuntimeOptions
 from eaglepatch.ops.runtime_file import RUNTIME_FILE, config_change, render_runtime
 from eaglepatch.transform.marks import is_instrumented, strip_lines
 from eaglepatch.transform.recipe import Recipe
+from eaglepatch.transform.results import NotApplicable, Refused
 
 
 def _sha(data: bytes) -> str:
@@ -96,9 +98,8 @@ def plan_apply(facts: HostFacts, recipe: Recipe, opts: RuntimeOptions, *,
     files: list[dict[str, Any]] = []
     refused: list[str] = []
     timers: dict[str, str] = {}
-    engine = lazy_engine.engine()
-    strip, Refused, NotApplicable = engine.strip, engine.Refused, engine.NotApplicable
-    with lazy_engine.few_collections():
+    # the results are read from the client's cache where it holds them: libcst only for a miss, or a strip below
+    with few_collections():
         results = [(f, transform_cache.instrument(f.text, f.path, recipe)) for f in facts.files]
     for f, res in results:
         if isinstance(res, Refused):
@@ -117,7 +118,7 @@ def plan_apply(facts: HostFacts, recipe: Recipe, opts: RuntimeOptions, *,
         if entry is not None and f.sha256 == entry.get("after_sha256"):
             original_sha = entry["before_sha256"]  # the manifest knows it: no second parse to strip the file
         else:
-            original_sha = _sha(strip(f.text).encode("utf-8") if res.was_patched else f.data)
+            original_sha = _sha(lazy_engine.engine().strip(f.text).encode("utf-8") if res.was_patched else f.data)
         new = res.source.encode("utf-8")
         backup = _backup_path(facts, f)
         files.append({"path": short_path(f.path), "before_sha256": original_sha, "after_sha256": _sha(new),

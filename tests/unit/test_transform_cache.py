@@ -132,3 +132,26 @@ def test_at_most_max_entries_are_kept_the_least_used_going_first(recipe, cache, 
     assert len(calls) == n  # both kept
     transform_cache.instrument(texts[1], "f1.py", recipe)
     assert len(calls) == n + 1  # the oldest went
+
+
+def test_an_apply_whose_files_are_all_cached_needs_no_transform(sglang_release, recipe, cache, monkeypatch):
+    """plan_apply of a release the client has instrumented before reads every result from the cache: the
+    transform (libcst) is not needed; the same plan as with the transform."""
+    from eaglepatch.hosts.local import LocalHost
+    from eaglepatch.ops.facts import gather
+    from eaglepatch.ops.options import FactsOptions, RuntimeOptions
+    from eaglepatch.ops.plan import plan_apply
+
+    host = LocalHost()
+    try:
+        facts = gather(host, FactsOptions(sglang_path=str(sglang_release("0.5.16") / "sglang")),
+                       sorted(recipe.entry_names))
+    finally:
+        host.close()
+    first = plan_apply(facts, recipe, RuntimeOptions(), now=0.0)  # the transform runs, its results kept
+
+    def no_transform():
+        raise AssertionError("the transform was needed")
+
+    monkeypatch.setattr(lazy_engine, "engine", no_transform)
+    assert plan_apply(facts, recipe, RuntimeOptions(), now=0.0) == first
