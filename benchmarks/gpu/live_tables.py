@@ -12,24 +12,19 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import tarfile
-import tempfile
 from pathlib import Path
 
 from eaglepatch import report as rep
 from eaglepatch.report.predict import predict
 from eaglepatch.tuning import live as lv
 from eaglepatch.tuning.drive_live import _records
+from tables_lib import state_runs, unpack_logs
 
 
 def main(story_path: str, logs_tgz: str, p: float) -> None:
     story = json.loads(Path(story_path).read_text())
-    lines = list(story["state_files"].values())[0].splitlines()
-    runs = [json.loads(x) for x in lines if '"kind":"run"' in x]
-    tmp = Path(tempfile.mkdtemp())
-    with tarfile.open(logs_tgz) as tf:
-        tf.extractall(tmp, filter="data")
-    files = sorted(str(f) for f in tmp.rglob("*.jsonl"))
+    runs = state_runs(list(story["state_files"].values())[0])
+    files = unpack_logs(logs_tgz)
     by: dict[int, list[dict]] = {}
     for r in runs:
         lo, hi = r["window"]

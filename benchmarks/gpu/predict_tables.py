@@ -10,20 +10,16 @@ from __future__ import annotations
 
 import json
 import sys
-import tarfile
-import tempfile
 from pathlib import Path
 
 from eaglepatch.report import aggregate
 from eaglepatch.report.predict import predict
+from tables_lib import unpack_logs
 
 
 def main(story_path: str, logs_tgz: str) -> None:
     story = json.loads(Path(story_path).read_text())
-    tmp = Path(tempfile.mkdtemp())
-    with tarfile.open(logs_tgz) as tf:
-        tf.extractall(tmp, filter="data")
-    files = sorted(str(p) for p in tmp.rglob("*.jsonl"))
+    files = unpack_logs(logs_tgz)
     done = [L for L in story["launches"] if L.get("status") == "ok"]
     preds: dict[tuple[str, str], dict[int, dict]] = {}
     print("| launch | load | client tok/s | report wall tok/s | wall/client | accept len: eaglepatch / server / "

@@ -17,12 +17,11 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import tarfile
-import tempfile
 from pathlib import Path
 
 from eaglepatch import report as rep
 from eaglepatch.report.predict import predict
+from tables_lib import state_runs, unpack_logs
 
 BS = 4
 
@@ -61,14 +60,9 @@ def prediction(res: rep.ReportResult) -> dict[int, object]:
 def main(story_path: str, logs_tgz: str) -> None:
     story = json.loads(Path(story_path).read_text())
     states = story["state_files"]
-    live_lines = next(t for n, t in states.items() if "-live-" in n).splitlines()
-    restart_lines = next(t for n, t in states.items() if "-live-" not in n).splitlines()
-    live_runs = [json.loads(x) for x in live_lines if '"kind":"run"' in x]
-    restart_runs = [json.loads(x) for x in restart_lines if '"kind":"run"' in x]
-    tmp = Path(tempfile.mkdtemp())
-    with tarfile.open(logs_tgz) as tf:
-        tf.extractall(tmp, filter="data")
-    files = sorted(str(f) for f in tmp.rglob("*.jsonl"))
+    live_runs = state_runs(next(t for n, t in states.items() if "-live-" in n))
+    restart_runs = state_runs(next(t for n, t in states.items() if "-live-" not in n))
+    files = unpack_logs(logs_tgz)
 
     live: dict[int, list[dict]] = {}
     for r in sorted(live_runs, key=lambda r: r["window"][0]):
