@@ -4,7 +4,7 @@ window) and its timing logs, with this checkout's code: per step count the windo
 the accept length from the client and from the timing log against the construction, the cycles pinned; per
 window and batch size the phases; and what the 5-step windows' records predicted for the other step counts.
 
-    python benchmarks/gpu/live_tables.py docs/gpu/live_story_tiny_p50.json docs/gpu/live_story_tiny_p50_eplogs.tgz 0.5
+    python benchmarks/gpu/live_tables.py docs/gpu/live_story_tiny_p50.json docs/gpu/live_story_tiny_p50_eplogs.tar.xz 0.5
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 code of this checkout: per bench window the client's tok/s beside the report's wall tok/s, the accept lengths
 (eaglepatch, the server, the walk of the construction), and each launch's prediction for every other launch.
 
-    python benchmarks/gpu/predict_tables.py docs/gpu/predict_story_tiny.json docs/gpu/predict_story_tiny_eplogs.tgz
+    python benchmarks/gpu/predict_tables.py docs/gpu/predict_story_tiny.json docs/gpu/predict_story_tiny_eplogs.tar.xz
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ and its timing logs, with this checkout's code:
   batch size 4 (the load's steady state) predict for the other step counts, against the tok/s measured there:
   the restart launches' batch-size-4 wall tok/s and client tok/s, and the live windows' client tok/s.
 
-    python benchmarks/gpu/restart_tables.py docs/gpu/live_story_big_p70.json docs/gpu/live_story_big_p70_eplogs.tgz
+    python benchmarks/gpu/restart_tables.py docs/gpu/live_story_big_p70.json docs/gpu/live_story_big_p70_eplogs.tar.xz
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def unpack_logs(logs_tgz: str) -> list[str]:
-    """The timing logs of a story's ``*_eplogs.tgz``, unpacked into a new temporary folder, sorted."""
+    """The timing logs of a story's ``*_eplogs.tar.xz``, unpacked into a new temporary folder, sorted."""
     tmp = Path(tempfile.mkdtemp())
     with tarfile.open(logs_tgz) as tf:
         tf.extractall(tmp, filter="data")
