@@ -380,10 +380,25 @@ def emitted(release: AdaptiveRelease, tiers: Mapping[int, Sequence[int]], path: 
     steps = launch_steps(tiers)
     flags = ["--speculative-adaptive", "--speculative-adaptive-config", path, "--speculative-num-steps", str(steps),
              "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(steps + 1)]
-    return {"path": path, "format": release.format.value, "config": doc,
-            "tiers": {str(k): list(v) for k, v in tiers.items()}, "launch_flags": flags,
-            "check": "launch the server with these flags, then eaglepatch bench TARGET (the same load) against a "
-                     "bench of the best static point"}
+    out = {"path": path, "format": release.format.value, "config": doc,
+           "tiers": {str(k): list(v) for k, v in tiers.items()}, "launch_flags": flags,
+           "check": "launch the server with these flags, then eaglepatch bench TARGET (the same load) against a "
+                    "bench of the best static point"}
+    single = {tuple(v) for v in tiers.values()}
+    if len(single) == 1 and len(next(iter(single))) == 1:
+        # one candidate at every batch size: nothing for the adaptive controller to choose, and on the H200 the
+        # adaptive launch of one candidate read 9% under the static one (one launch each, inside launch drift)
+        k = next(iter(single))[0]
+        out["static_flags"] = ([] if k == 0 else
+                               ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
+                                "--speculative-num-draft-tokens", str(k + 1)])
+        out["check"] = (("every batch size's best is no speculation: launch without the --speculative-* flags"
+                         if k == 0 else
+                         f"every batch size's best is {k} steps: a static launch with static_flags (no "
+                         "--speculative-adaptive) runs it without the adaptive controller's work")
+                        + "; bench it with eaglepatch bench TARGET (the same load); the adaptive launch_flags run "
+                          "the same candidate adaptively")
+    return out
 
 
 def dumps(doc: Mapping[str, Any]) -> str:

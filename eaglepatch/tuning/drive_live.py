@@ -496,7 +496,13 @@ def _finish(name: str, release: ad.AdaptiveRelease, steps: Sequence[int], state:
                                 + ", ".join(f"{s} steps at batch size {b}" for b, s in chosen_predicted)
                                 + " (the largest step count's records predicted them)")
         doc["adaptive_config"] = emitted
-        say(f"adaptive config written to {opts.emit} (tiers {emitted['tiers']}); deploy it with "
-            f"{' '.join(emitted['launch_flags'])}; check it with eaglepatch bench TARGET against the best static "
-            "point")
+        if "static_flags" in emitted:  # one candidate everywhere: the static launch does it
+            say(f"adaptive config written to {opts.emit} (tiers {emitted['tiers']}), but it holds one candidate: "
+                + (f"launch with {' '.join(emitted['static_flags'])} instead (no --speculative-adaptive)"
+                   if emitted["static_flags"] else "launch without speculation instead") + "; check it with "
+                "eaglepatch bench TARGET")
+        else:
+            say(f"adaptive config written to {opts.emit} (tiers {emitted['tiers']}); deploy it with "
+                f"{' '.join(emitted['launch_flags'])}; check it with eaglepatch bench TARGET against the best "
+                "static point")
     return doc

@@ -238,3 +238,17 @@ def test_what_emit_reports():
                                    "--speculative-num-steps", "7", "--speculative-eagle-topk", "1",
                                    "--speculative-num-draft-tokens", "8"]
     assert doc["tiers"] == {"1": [3, 7], "8": [0]} and "eaglepatch bench" in doc["check"]
+    assert "static_flags" not in doc and "static_flags" not in ad.emitted(release(), {1: (5,), 8: (3,)}, "/tmp/a")
+
+
+def test_what_emit_reports_for_one_candidate_everywhere():
+    """One candidate at every batch size (the H200's p = 0.7 sweep: {"1": [5]}): the static launch that runs it
+    without the adaptive controller, said in the check; the adaptive flags still given. No speculation
+    everywhere: launch without the --speculative-* flags."""
+    doc = ad.emitted(release(), {1: (5,), 16: (5,)}, "/tmp/a.json")
+    assert doc["static_flags"] == ["--speculative-num-steps", "5", "--speculative-eagle-topk", "1",
+                                   "--speculative-num-draft-tokens", "6"]
+    assert doc["check"].startswith("every batch size's best is 5 steps: a static launch with static_flags")
+    assert doc["launch_flags"][:2] == ["--speculative-adaptive", "--speculative-adaptive-config"]
+    off = ad.emitted(release(), {1: (0,)}, "/tmp/a.json")
+    assert off["static_flags"] == [] and off["check"].startswith("every batch size's best is no speculation")
