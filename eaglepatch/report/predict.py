@@ -62,7 +62,8 @@ DRAFT_PHASES = ("draft",)  # cost grows with the steps
 _GPU_BOUND = 1.25
 _MODEL_ERROR = 0.25  # the share of a modelled change in cadence taken as its uncertainty (one step count measured)
 # The no-speculation estimate's spread is never below this: on the H200 testbed plain decoding ran from 21% slower
-# to 27% faster than it (six comparisons: a host-bound and a GPU-bound model, one and four requests at a time).
+# to 27% faster than it (seven comparisons: a host-bound and a GPU-bound model, one and four requests at a time;
+# the three GPU-bound ones 16-27% faster: verify does more than a plain forward).
 _ESTIMATE_SPREAD = 0.3
 
 

@@ -362,11 +362,58 @@ def test_speculation_slower_predicted(tmp_path):
     assert "no speculation" in model and "estimate" in model
 
 
+def test_no_prediction_from_a_few_cycles(tmp_path):
+    """The records of speculation_slower_predicted's server, but 5 decode cycles (a server that answered its health
+    checks, not a load: on the H200 such a server's first cycle took 1.1 s and the model said no speculation would
+    be 122% faster): no prediction, a note that says why and what to do, and no model finding; 50 cycles predict."""
+    kw = dict(cycle=6.2, phases={"draft": 3.0, "verify": 2.0, "draft_extend": 1.0}, accept=1.05, gap=0.5)
+    few = with_records(facts(), tmp_path / "few", n=5, **kw)
+    assert few.model["predict"] is None and few.model["predict_note"].startswith("only 5 decode cycle(s) recorded")
+    assert "eaglepatch bench" in few.model["predict_note"]
+    assert R.speculation_slower(few) is None and R.speculation_unproven(few) is None and R.too_many_steps(few) is None
+    assert R.speculation_slower(with_records(facts(), tmp_path / "enough", n=50, **kw)) is not None
+
+
 def test_speculation_slower_predicted_healthy_counterpart(tmp_path):
     """Accept length 3.5 at 3 steps around the same costs: speculation pays, nothing is predicted."""
     f = with_records(facts(), tmp_path, cycle=6.2, phases={"draft": 3.0, "verify": 2.0, "draft_extend": 1.0},
                      accept=3.5, gap=0.5)
     assert R.speculation_slower(f) is None
+
+
+def test_speculation_unproven(tmp_path):
+    """The GPU-bound testbed's shape at an acceptance of about 0.25 (verify 6 ms of a 6.7 ms cycle, accept length
+    1.25 at 3 steps): the model puts 2 steps 12% above its no-speculation estimate, inside the estimate's 30%: the
+    records cannot tell whether speculation pays (on the H200 it lost by 10% at 0.2); medium, predicted, and the
+    restart sweep with --baseline as the next step. Not speculation-slower (the estimate is below)."""
+    f = with_records(facts(), tmp_path, cycle=6.7, phases={"draft": 0.4, "verify": 6.0, "draft_extend": 0.3},
+                     accept=1.25, gap=0.1)
+    found = R.speculation_unproven(f)
+    assert found is not None and found.severity == "medium" and found.predicted
+    assert found.title == ("predicted: speculation may not pay here: the best step count, 2, +12% against no "
+                           "speculation, whose estimate is uncertain by \u00b130%")
+    assert "--baseline --repeat 3 --grid speculative-num-steps=2,3" in found.next and "--live" not in found.next
+    model = next(e["text"] for e in found.evidence if e["source"] == "model")
+    assert "no speculation 167 tok/s (\u00b130%, estimate" in model and "2 steps 186 tok/s" in model
+    assert R.speculation_slower(f) is None
+    assert "speculation-unproven" in ids(f)
+    one = with_records(facts(), tmp_path / "one", cycle=6.7, phases={"draft": 0.4, "verify": 6.0, "draft_extend": 0.3},
+                       accept=1.1, gap=0.1)
+    assert R.speculation_unproven(one).title.startswith("predicted: speculation may not pay here: the best step "
+                                                        "count, 1, +0% against")
+
+
+def test_speculation_unproven_healthy_counterparts(tmp_path):
+    """Accept length 2.0 around the same costs (the best point beyond the estimate's band); the estimate above
+    every step count (speculation-slower's); a sweep of this server that measured the baseline: nothing."""
+    ph = {"draft": 0.4, "verify": 6.0, "draft_extend": 0.3}
+    assert R.speculation_unproven(with_records(facts(), tmp_path / "a", cycle=6.7, phases=ph, accept=2.0, gap=0.1)) is None
+    slow = with_records(facts(), tmp_path / "b", cycle=6.2, phases={"draft": 3.0, "verify": 2.0, "draft_extend": 1.0},
+                        accept=1.05, gap=0.5)
+    assert R.speculation_unproven(slow) is None and R.speculation_slower(slow) is not None
+    state_file(tmp_path / "s", {None: 200.0, 3: 260.0})
+    swept = facts(sweep=find_sweep("gpu1", SimpleNamespace(port=30000, argv=ARGV), cache=str(tmp_path / "s")))
+    assert R.speculation_unproven(with_records(swept, tmp_path / "c", cycle=6.7, phases=ph, accept=1.25, gap=0.1)) is None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -394,6 +441,17 @@ def test_host_bound_healthy_counterpart(tmp_path):
     host = (1.0, {"draft": 0.2, "verify": 0.6, "draft_extend": 0.2})
     assert R.host_bound(with_records(facts(), tmp_path, cycle=2.0, gap=0.2, host=host)) is None
     assert R.host_bound(facts()) is None
+
+
+def test_host_bound_not_where_the_gpu_sets_the_pace(tmp_path):
+    """The H200's GPU-bound testbed (Llama-3-8B shape, events timer, overlap scheduler): a 6.7 ms GPU cycle that
+    the host launches in 2.7 ms, then 4 ms waiting for the GPU between cycles (60% of the cycle): not host-bound.
+    The same gap where the host's time is the GPU's (the host-bound testbed's shape): host-bound."""
+    host = (2.7, {"draft": 0.62, "verify": 1.11, "draft_extend": 0.79})
+    assert R.host_bound(with_records(facts(), tmp_path / "g", cycle=6.7, gap=4.0, host=host)) is None
+    slow = (6.5, {"draft": 1.5, "verify": 3.5, "draft_extend": 1.5})
+    found = R.host_bound(with_records(facts(), tmp_path / "h", cycle=6.7, gap=4.0, host=slow))
+    assert found is not None and "against a decode cycle p50 of 6.70 ms" in found.evidence[0]["text"]
 
 
 def test_host_bound_names_the_overlap_scheduler_when_it_is_off(tmp_path):

@@ -16,7 +16,7 @@ from eaglepatch.doctor.finding import SEVERITIES, Finding, Rule
 from eaglepatch.doctor.rules.draft import accept_length_low, draft_context_short, draft_mismatch, eagle3_draft_as_eagle
 from eaglepatch.doctor.rules.measurement import no_timing_records, not_patched, sync_on_overlap
 from eaglepatch.doctor.rules.pace import cuda_graph_off, host_bound, rank_skew, tp_communication
-from eaglepatch.doctor.rules.steps import speculation_slower, too_few_steps, too_many_steps
+from eaglepatch.doctor.rules.steps import speculation_slower, speculation_unproven, too_few_steps, too_many_steps
 
 
 # The rules in the order their findings are listed within one severity.
@@ -25,6 +25,7 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ("draft-mismatch", draft_mismatch),
     ("accept-length-low", accept_length_low),
     ("speculation-slower", speculation_slower),
+    ("speculation-unproven", speculation_unproven),
     ("cuda-graph-off", cuda_graph_off),
     ("draft-context-short", draft_context_short),
     ("too-many-steps", too_many_steps),
@@ -61,6 +62,7 @@ __all__ = [
     "not_patched",
     "rank_skew",
     "speculation_slower",
+    "speculation_unproven",
     "sync_on_overlap",
     "too_few_steps",
     "too_many_steps",

@@ -81,6 +81,43 @@ def speculation_slower(f: ServerFacts) -> Finding | None:
     return Finding("speculation-slower", "high", title, ev, nxt)
 
 
+def speculation_unproven(f: ServerFacts) -> Finding | None:
+    """``speculation-unproven`` (predicted, medium): no sweep of this server measured a baseline, the model
+    predicts the best step count faster than no speculation (else ``speculation-slower``), but the no-speculation
+    point is an estimate whose band reaches it: from these records the tool cannot tell whether speculation pays.
+    On the H200's GPU-bound testbed the estimate read 14-21% under plain decoding, and at an acceptance of 0.2
+    speculation lost by 10% where the estimate had it winning by 9%: only the baseline's launch decides."""
+    sw = f.sweep or {}
+    b = sw.get("baseline")
+    if b is not None and b < len(sw.get("points") or []) and sw["points"][b].get("status") == "ok":
+        return None  # measured: speculation-slower's
+    m = _model(f)
+    if m is None:
+        return None
+    k, pts, _ = m
+    zero = next((p for p in pts if p["steps"] == 0 and p.get("basis") == "estimate"), None)
+    spec = [p for p in pts if p["steps"] >= 1]
+    if zero is None or not spec:
+        return None
+    best = max(spec, key=lambda p: p["tokens_per_s"])
+    if zero["tokens_per_s"] >= STEPS_GAIN * best["tokens_per_s"]:
+        return None  # speculation-slower (predicted)
+    reach = zero["tokens_per_s"] * (1 + zero.get("spread", 0))
+    if reach < best["tokens_per_s"]:
+        return None
+    gain = (best["tokens_per_s"] / zero["tokens_per_s"] - 1) * 100
+    ev = [_model_ev(f, pts, [0, k, best["steps"]])]
+    ev += [evidence("model", n) for n in (f.model or {}).get("predict_notes") or () if n.startswith("estimate")]
+    nxt = (f"measure the baseline: eaglepatch sweep {f.target} --baseline --repeat 3 --grid "
+           f"speculative-num-steps={','.join(str(s) for s in sorted({best['steps'], k}))} (the baseline is a launch "
+           "without speculation; a live sweep's steps 0 still runs the draft extend)")
+    return Finding("speculation-unproven", "medium",
+                   f"predicted: speculation may not pay here: the best step count, {best['steps']}, "
+                   f"{gain:+.0f}% against no speculation, whose estimate is uncertain by "
+                   f"\u00b1{zero.get('spread', 0) * 100:.0f}%",
+                   ev, nxt, predicted=True)
+
+
 def adaptive(f: ServerFacts) -> bool:
     """Whether the server runs sglang's adaptive speculation (``--speculative-adaptive``): it picks the step
     count itself, among candidates, so a flag for the steps is not what to change."""
