@@ -60,7 +60,7 @@ def prediction(res: rep.ReportResult) -> dict[int, object]:
 def main(story_path: str, logs_tgz: str) -> None:
     story = json.loads(Path(story_path).read_text())
     states = story["state_files"]
-    live_runs = state_runs(next(t for n, t in states.items() if "-live-" in n))
+    live_runs = state_runs(next((t for n, t in states.items() if "-live-" in n), ""))  # none: a restart story
     restart_runs = state_runs(next(t for n, t in states.items() if "-live-" not in n))
     files = unpack_logs(logs_tgz)
 
@@ -75,7 +75,7 @@ def main(story_path: str, logs_tgz: str) -> None:
         _, g = bs_group(res)
         if g is None or any(lo <= t0 <= hi for r in live_runs for lo, hi in [r["window"]]):
             continue  # the live sweep's adaptive server, or a launch without a load (the sweep's start)
-        if t0 < min(r["window"][0] for r in live_runs):
+        if live_runs and t0 < min(r["window"][0] for r in live_runs):
             continue
         launches.setdefault(k, []).append({"file": f, "t": t0, "res": res, "wall": g.wall_tokens_per_s})
     # the restart runs' client figures, in time order, matched to the launches in time order per step count
@@ -86,9 +86,23 @@ def main(story_path: str, logs_tgz: str) -> None:
             L["client"] = r["tokens_per_s"]
             L["accept_len"] = r["accept_len"]
 
-    print("| steps | live windows: client tok/s (time order) | median | spread | restart launches: client tok/s "
-          "(time order) | median | spread | restart spread / live spread |")
-    print("|---|---|---|---|---|---|---|---|")
+    baseline = [r["tokens_per_s"] for r in sorted(restart_runs, key=lambda r: r["t"]) if steps_of(r["point"]) is None]
+    if not live:  # a restart story: its launches (client tok/s), the baseline's too
+        print("| steps | restart launches: client tok/s (time order) | median | spread | accept length |")
+        print("|---|---|---|---|---|")
+        for k in sorted(launches, key=lambda x: -1 if x is None else x):
+            rt = [L["client"] for L in launches[k] if "client" in L]
+            acc = ", ".join(f"{L['accept_len']:.3f}" for L in launches[k] if L.get("accept_len"))
+            print(f"| {k} | " + ", ".join(f"{x:.0f}" for x in rt) + f" | {statistics.median(rt):.0f} | "
+                  f"{spread(rt) * 100:.1f}% | {acc} |")
+        if baseline:
+            print("| no speculation | " + ", ".join(f"{x:.0f}" for x in baseline) + f" | "
+                  f"{statistics.median(baseline):.0f} | {spread(baseline) * 100:.1f}% | 1 |")
+        print()
+    else:
+        print("| steps | live windows: client tok/s (time order) | median | spread | restart launches: client tok/s "
+              "(time order) | median | spread | restart spread / live spread |")
+        print("|---|---|---|---|---|---|---|---|")
     for k in sorted(live):
         lt = [r["tokens_per_s"] for r in live[k]]
         rt = [L["client"] for L in launches.get(k, []) if "client" in L]
@@ -107,25 +121,30 @@ def main(story_path: str, logs_tgz: str) -> None:
     live_med = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in live.items()}
     top = max(measured)
     targets = sorted(k for k in measured if k != top)
-    print(f"| from one {top}-step run | its bs {BS} wall tok/s | " + " | ".join(
-        f"{k} steps predicted: vs restart bs {BS} wall {measured[k]['wall']:.0f} / client {measured[k]['client']:.0f}"
-        f" / live {live_med[k]:.0f}" for k in targets) + " | predicted best (basis) |")
-    print("|---|---|" + "---|" * len(targets) + "---|")
+    heads = [f"{k} steps predicted: vs restart bs {BS} wall {measured[k]['wall']:.0f} / client "
+             f"{measured[k]['client']:.0f}" + (f" / live {live_med[k]:.0f}" if live else "") for k in targets]
+    if baseline:  # the no-speculation point against the sweep's baseline launches (client tok/s)
+        heads.append(f"no speculation predicted (spread): vs the baseline's client {statistics.median(baseline):.0f}")
+    print(f"| from one {top}-step run | its bs {BS} wall tok/s | " + " | ".join(heads) + " | predicted best (basis) |")
+    print("|---|---|" + "---|" * len(heads) + "---|")
     sources = [(f"restart launch {i + 1}", L["res"]) for i, L in enumerate(launches[top])]
-    for i, r in enumerate(live[top]):
+    for i, r in enumerate(live.get(top, [])):
         lo, hi = r["window"]
         sources.append((f"live window {i + 1}", rep.aggregate(files, by="bs", t_min=lo, t_max=hi)))
     for name, res in sources:
         pts = prediction(res)
         _, g = bs_group(res)
         if not pts or g is None:
-            print(f"| {name} | - | " + " | ".join("-" for _ in targets) + " | - |")
+            print(f"| {name} | - | " + " | ".join("-" for _ in heads) + " | - |")
             continue
         cells = []
         for k in targets:
             p = pts[k].tokens_per_s
             cells.append(f"{p:.0f} ({(p / measured[k]['wall'] - 1) * 100:+.1f}% / {(p / measured[k]['client'] - 1) * 100:+.1f}%"
-                         f" / {(p / live_med[k] - 1) * 100:+.1f}%)")
+                         + (f" / {(p / live_med[k] - 1) * 100:+.1f}%)" if live else ")"))
+        if baseline:
+            b, m = pts[0], statistics.median(baseline)
+            cells.append(f"{b.tokens_per_s:.0f} (±{b.spread * 100:.0f}%, {b.basis}): {(b.tokens_per_s / m - 1) * 100:+.1f}%")
         best = max(pts.values(), key=lambda p: p.tokens_per_s)
         print(f"| {name} | {g.wall_tokens_per_s:.0f} | " + " | ".join(cells) + f" | {best.steps} ({best.basis}) |")
     print()
