@@ -26,7 +26,6 @@ from eaglepatch.doctor.facts import (
 )
 from eaglepatch.doctor.finding import Finding
 from eaglepatch.doctor.rules import diagnose
-from eaglepatch.doctor.rules.thresholds import MODEL_MIN_CYCLES
 from eaglepatch.doctor.facts import evidence
 from eaglepatch.redact import mask_argv
 from eaglepatch.tuning.saved import find_sweep
@@ -206,19 +205,15 @@ def model_of(res: Any, sweep: dict[str, Any] | None, flags: dict[str, Any] | Non
     launch flags, for records whose run header carries none), as
     ``{"steps": k, "group": {key}, "predict": [...], "predict_best": i, "predict_notes": [...]}`` or, when no
     prediction can be made, ``{"steps": k, "predict": null, "predict_note": why}``; None without decode groups.
-    Fewer than ``MODEL_MIN_CYCLES`` decode cycles (a server that answered its health checks and no load: the first
-    cycle alone can be a second of warm-up) predict nothing."""
-    from eaglepatch.report.predict import predict
+    A group of fewer than ``MIN_CYCLES`` decode cycles (a server that answered its health checks and no load: the
+    first cycle alone can be a second of warm-up) predicts nothing."""
+    from eaglepatch.report.predict import MIN_CYCLES, predict
 
-    preds = predict(res, sweep=sweep, flags=flags)
+    preds = predict(res, sweep=sweep, flags=flags, min_cycles=MIN_CYCLES)
     decode = [(g, p) for g, p in zip(res.groups, preds) if g.mode == "decode" and p is not None]
     if not decode:
         return None
     g, p = max(decode, key=lambda gp: gp[0].n)
-    if g.n < MODEL_MIN_CYCLES:
-        return {"steps": p.measured_steps, "predict": None,
-                "predict_note": f"only {g.n} decode cycle(s) recorded, too few to predict from (at least "
-                                f"{MODEL_MIN_CYCLES}): load the server first (eaglepatch bench)"}
     return {"steps": p.measured_steps, "group": g.key_dict(), **p.to_json()}
 
 

@@ -212,9 +212,9 @@ def _report(rep: Any, per_source: list[list[str]], own: list[dict[str, Any]], so
         say(f"trace written to {trace}: open it in https://ui.perfetto.dev")
     preds = None
     if predict:
-        from eaglepatch.report.predict import predict as predict_groups
+        from eaglepatch.report.predict import MIN_CYCLES, predict as predict_groups
 
-        preds = predict_groups(result, steps=steps, sweep=sweep)
+        preds = predict_groups(result, steps=steps, sweep=sweep, min_cycles=MIN_CYCLES)
     if fmt == "json" or (predict and chart is not None):
         doc = result.to_json()
         doc["sources"] = list(sources)

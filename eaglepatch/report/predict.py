@@ -65,6 +65,10 @@ _MODEL_ERROR = 0.25  # the share of a modelled change in cadence taken as its un
 # to 27% faster than it (seven comparisons: a host-bound and a GPU-bound model, one and four requests at a time;
 # the three GPU-bound ones 16-27% faster: verify does more than a plain forward).
 _ESTIMATE_SPREAD = 0.3
+# A group of fewer decode cycles predicts nothing where a user reads it (report, bench, doctor): on the H200 a
+# server that had answered only its health checks (5-17 cycles, the first of them a second of warm-up) read "no
+# speculation would be 122-352% faster".
+MIN_CYCLES = 50
 
 
 @dataclass(frozen=True)
@@ -508,10 +512,12 @@ def _family_key(g: GroupStats) -> tuple[Any, ...]:
 
 
 def predict(result: ReportResult, *, steps: Sequence[int] | None = None, sweep: dict[str, Any] | None = None,
-            flags: dict[str, Any] | None = None) -> list[Prediction | None]:
+            flags: dict[str, Any] | None = None, min_cycles: int = 0) -> list[Prediction | None]:
     """A prediction for each group of ``result`` (``None`` for groups that are not decode), in order; ``sweep``: a
     ``sweep --json`` summary of the same server, whose baseline (when it ran) is the no-speculation point;
-    ``flags``: the server's launch flags, for runs whose header lines carry none."""
+    ``flags``: the server's launch flags, for runs whose header lines carry none; a group of fewer than
+    ``min_cycles`` decode cycles gets none, with the reason (``report``, ``bench`` and ``doctor`` ask for
+    ``MIN_CYCLES``)."""
     runs = {r.id: r.flags_dict() for r in result.runs}
     only = result.runs[0].flags_dict() if len(result.runs) == 1 else {}
 
@@ -528,6 +534,11 @@ def predict(result: ReportResult, *, steps: Sequence[int] | None = None, sweep: 
     for g, sh in zip(result.groups, shapes):
         if g.mode != "decode":
             out.append(None)
+            continue
+        if g.n < min_cycles:
+            out.append(Prediction(why=f"only {g.n} decode cycle(s) recorded, too few to predict from (at least "
+                                      f"{min_cycles}): load the server first (eaglepatch bench)",
+                                  measured_steps=sh.steps))
             continue
         fam = families.get(_family_key(g), [])
         out.append(predict_group(g, sh, steps=steps, family=fam, baseline=baseline_from_sweep(sweep, sh.steps)))

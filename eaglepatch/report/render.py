@@ -124,14 +124,29 @@ def render_prediction(p: "Prediction", *, tablefmt: str = "simple") -> str:
     out = ["predicted, per draft step count (* the best; steps 0: no speculation):",
            tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True, colalign=colalign)]
     best, here = p.best_point, p.point(p.measured_steps) if p.measured_steps is not None else None
+    zero = p.point(0)
+
+    def steps(k: int) -> str:
+        return "no speculation" if k == 0 else f"{k} step{'s' if k > 1 else ''}"
+
     if best is not None and here is not None and best.steps != here.steps:
         gain = best.tokens_per_s / here.tokens_per_s - 1 if here.tokens_per_s else 0.0
-        what = "no speculation" if best.steps == 0 else f"{best.steps} steps"
-        out.append(f"best: {what}, {best.tokens_per_s:.1f} tok/s, {gain * 100:+.0f}% over the {here.steps} steps "
-                   f"measured ({best.basis}; confirm with eaglepatch sweep TARGET --live --grid "
-                   f"speculative-num-steps={','.join(str(s) for s in sorted({0, best.steps, here.steps}))})")
+        grid = ",".join(str(s) for s in sorted({best.steps, here.steps} - {0}))
+        # a live sweep's steps 0 is sglang's zero-step state (it still runs the draft extend): no speculation is
+        # measured by a launch without it, the restart sweep's --baseline
+        confirm = (f"eaglepatch sweep TARGET --baseline --repeat 3 --grid speculative-num-steps={grid}"
+                   if best.steps == 0 else
+                   f"eaglepatch sweep TARGET --live --grid speculative-num-steps={grid}")
+        out.append(f"best: {steps(best.steps)}, {best.tokens_per_s:.1f} tok/s, {gain * 100:+.0f}% over the "
+                   f"{steps(here.steps)} measured ({best.basis}; confirm with {confirm})")
     elif best is not None:
-        out.append(f"best: the {best.steps} steps measured ({best.tokens_per_s:.1f} tok/s)")
+        out.append(f"best: the {steps(best.steps)} measured ({best.tokens_per_s:.1f} tok/s)")
+    if (best is not None and best.steps > 0 and zero is not None and zero.basis == "estimate"
+            and zero.tokens_per_s * (1 + zero.spread) >= best.tokens_per_s):
+        grid = ",".join(str(s) for s in sorted({best.steps, p.measured_steps or best.steps}))
+        out.append(f"no speculation: estimated {zero.tokens_per_s:.1f} tok/s (\u00b1{zero.spread * 100:.0f}%), within "
+                   f"reach of the best: only a launch without speculation tells whether speculation pays here "
+                   f"(eaglepatch sweep TARGET --baseline --repeat 3 --grid speculative-num-steps={grid})")
     out.extend(f"basis: {n}" for n in p.notes)
     return "\n".join(out)
 

@@ -138,7 +138,7 @@ def collect_timings(host: Host, name: str, python: str, log_dir: str, pids: set[
     there are none."""
     from eaglepatch import report as rep
     from eaglepatch.server.argv import parse_flags, server_args_of
-    from eaglepatch.report.predict import predict
+    from eaglepatch.report.predict import MIN_CYCLES, predict
 
     if wait > 0:
         say(f"waiting {wait:g} s for the server to write its timing records")
@@ -160,7 +160,7 @@ def collect_timings(host: Host, name: str, python: str, log_dir: str, pids: set[
         return None
     doc = res.to_json()
     flags = parse_flags(server_args_of(argv)) if argv else None
-    for gd, pred in zip(doc["groups"], predict(res, flags=flags)):
+    for gd, pred in zip(doc["groups"], predict(res, flags=flags, min_cycles=MIN_CYCLES)):
         if pred is not None:
             gd.update(pred.to_json())
     return doc

@@ -157,26 +157,32 @@ def test_usage_errors(tmp_path):
 def test_predict_through_the_cli(tmp_path):
     """report --predict: the table gains the acceptance profile and the prediction per decode group, --json the
     contract's "acceptance", "predict" and "predict_best", --steps picks the step counts, and --chart draws them
-    (the chart written, its path said on stderr)."""
+    (the chart written, its path said on stderr). A group of fewer than 50 decode cycles predicts nothing and says
+    why."""
     logs = tmp_path / "logs"
     lines = [header("gpu1-9-500-cfg1", 99.0, 10, 0, "sync", "3")]
-    for i in range(40):
+    for i in range(60):
         acs = [1 + i % 4, 1 + (i + 1) % 4]
         lines.append(record(100 + i * 0.01, bs=2, accepted=sum(acs)).replace('"accepted"', f'"accepts": {acs}, '
                                                                                           '"accepted"'))
     write_log(logs, "gpu1-10-rank0.jsonl", lines)
     r = run("report", str(logs), "--predict", "--steps", "0-4", "--chart", str(tmp_path / "p.svg"))
     assert r.returncode == 0, r.stderr
-    assert "acceptance (80 request-cycles): at least 1: 1.00  2: 0.75  3: 0.50  4: 0.25" in r.stdout
+    assert "acceptance (120 request-cycles): at least 1: 1.00  2: 0.75  3: 0.50  4: 0.25" in r.stdout
     assert "predicted, per draft step count" in r.stdout and "extrapolated" in r.stdout
     assert f"chart written to {tmp_path / 'p.svg'}" in r.stderr and (tmp_path / "p.svg").read_text().startswith("<?xml")
     doc = json.loads(run("report", str(logs), "--predict", "--json").stdout)
     (g,) = doc["groups"]
-    assert g["acceptance"]["samples"] == 80 and g["acceptance"]["at_least"] == [1.0, 0.75, 0.5, 0.25]
+    assert g["acceptance"]["samples"] == 120 and g["acceptance"]["at_least"] == [1.0, 0.75, 0.5, 0.25]
     assert [p["steps"] for p in g["predict"]] == list(range(9))
     assert {p["basis"] for p in g["predict"]} == {"estimate", "profile", "measured", "extrapolated"}
     assert g["predict"][3]["basis"] == "measured" and g["predict"][3]["accept_len"] == 2.5
     assert isinstance(g["predict_best"], int)
+    few = tmp_path / "few"
+    write_log(few, "gpu1-10-rank0.jsonl", lines[:41])
+    r = run("report", str(few), "--predict")
+    assert r.returncode == 0 and ("prediction: none: only 40 decode cycle(s) recorded, too few to predict from (at "
+                                  "least 50): load the server first (eaglepatch bench)") in r.stdout
 
 
 @pytest.mark.parametrize("args, message", [

@@ -455,3 +455,55 @@ def test_an_idle_gap_leaves_the_prefill_before_it_out_of_the_wall_time(tmp_path)
             dict(d, t=T0 + 2.006, cycle_ms=8.0)]
     dec = aggregate([write(tmp_path / "a.jsonl", recs)]).group("decode")
     assert dec.cadence_ms == approx((8 + (5 + 1 + 8)) / 2, rel=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What report prints of a prediction, and the cycles it needs
+
+
+def _pred(points: list[tuple[int, float, float, str]], best: int, measured: int):
+    from eaglepatch.report.predict import Point, Prediction
+
+    return Prediction(points=tuple(Point(k, k + 1, 1.0 + 0.1 * k, 5.0, 1.0, tps, spread, basis)
+                                   for k, tps, spread, basis in points), best=best, measured_steps=measured)
+
+
+def test_the_best_line_names_the_sweep_that_measures_it():
+    """The H200's p = 0.2 server, from one 3-step run: 1 step best, the no-speculation estimate within its 30% of
+    it: the best line (singular "1 step", a live sweep of 1 and 3, no zero-step state) and the line that says only
+    a launch without speculation tells. No speculation best: the restart sweep with --baseline confirms it, never
+    the live sweep (its steps 0 still runs the draft extend). The estimate far below the best: no such line."""
+    from eaglepatch.report.render import render_prediction
+
+    close = _pred([(0, 678.0, 0.3, "estimate"), (1, 741.0, 0.04, "profile"), (3, 720.0, 0.03, "measured")], 1, 3)
+    text = render_prediction(close)
+    assert ("best: 1 step, 741.0 tok/s, +3% over the 3 steps measured (profile; confirm with eaglepatch sweep "
+            "TARGET --live --grid speculative-num-steps=1,3)") in text
+    assert ("no speculation: estimated 678.0 tok/s (\u00b130%), within reach of the best: only a launch without "
+            "speculation tells whether speculation pays here (eaglepatch sweep TARGET --baseline --repeat 3 --grid "
+            "speculative-num-steps=1,3)") in text
+    slow = _pred([(0, 900.0, 0.3, "estimate"), (1, 741.0, 0.04, "profile"), (3, 720.0, 0.03, "measured")], 0, 3)
+    text = render_prediction(slow)
+    assert ("best: no speculation, 900.0 tok/s, +25% over the 3 steps measured (estimate; confirm with eaglepatch "
+            "sweep TARGET --baseline --repeat 3 --grid speculative-num-steps=3)") in text
+    assert "--live" not in text and "within reach" not in text
+    far = _pred([(0, 400.0, 0.3, "estimate"), (1, 741.0, 0.04, "profile"), (3, 720.0, 0.03, "measured")], 1, 3)
+    assert "within reach" not in render_prediction(far)
+    measured = _pred([(0, 700.0, 0.01, "measured"), (1, 741.0, 0.04, "profile"), (3, 720.0, 0.03, "measured")], 1, 3)
+    assert "within reach" not in render_prediction(measured)
+    here = _pred([(0, 600.0, 0.3, "estimate"), (1, 741.0, 0.04, "measured")], 1, 1)
+    assert "best: the 1 step measured (741.0 tok/s)" in render_prediction(here)
+
+
+def test_no_prediction_from_fewer_cycles_than_asked(tmp_path):
+    """80 decode cycles: predicted with min_cycles 50, none with 100, the reason said (report, bench and doctor
+    ask for MIN_CYCLES = 50)."""
+    from eaglepatch.report.predict import MIN_CYCLES
+
+    res, (p,) = one_group(tmp_path, records())
+    assert res.groups[0].n == 80 and MIN_CYCLES == 50
+    assert p.why is None and predict(res, min_cycles=MIN_CYCLES)[0].why is None
+    (few,) = predict(res, min_cycles=100)
+    assert few.why == ("only 80 decode cycle(s) recorded, too few to predict from (at least 100): load the server "
+                       "first (eaglepatch bench)")
+    assert few.measured_steps == 3 and few.to_json() == {"predict": None, "predict_note": few.why}

@@ -6,7 +6,6 @@ BETWEEN_SHARE = 0.4         # host-bound: the scheduler's time between cycles at
 HOST_GPU_RATIO = 0.9        # host-bound: the events timer's host time at least this share of its GPU time
 GPU_PACED = 1.25            # host-bound: not from the time between cycles when the GPU cycle is this times the host's
 RANK_SKEW = 1.15            # rank-skew: the slowest rank's verify p50 at least this times the fastest one's
-MODEL_MIN_CYCLES = 50       # the model's findings need at least this many decode cycles in the group predicted from
 STEPS_GAIN = 1.05           # too-many-steps: the favoured step count at least 5% faster per token (modelled)
 STEPS_MAX = 8               # too-many-steps: step counts considered: 1 .. max(this, the current + 2)
 VERIFY_SHARE = 0.5          # tp-communication is medium (not low) when verify is at least this share of the cycle
