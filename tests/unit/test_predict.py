@@ -401,7 +401,11 @@ def test_the_chart_shows_the_prediction_beside_the_profile(tmp_path):
     sc = predict_scene(doc, sweep)
     texts = sc.texts()
     best = preds[0].best_point
-    assert f"best: {best.steps} steps, {best.tokens_per_s:,.0f}" in texts
+    assert best.steps == 0 and f"best: no speculation, {best.tokens_per_s:,.0f}" in texts
+    for k, label in ((1, "best: 1 step, "), (3, "best: 3 steps, ")):  # the point named as the table names it
+        one = json.loads(json.dumps(doc))
+        one["groups"][0]["predict_best"] = next(i for i, p in enumerate(one["groups"][0]["predict"]) if p["steps"] == k)
+        assert any(t.startswith(label) for t in predict_scene(one, sweep).texts()), label
     assert any(t.startswith("no speculation, estimated: ") for t in texts)
     assert [t for t in texts if t.startswith("\u2265")] == ["\u22651", "\u22652", "\u22653", "\u22654"]
     assert "0.88 (0.88)" in texts and "0.62 (0.71)" in texts  # share at least 2 and 3 tokens, with their rates

@@ -124,7 +124,9 @@ def _tps_panel(sc: Scene, x0: float, y0: float, g: Mapping[str, Any], sweep: lis
     if best is not None and 0 <= best < len(pts):
         bp = pts[best]
         x, y = X(bp["steps"]), Y(bp["tokens_per_s"])
-        sc.text(x, y - 10, f"best: {bp['steps']} steps, {fmt_tps(bp['tokens_per_s'])}", size=10.5, color=BEST,
+        k = bp["steps"]
+        what = "no speculation" if k == 0 else f"{k} step{'s' if k > 1 else ''}"
+        sc.text(x, y - 10, f"best: {what}, {fmt_tps(bp['tokens_per_s'])}", size=10.5, color=BEST,
                 anchor="middle", bold=True, halo=True)
 
 
