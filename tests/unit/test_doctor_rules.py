@@ -403,6 +403,21 @@ def test_speculation_unproven(tmp_path):
                                                         "count, 1, +0% against")
 
 
+def test_no_speculation_finding_on_an_adaptive_server_suggests_no_steps_flag(tmp_path):
+    """On a server started with --speculative-adaptive the step count is the adaptive mode's: speculation-unproven
+    and the predicted speculation-slower measure the server as launched against the baseline, no steps grid."""
+    flags = {"speculative-adaptive": True}
+    f = with_records(facts(flags=flags), tmp_path / "u", cycle=6.7,
+                     phases={"draft": 0.4, "verify": 6.0, "draft_extend": 0.3}, accept=1.25, gap=0.1)
+    found = R.speculation_unproven(f)
+    assert found.next == ("measure the baseline: eaglepatch sweep gpu1 --baseline --repeat 3 (the server as launched, "
+                          "adaptive, against a launch without speculation)")
+    slow = with_records(facts(flags=flags), tmp_path / "s", cycle=6.2,
+                        phases={"draft": 3.0, "verify": 2.0, "draft_extend": 1.0}, accept=1.05, gap=0.5)
+    nxt = R.speculation_slower(slow).next
+    assert "--baseline --repeat 3 (the server as launched" in nxt and "--grid" not in nxt
+
+
 def test_speculation_unproven_healthy_counterparts(tmp_path):
     """Accept length 2.0 around the same costs (the best point beyond the estimate's band); the estimate above
     every step count (speculation-slower's); a sweep of this server that measured the baseline: nothing."""

@@ -30,9 +30,7 @@ def speculation_slower_predicted(f: ServerFacts) -> Finding | None:
     ev = [_model_ev(f, pts, [0, k, best["steps"]])]
     ev += [evidence("model", n) for n in (f.model or {}).get("predict_notes") or () if n.startswith("estimate")]
     # a live sweep's steps 0 is sglang's zero-step state, which still runs the draft extend: not plain decoding
-    nxt = (f"measure it before relaunching: eaglepatch sweep {f.target} --baseline --repeat 3 --grid "
-           f"speculative-num-steps={','.join(str(s) for s in sorted({best['steps'], k}))} (the baseline is a launch "
-           "without speculation)")
+    nxt = "measure it before relaunching: " + baseline_next(f, [best["steps"], k])
     return Finding("speculation-slower", "high" if apart else "medium",
                    f"predicted: no speculation would be about {(zero['tokens_per_s'] / here['tokens_per_s'] - 1) * 100:.0f}% "
                    f"faster than {k} steps, and faster than any step count", ev, nxt, predicted=True)
@@ -108,9 +106,7 @@ def speculation_unproven(f: ServerFacts) -> Finding | None:
     gain = (best["tokens_per_s"] / zero["tokens_per_s"] - 1) * 100
     ev = [_model_ev(f, pts, [0, k, best["steps"]])]
     ev += [evidence("model", n) for n in (f.model or {}).get("predict_notes") or () if n.startswith("estimate")]
-    nxt = (f"measure the baseline: eaglepatch sweep {f.target} --baseline --repeat 3 --grid "
-           f"speculative-num-steps={','.join(str(s) for s in sorted({best['steps'], k}))} (the baseline is a launch "
-           "without speculation; a live sweep's steps 0 still runs the draft extend)")
+    nxt = "measure the baseline: " + baseline_next(f, [best["steps"], k])
     return Finding("speculation-unproven", "medium",
                    f"predicted: speculation may not pay here: the best step count, {best['steps']}, "
                    f"{gain:+.0f}% against no speculation, whose estimate is uncertain by "
@@ -144,6 +140,18 @@ def _model_ev(f: ServerFacts, pts: Sequence[dict[str, Any]], shown: Sequence[int
              f"(\u00b1{by[s].get('spread', 0) * 100:.0f}%, {by[s]['basis']}, accept length {by[s]['accept_len']:.2f})"
              for s in sorted(set(shown)) if s in by]
     return evidence("model", "predicted from the timing records (report --predict): " + "; ".join(parts))
+
+
+def baseline_next(f: ServerFacts, grid: Sequence[int]) -> str:
+    """The sweep that measures no speculation beside step counts ``grid``: a restart sweep with ``--baseline`` (a
+    launch without speculation; a live sweep's steps 0 still runs the draft extend). On an adaptive server the
+    step count is the adaptive mode's: the server as launched against the baseline, no steps flag."""
+    if adaptive(f):
+        return (f"eaglepatch sweep {f.target} --baseline --repeat 3 (the server as launched, adaptive, against a "
+                "launch without speculation)")
+    g = ",".join(str(n) for n in sorted(set(grid)))
+    return (f"eaglepatch sweep {f.target} --baseline --repeat 3 --grid speculative-num-steps={g} (the baseline is a "
+            "launch without speculation; a live sweep's steps 0 still runs the draft extend)")
 
 
 def steps_next(f: ServerFacts, grid: Sequence[int]) -> str:
