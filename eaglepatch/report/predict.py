@@ -501,6 +501,10 @@ def predict_group(g: GroupStats, shape: Shape, *, steps: Sequence[int] | None = 
                      "per request), the spread half the way to that plus the rest of the cycle and the scheduler's "
                      "time as measured, and at least 30% (what it has missed by on real servers); not measured: a "
                      "sweep with --baseline measures it (a live sweep's steps 0 still runs the draft extend)")
+        if gpu_bound:
+            notes.append("estimate: the GPU sets this server's pace, and on such servers the estimate has read "
+                         "14-21% under plain decoding (H200, three comparisons: verify's mode of the forward costs "
+                         "more than a plain decode's, whatever the tokens it checks)")
     elif baseline is not None:
         notes.append(f"no speculation: measured by {baseline.source}")
     best = max(range(len(points)), key=lambda i: points[i].tokens_per_s) if points else None

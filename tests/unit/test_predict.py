@@ -239,6 +239,10 @@ def test_a_gpu_bound_cadence_keeps_its_gap_and_ignores_the_hosts_slack(tmp_path)
     assert pts[2].tokens_per_s == approx(2.5 / (C - 10.0 + 8.5) * 1000)
     assert pts[1].tokens_per_s == approx(1.875 / (C - 10.0 + 7.0) * 1000)
     assert pts[5].tokens_per_s == approx(pts[5].accept_len / (C - 10.0 + 13.0) * 1000)
+    # the no-speculation estimate says how it has read on such servers; a host-bound run's notes do not
+    assert any(n.startswith("estimate: the GPU sets this server's pace") for n in p.notes)
+    _, (hb,) = one_group(tmp_path / "hb", records())
+    assert not any("GPU sets this server's pace" in n for n in hb.notes)
 
 
 @pytest.mark.parametrize("flags, why", [
