@@ -193,10 +193,18 @@ def load_records(folder: str, pids: set[int], launches: set[tuple[int, int]] | N
     if not groups:
         return {}
     timers = sorted({part for r in res.runs for part in (r.timer or "").split("+") if part})
-    main = max(range(len(groups)), key=lambda i: groups[i]["n"])
+    # under adaptive speculation, the spec that ran the most cycles among those that draft: the zero-step state
+    # (no draft, accept length 1) is not the draft's acceptance, however long a live sweep or the policy held it
+    drafting = [i for i, g in enumerate(groups) if not _zero_steps((g.get("key") or {}).get("spec"))]
+    main = max(drafting or range(len(groups)), key=lambda i: groups[i]["n"])
     return {"decode": groups[main], "records": sum(g["n"] for g in groups), "timer": "+".join(timers) or None,
             "by_rank": decode_groups("rank")[0], "by_bs": decode_groups("bs")[0],
             "model": model_of(res, sweep, flags)}
+
+
+def _zero_steps(spec: Any) -> bool:
+    """Whether a group's spec (``"steps=0,topk=1,draft_tokens=1"``) is sglang's adaptive zero-step state."""
+    return isinstance(spec, str) and (spec == "steps=0" or spec.startswith("steps=0,"))
 
 
 def model_of(res: Any, sweep: dict[str, Any] | None, flags: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -213,7 +221,7 @@ def model_of(res: Any, sweep: dict[str, Any] | None, flags: dict[str, Any] | Non
     decode = [(g, p) for g, p in zip(res.groups, preds) if g.mode == "decode" and p is not None]
     if not decode:
         return None
-    g, p = max(decode, key=lambda gp: gp[0].n)
+    g, p = max([gp for gp in decode if not _zero_steps(gp[0].spec)] or decode, key=lambda gp: gp[0].n)
     return {"steps": p.measured_steps, "group": g.key_dict(), **p.to_json()}
 
 

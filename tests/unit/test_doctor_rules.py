@@ -331,6 +331,9 @@ def test_too_few_steps(tmp_path):
     found = R.too_few_steps(f)
     assert found is not None and found.predicted and found.severity == "medium"
     assert found.title.startswith("2 draft steps leave accepted tokens unbought: ")
+    one = with_records(facts(flags={"speculative-num-steps": "1"}), tmp_path / "one", cycle=11.0,
+                       phases={"draft": 0.0, "verify": 10.0, "draft_extend": 1.0}, accept=2.0, gap=0.2)
+    assert R.too_few_steps(one).title.startswith("1 draft step leaves accepted tokens unbought: ")
     assert "--live --grid speculative-num-steps=" in found.next
     assert any("extrapolated" in e["text"] for e in found.evidence)
     assert R.too_many_steps(f) is None
@@ -461,9 +464,14 @@ def test_host_bound_healthy_counterpart(tmp_path):
 def test_host_bound_not_where_the_gpu_sets_the_pace(tmp_path):
     """The H200's GPU-bound testbed (Llama-3-8B shape, events timer, overlap scheduler): a 6.7 ms GPU cycle that
     the host launches in 2.7 ms, then 4 ms waiting for the GPU between cycles (60% of the cycle): not host-bound.
-    The same gap where the host's time is the GPU's (the host-bound testbed's shape): host-bound."""
+    The same host with 10 ms between cycles (6 ms of the scheduler's own beyond the wait: 90%): host-bound, the wait
+    said. The same 4 ms gap where the host's time is the GPU's (the host-bound testbed's shape): host-bound."""
     host = (2.7, {"draft": 0.62, "verify": 1.11, "draft_extend": 0.79})
     assert R.host_bound(with_records(facts(), tmp_path / "g", cycle=6.7, gap=4.0, host=host)) is None
+    busy = R.host_bound(with_records(facts(), tmp_path / "b", cycle=6.7, gap=10.0, host=host))
+    assert busy is not None and busy.evidence[0]["text"].startswith(
+        "between cycles (the scheduler's own work) p50 10.00 ms (4.00 ms of it waiting for the GPU beyond the "
+        "host's 2.70 ms) against a decode cycle p50 of 6.70 ms (90%)")
     slow = (6.5, {"draft": 1.5, "verify": 3.5, "draft_extend": 1.5})
     found = R.host_bound(with_records(facts(), tmp_path / "h", cycle=6.7, gap=4.0, host=slow))
     assert found is not None and "against a decode cycle p50 of 6.70 ms" in found.evidence[0]["text"]
@@ -504,6 +512,26 @@ def test_rank_skew_never_compares_spec_groups(tmp_path):
     assert len(one.by_rank) == 2 and R.rank_skew(one) is None
     assert R.rank_skew(loaded(facts(flags={"tp-size": "1"}), tmp_path, {100, 101})) is None
     assert R.rank_skew(loaded(facts(flags={"tp-size": "2"}), tmp_path, {100, 101})) is None
+
+
+def test_an_adaptive_servers_zero_step_state_is_not_its_acceptance(tmp_path):
+    """An adaptive server that ran 100 cycles in sglang's zero-step state (no draft: 1 token a request) and 60 at 3
+    steps accepting 2.5 (a live sweep held steps 0 longest, as on the H200): the records' decode group and the
+    model are the 3-step ones, so accept-length-low does not read 1.00; with only zero-step cycles, those."""
+    path = tmp_path / "gpu1-4242-rank0.jsonl"
+    write_records(tmp_path, 4242, n=160, accept=2.5, phases={"draft": 1.5, "verify": 6.0, "draft_extend": 1.0},
+                  cycle=8.5)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    zero = [dict(r, spec={"steps": 0, "topk": 1, "draft_tokens": 1}, accepted=1,
+                 phases={"verify": 5.8, "draft_extend": 1.0}) for r in lines[:100]]
+    three = [dict(r, spec={"steps": 3, "topk": 1, "draft_tokens": 4}) for r in lines[100:]]
+    path.write_text("".join(json.dumps(r) + "\n" for r in zero + three))
+    f = loaded(facts(flags={"speculative-adaptive": True}), tmp_path, {4242})
+    assert f.decode["n"] == 60 and f.decode["accept_len"] == 2.5 and f.model["steps"] == 3
+    assert R.accept_length_low(f) is None
+    path.write_text("".join(json.dumps(r) + "\n" for r in zero))
+    only = loaded(facts(flags={"speculative-adaptive": True}), tmp_path, {4242})
+    assert only.decode["n"] == 100 and only.decode["accept_len"] == 1.0
 
 
 def test_rank_skew_healthy_counterparts(tmp_path):

@@ -80,9 +80,10 @@ def speculation_slower(f: ServerFacts) -> Finding | None:
 
 
 def speculation_unproven(f: ServerFacts) -> Finding | None:
-    """``speculation-unproven`` (predicted, medium): no sweep of this server measured a baseline, the model
-    predicts the best step count faster than no speculation (else ``speculation-slower``), but the no-speculation
-    point is an estimate whose band reaches it: from these records the tool cannot tell whether speculation pays.
+    """``speculation-unproven`` (predicted, medium): no sweep of this server measured a baseline, the model puts
+    the best step count above the no-speculation estimate or less than ``STEPS_GAIN`` under it (further under:
+    ``speculation-slower``), and the estimate's band reaches it: from these records the tool cannot tell whether
+    speculation pays.
     On the H200's GPU-bound testbed the estimate read 14-21% under plain decoding, and at an acceptance of 0.2
     speculation lost by 10% where the estimate had it winning by 9%: only the baseline's launch decides."""
     sw = f.sweep or {}
@@ -184,9 +185,11 @@ def _steps_finding(f: ServerFacts, fewer: bool) -> Finding | None:
     ev = [k_ev, _model_ev(f, pts, [0, best["steps"], k, (best["steps"] + k) // 2])]
     ev += [evidence("model", n) for n in (f.model or {}).get("predict_notes") or () if n.startswith(("profile", "extrapolated", "cost"))]
     if fewer:
-        title = f"{k} draft steps cost more than they buy: {best['steps']} would be about {gain * 100:.0f}% faster"
+        title = (f"{k} draft step{'s' if k > 1 else ''} cost{'' if k > 1 else 's'} more than "
+                 f"{'they buy' if k > 1 else 'it buys'}: {best['steps']} would be about {gain * 100:.0f}% faster")
     else:
-        title = f"{k} draft steps leave accepted tokens unbought: {best['steps']} would be about {gain * 100:.0f}% faster"
+        title = (f"{k} draft step{'s leave' if k > 1 else ' leaves'} accepted tokens unbought: {best['steps']} would "
+                 f"be about {gain * 100:.0f}% faster")
     return Finding("too-few-steps" if not fewer else "too-many-steps", "medium", title, ev,
                    steps_next(f, [best["steps"], (best["steps"] + k) // 2, k]), predicted=True)
 

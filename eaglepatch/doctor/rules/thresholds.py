@@ -4,7 +4,6 @@ ACCEPT_LOW = 1.2            # accept-length-low: every measure of the accept len
 GRAPH_OFF_HIGH_SHARE = 0.5  # cuda-graph-off is high when at least this share of decode lines ran without graphs
 BETWEEN_SHARE = 0.4         # host-bound: the scheduler's time between cycles at least this share of the cycle
 HOST_GPU_RATIO = 0.9        # host-bound: the events timer's host time at least this share of its GPU time
-GPU_PACED = 1.25            # host-bound: not from the time between cycles when the GPU cycle is this times the host's
 RANK_SKEW = 1.15            # rank-skew: the slowest rank's verify p50 at least this times the fastest one's
 STEPS_GAIN = 1.05           # too-many-steps: the favoured step count at least 5% faster per token (modelled)
 STEPS_MAX = 8               # too-many-steps: step counts considered: 1 .. max(this, the current + 2)
