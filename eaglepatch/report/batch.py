@@ -362,5 +362,6 @@ class Batches:
             g = st.groups.get(gk)
             if g is None:
                 g = st.groups[gk] = Acc(mode, kv, st.c_rid, st.c_spec)
+            g.ranks.add(rank)
             apply(g, *cols)
         return True

@@ -41,6 +41,7 @@ class Acc:
         "walls",
         "run",
         "spec",
+        "ranks",
     )
 
     def __init__(self, mode: str, keyval: Any, run: str = "", spec: str | None = None):
@@ -67,6 +68,7 @@ class Acc:
         # the spread of tok/s over windows of the run
         self.accs = array("f")
         self.walls = array("f")
+        self.ranks: set[Any] = set()  # the ranks of the processes whose records came in (added per process)
 
 
 class _Counted:
@@ -223,6 +225,7 @@ def finish_group(g: Acc, key: tuple[tuple[str, Any], ...], run: str | None) -> G
         accepted_cycles=n_acc,
         window_tokens_per_s=windows,
         spec=g.spec,
+        ranks=max(1, len(g.ranks)),
     )
 
 
@@ -275,3 +278,5 @@ def merge_into(a: Acc, b: Acc) -> None:
     a.walls.extend(b.walls)
     b.accs = array("f")
     b.walls = array("f")
+    a.ranks |= b.ranks
+    b.ranks = set()

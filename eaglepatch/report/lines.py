@@ -240,6 +240,7 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
                     if bycode == 1 and kv is not None and not is_num(kv):
                         raise BadLine("bad bs") from None
                     ng = groups[gk] = Acc(mode, kv, c_rid, c_spec)
+                ng.ranks.add(c_rank)  # looked up again at every change of process (its run switch resets cur_gk)
                 if g is not None:
                     g.acc = s_acc
                     g.acc_ab = s_acc_ab

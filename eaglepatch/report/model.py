@@ -292,6 +292,7 @@ class GroupStats:
     accepted_cycles: int = 0
     window_tokens_per_s: tuple[float, ...] = ()
     spec: str | None = None  # the records' speculative settings under adaptive speculation, also when not in key
+    ranks: int = 1  # the ranks whose records the group holds (TP: each rank times every cycle)
 
     def key_dict(self) -> dict[str, Any]:
         """Return the key as a dict: ``{}`` or e.g. ``{"bs": 1}`` (``{"bs": 1, "run": "..."}`` with runs)."""

@@ -405,10 +405,17 @@ def _window_spread(g: GroupStats) -> float:
     return sd / m if m > 0 else 0.0
 
 
+def _per_rank(g: GroupStats) -> int:
+    """The group's decode cycles per rank (under TP every rank records every cycle)."""
+    return g.n // max(1, g.ranks)
+
+
 def predict_group(g: GroupStats, shape: Shape, *, steps: Sequence[int] | None = None,
-                  family: Sequence[tuple[int, GroupStats]] = (), baseline: Baseline | None = None) -> Prediction:
+                  family: Sequence[tuple[int, GroupStats]] = (), baseline: Baseline | None = None,
+                  min_cycles: int = 0) -> Prediction:
     """The prediction for one decode group that ran with ``shape``. ``family``: the decode groups of the same kind
-    at other step counts, ``(steps, group)``, for the cost fit; ``baseline``: a measured no-speculation point."""
+    at other step counts, ``(steps, group)``, for the cost fit; ``baseline``: a measured no-speculation point;
+    ``min_cycles``: the decode cycles per rank it needs (fewer: none, and why)."""
     if g.mode != "decode":
         return Prediction(why="only decode cycles are predicted")
     k = shape.steps
@@ -421,6 +428,10 @@ def predict_group(g: GroupStats, shape: Shape, *, steps: Sequence[int] | None = 
     if shape.topk is not None and shape.topk != 1:
         return Prediction(why=f"top-k {shape.topk}: the draft guesses a tree, and a chain's acceptance profile does "
                               "not predict a tree's; only top-k 1 is modelled", measured_steps=k)
+    if _per_rank(g) < min_cycles:
+        return Prediction(why=f"only {_per_rank(g)} decode cycle(s) recorded{' per rank' if g.ranks > 1 else ''}, "
+                              f"too few to predict from (at least {min_cycles}): load the server first (eaglepatch "
+                              "bench)", measured_steps=k)
     if not g.tokens_per_s or g.cadence_ms is None or not g.accepted_cycles:
         return Prediction(why="no accepted tokens in these records: nothing to predict from", measured_steps=k)
     prof = _profile(g.acceptance, g.accept_len, k)
@@ -520,8 +531,8 @@ def predict(result: ReportResult, *, steps: Sequence[int] | None = None, sweep: 
     """A prediction for each group of ``result`` (``None`` for groups that are not decode), in order; ``sweep``: a
     ``sweep --json`` summary of the same server, whose baseline (when it ran) is the no-speculation point;
     ``flags``: the server's launch flags, for runs whose header lines carry none; a group of fewer than
-    ``min_cycles`` decode cycles gets none, with the reason (``report``, ``bench`` and ``doctor`` ask for
-    ``MIN_CYCLES``)."""
+    ``min_cycles`` decode cycles per rank gets none, with the reason (``report``, ``bench`` and ``doctor`` ask for
+    ``MIN_CYCLES``), and is left out of the others' cost fit."""
     runs = {r.id: r.flags_dict() for r in result.runs}
     only = result.runs[0].flags_dict() if len(result.runs) == 1 else {}
 
@@ -532,18 +543,14 @@ def predict(result: ReportResult, *, steps: Sequence[int] | None = None, sweep: 
     shapes = [shape_of(g, flags_of(g)) for g in result.groups]
     families: dict[tuple[Any, ...], list[tuple[int, GroupStats]]] = {}
     for g, sh in zip(result.groups, shapes):
-        if g.mode == "decode" and sh.steps and (sh.topk in (None, 1)) and g.n:
+        if g.mode == "decode" and sh.steps and (sh.topk in (None, 1)) and g.n and _per_rank(g) >= min_cycles:
             families.setdefault(_family_key(g), []).append((sh.steps, g))
     out: list[Prediction | None] = []
     for g, sh in zip(result.groups, shapes):
         if g.mode != "decode":
             out.append(None)
             continue
-        if g.n < min_cycles:
-            out.append(Prediction(why=f"only {g.n} decode cycle(s) recorded, too few to predict from (at least "
-                                      f"{min_cycles}): load the server first (eaglepatch bench)",
-                                  measured_steps=sh.steps))
-            continue
         fam = families.get(_family_key(g), [])
-        out.append(predict_group(g, sh, steps=steps, family=fam, baseline=baseline_from_sweep(sweep, sh.steps)))
+        out.append(predict_group(g, sh, steps=steps, family=fam, baseline=baseline_from_sweep(sweep, sh.steps),
+                                 min_cycles=min_cycles))
     return out

@@ -515,3 +515,39 @@ def test_no_prediction_from_fewer_cycles_than_asked(tmp_path):
     assert few.why == ("only 80 decode cycle(s) recorded, too few to predict from (at least 100): load the server "
                        "first (eaglepatch bench)")
     assert few.measured_steps == 3 and few.to_json() == {"predict": None, "predict_note": few.why}
+
+
+def test_the_cycles_asked_for_are_per_rank_and_come_after_the_shape(tmp_path):
+    """Two ranks (TP 2) of 40 cycles each: 80 records in the group, 40 cycles: none at 50, said per rank; 60 each:
+    predicted. A top-k 2 group of 8 cycles says top-k, not too few cycles (loading it would not help). An adaptive
+    server's spec group of 20 cycles at 1 step is left out of the 3-step group's cost fit at 50."""
+    from eaglepatch.report.predict import MIN_CYCLES
+
+    def two_ranks(folder: Path, repeat: int) -> list[str]:
+        recs = records(repeat=repeat)
+        return [write(folder / f"r{rank}.jsonl", [dict(header(), rank=rank)] + [dict(r, rank=rank) for r in recs])
+                for rank in (0, 1)]
+
+    res = aggregate(two_ranks(tmp_path / "a", 5))
+    (g,) = res.groups
+    assert g.n == 80 and g.ranks == 2
+    (p,) = predict(res, min_cycles=MIN_CYCLES)
+    assert p.why.startswith("only 40 decode cycle(s) recorded per rank, too few to predict from (at least 50)")
+    (ok,) = predict(aggregate(two_ranks(tmp_path / "b", 8)), min_cycles=MIN_CYCLES)
+    assert ok.why is None
+    flags = {**FLAGS, "speculative-eagle-topk": "2", "speculative-num-draft-tokens": "8"}
+    res = aggregate([write(tmp_path / "c" / "a.jsonl", [header(flags=flags)] + records(repeat=1))])
+    assert predict(res, min_cycles=MIN_CYCLES)[0].why.startswith("top-k 2")
+    one = records(counts=(1, 2), repeat=10, cycle=4.5, phases={"draft": 1.0, "verify": 2.0, "draft_extend": 1.0},
+                  spec={"steps": 1, "topk": 1, "draft_tokens": 2})
+    three = records(cycle=6.9, phases={"draft": 3.0, "verify": 2.4, "draft_extend": 1.0},
+                    spec={"steps": 3, "topk": 1, "draft_tokens": 4}, t0=T0 + 10)
+    res = aggregate([write(tmp_path / "d" / "a.jsonl", [header(flags={**FLAGS, "speculative-adaptive": True})]
+                           + one + three)])
+    preds = predict(res, min_cycles=MIN_CYCLES)
+    p1, p3 = (next(p for g, p in zip(res.groups, preds) if g.spec == f"steps={k},topk=1,draft_tokens={k + 1}")
+              for k in (1, 3))
+    assert p1.why.startswith("only 20 decode cycle(s) recorded, too few")
+    assert p3.why is None and not any("fitted on the step counts" in n for n in p3.notes)
+    assert any("fitted on the step counts of 2 groups" in n for n in predict(res)[
+        next(i for i, g in enumerate(res.groups) if g.spec == "steps=3,topk=1,draft_tokens=4")].notes)
