@@ -511,6 +511,8 @@ def main() -> int:
                 "deploy": lambda: {"adaptive", "best_static"} <= set(story["deploy"])}
     need = {"live": 0, "restart": 3 * LAUNCH_S, "deploy": 2 * LAUNCH_S}  # to begin it after another stage
     order = [s for s in os.environ.get("STAGES", "live,restart,deploy").split(",") if s in run]
+    if not order:
+        raise SystemExit(f"STAGES={os.environ.get('STAGES')!r} names no stage (live, restart, deploy)")
     first = STAGE if STAGE in run else next((s for s in order if not finished[s]()), None)
     todo = [] if first is None else order[order.index(first):] if first in order else [first]
     call["ran"] = []

@@ -121,7 +121,7 @@ def main(story_path: str, logs_tgz: str) -> None:
     live_med = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in live.items()}
     top = max(measured)
     targets = sorted(k for k in measured if k != top)
-    heads = [f"{k} steps predicted: vs restart bs {BS} wall {measured[k]['wall']:.0f} / client "
+    heads = [f"{k} step{'s' if k > 1 else ''} predicted: vs restart bs {BS} wall {measured[k]['wall']:.0f} / client "
              f"{measured[k]['client']:.0f}" + (f" / live {live_med[k]:.0f}" if live else "") for k in targets]
     if baseline:  # the no-speculation point against the sweep's baseline launches (client tok/s)
         heads.append(f"no speculation predicted (spread): vs the baseline's client {statistics.median(baseline):.0f}")

@@ -394,7 +394,8 @@ def emitted(release: AdaptiveRelease, tiers: Mapping[int, Sequence[int]], path: 
                                 "--speculative-num-draft-tokens", str(k + 1)])
         out["check"] = (("every batch size's best is no speculation: launch without the --speculative-* flags"
                          if k == 0 else
-                         f"every batch size's best is {k} steps: a static launch with static_flags (no "
+                         f"every batch size's best is {k} step{'s' if k > 1 else ''}: a static launch with "
+                         "static_flags (no "
                          "--speculative-adaptive) runs it without the adaptive controller's work")
                         + "; bench it with eaglepatch bench TARGET (the same load); the adaptive launch_flags run "
                           "the same candidate adaptively")

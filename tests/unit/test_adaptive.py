@@ -250,5 +250,6 @@ def test_what_emit_reports_for_one_candidate_everywhere():
                                    "--speculative-num-draft-tokens", "6"]
     assert doc["check"].startswith("every batch size's best is 5 steps: a static launch with static_flags")
     assert doc["launch_flags"][:2] == ["--speculative-adaptive", "--speculative-adaptive-config"]
+    assert ad.emitted(release(), {1: (1,)}, "/tmp/a.json")["check"].startswith("every batch size's best is 1 step: ")
     off = ad.emitted(release(), {1: (0,)}, "/tmp/a.json")
     assert off["static_flags"] == [] and off["check"].startswith("every batch size's best is no speculation")
