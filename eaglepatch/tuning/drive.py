@@ -360,7 +360,11 @@ def _one_run(host: Host, name: str, python: str, launch: Any, ropts: Any, log_di
 
     base = {"point": point.key, "index": index, "rep": rep, "argv": list(launch.argv),
             "env": dict(point.env), "t": round(time.time(), 3)}
-    current = owned.current(launch.port)
+    from eaglepatch.server.control import lock_wait
+
+    # read once no relaunch of the port runs on the host: one whose client was killed goes on there (a sweep
+    # resumed after a crash met the server that its predecessor's last relaunch was starting)
+    current = owned.current(launch.port, settle=launch, settle_wait=lock_wait(ropts.grace, ropts.port_timeout))
     # recorded as it starts, before the wait: a sweep killed meanwhile knows that server as its own
     res = restart(host, current=current, launch=launch, options=ropts, progress=lambda line: say('  ' + line), python=python,
                   on_started=lambda st: owned.state.add_launch(st.pid, st.start, launch.port))
