@@ -15,21 +15,14 @@ def speculation_slower_predicted(f: ServerFacts) -> Finding | None:
     """``speculation-slower`` (predicted): no sweep of this server measured a baseline, but the model of its
     timing records predicts more tok/s without speculation than at every step count 1..max(8, k + 2), by at
     least ``STEPS_GAIN``: high when the two stay apart by more than their uncertainties, else medium."""
-    m = _model(f)
-    if m is None:
+    zb = _zero_and_best(f)
+    if zb is None:
         return None
-    k, pts, here = m
-    zero = next((p for p in pts if p["steps"] == 0), None)
-    spec = [p for p in pts if p["steps"] >= 1]
-    if zero is None or not spec:
-        return None
-    best = max(spec, key=lambda p: p["tokens_per_s"])
+    k, pts, here, zero, best = zb
     if zero["tokens_per_s"] < STEPS_GAIN * best["tokens_per_s"]:
         return None
     apart = zero["tokens_per_s"] * (1 - zero.get("spread", 0)) > best["tokens_per_s"] * (1 + best.get("spread", 0))
-    ev = [_model_ev(f, pts, [0, k, best["steps"]])]
-    ev += [evidence("model", n) for n in (f.model or {}).get("predict_notes") or () if n.startswith("estimate")]
-    # a live sweep's steps 0 is sglang's zero-step state, which still runs the draft extend: not plain decoding
+    ev = _zero_ev(f, pts, k, best)
     nxt = "measure it before relaunching: " + baseline_next(f, [best["steps"], k])
     return Finding("speculation-slower", "high" if apart else "medium",
                    f"predicted: no speculation would be about {(zero['tokens_per_s'] / here['tokens_per_s'] - 1) * 100:.0f}% "
@@ -44,8 +37,8 @@ def speculation_slower(f: ServerFacts) -> Finding | None:
     (``speculation_slower_predicted``)."""
     sw = f.sweep or {}
     pts = sw.get("points") or []
-    b = sw.get("baseline")
-    if b is None or b >= len(pts) or pts[b].get("status") != "ok":
+    b = _measured_baseline(f)
+    if b is None:
         return speculation_slower_predicted(f)
     base = pts[b]["tokens_per_s"]["median"]
     spec = [i for i, p in enumerate(pts) if i != b and p.get("status") == "ok"]
@@ -86,27 +79,16 @@ def speculation_unproven(f: ServerFacts) -> Finding | None:
     speculation pays.
     On the H200's GPU-bound testbed the estimate read 14-21% under plain decoding, and at an acceptance of 0.2
     speculation lost by 10% where the estimate had it winning by 9%: only the baseline's launch decides."""
-    sw = f.sweep or {}
-    b = sw.get("baseline")
-    if b is not None and b < len(sw.get("points") or []) and sw["points"][b].get("status") == "ok":
-        return None  # measured: speculation-slower's
-    m = _model(f)
-    if m is None:
+    zb = None if _measured_baseline(f) is not None else _zero_and_best(f)  # measured: speculation-slower's
+    if zb is None:
         return None
-    k, pts, _ = m
-    zero = next((p for p in pts if p["steps"] == 0 and p.get("basis") == "estimate"), None)
-    spec = [p for p in pts if p["steps"] >= 1]
-    if zero is None or not spec:
-        return None
-    best = max(spec, key=lambda p: p["tokens_per_s"])
-    if zero["tokens_per_s"] >= STEPS_GAIN * best["tokens_per_s"]:
+    k, pts, _, zero, best = zb
+    if zero.get("basis") != "estimate" or zero["tokens_per_s"] >= STEPS_GAIN * best["tokens_per_s"]:
         return None  # speculation-slower (predicted)
-    reach = zero["tokens_per_s"] * (1 + zero.get("spread", 0))
-    if reach < best["tokens_per_s"]:
+    if zero["tokens_per_s"] * (1 + zero.get("spread", 0)) < best["tokens_per_s"]:
         return None
     gain = (best["tokens_per_s"] / zero["tokens_per_s"] - 1) * 100
-    ev = [_model_ev(f, pts, [0, k, best["steps"]])]
-    ev += [evidence("model", n) for n in (f.model or {}).get("predict_notes") or () if n.startswith("estimate")]
+    ev = _zero_ev(f, pts, k, best)
     nxt = "measure the baseline: " + baseline_next(f, [best["steps"], k])
     return Finding("speculation-unproven", "medium",
                    f"predicted: speculation may not pay here: the best step count, {best['steps']}, "
@@ -132,6 +114,34 @@ def _model(f: ServerFacts) -> tuple[int, list[dict[str, Any]], dict[str, Any]] |
     if not pts or here is None or not here.get("tokens_per_s"):
         return None
     return k, pts, here
+
+
+def _measured_baseline(f: ServerFacts) -> int | None:
+    """The index of the baseline point of this server's kept sweep, when it ran; else None."""
+    sw = f.sweep or {}
+    b = sw.get("baseline")
+    pts = sw.get("points") or []
+    return b if b is not None and b < len(pts) and pts[b].get("status") == "ok" else None
+
+
+def _zero_and_best(f: ServerFacts) -> tuple[int, list[dict[str, Any]], dict[str, Any], dict[str, Any],
+                                            dict[str, Any]] | None:
+    """``(k, points, the point at k, no speculation's point, the best step count's point)`` of the model."""
+    m = _model(f)
+    if m is None:
+        return None
+    k, pts, here = m
+    zero = next((p for p in pts if p["steps"] == 0), None)
+    spec = [p for p in pts if p["steps"] >= 1]
+    if zero is None or not spec:
+        return None
+    return k, pts, here, zero, max(spec, key=lambda p: p["tokens_per_s"])
+
+
+def _zero_ev(f: ServerFacts, pts: Sequence[dict[str, Any]], k: int, best: dict[str, Any]) -> list[dict[str, Any]]:
+    """The model's figures for no speculation, ``k`` and the best step count, and what the estimate rests on."""
+    return [_model_ev(f, pts, [0, k, best["steps"]])] + [
+        evidence("model", n) for n in (f.model or {}).get("predict_notes") or () if n.startswith("estimate")]
 
 
 def _model_ev(f: ServerFacts, pts: Sequence[dict[str, Any]], shown: Sequence[int]) -> dict[str, Any]:
