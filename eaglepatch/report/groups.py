@@ -6,10 +6,13 @@ it; ``finish_group`` turns it into a ``GroupStats`` (exact percentiles), ``merge
 from __future__ import annotations
 
 import math
+import struct
+import sys
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import Counter
-from itertools import accumulate
+from itertools import accumulate, count
+from operator import add, itemgetter
 from typing import Any, Sequence
 
 from eaglepatch.report.model import Acceptance, BetweenStats, GroupStats, PhaseStats, Stats
@@ -142,22 +145,130 @@ def ordered(values: array) -> Sequence[float]:
     return sorted(values)
 
 
+class _Picked:
+    """Some positions of a sorted sequence (``select``), indexable like it at those positions."""
+
+    __slots__ = ("values", "n")
+
+    def __init__(self, values: dict[int, float], n: int):
+        self.values = values
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> float:
+        return self.values[i]
+
+
+_QS = (50, 90, 99)  # the percentiles of a series' Stats (p50, p90, p99)
+_SAMPLE = 1 << 15  # values in select's sample, about: every (n // _SAMPLE)-th value, but every 5th to 32nd
+_SIGMAS = 4.5  # select's margin around a position's estimate, in standard deviations of the sample's rank
+_TOP = 0.985  # positions this high share the max's window (open above)
+_PASS_CHUNK = 1 << 13  # values select compares at a time: their ints stay in the processor's cache
+_pack_f32 = struct.Struct("=f").pack
+_unpack_u32 = struct.Struct("=I").unpack
+
+
+def _positions(n: int) -> list[int]:
+    """The positions of the sorted series that ``percentile`` reads for ``_QS`` (its arithmetic), and the max's."""
+    out = {n - 1}
+    for q in _QS:
+        lo = max(0, math.floor((n - 1) * (q / 100.0)))
+        out.update((lo, lo + 1) if lo < n - 1 else (n - 1,))
+    return sorted(out)
+
+
+def select(values: array, positions: list[int]) -> dict[int, float] | None:
+    """The values at ``positions`` (ascending) of ``sorted(values)``, an ``array('f')``, exactly as ``ordered``
+    gives them; None where this way cannot vouch for them (a negative value, a sample far off): then ``ordered``.
+
+    Only a few order statistics are needed (the percentiles' and the max), so instead of counting or ordering a
+    million values: a sorted sample (about ``_SAMPLE`` values, evenly spaced) says about where each position's
+    value lies; one pass over the values counts, exactly, those below a window of values around each estimate
+    and marks those inside (a few percent of all), and only these are sorted. A position that its window turns
+    out not to hold gives None. The pass compares thousands of values at a time, as one big int: the bits of a
+    float32 that is not negative, read as an unsigned int, order as the float does; with its sign bit (clear)
+    set as a guard, a value's 32-bit field minus ``t`` keeps the guard exactly where the value's bits are at
+    least ``t``, and no borrow crosses into the next field.
+    """
+    n = len(values)
+    if values.typecode != "f" or values.itemsize != 4 or sys.byteorder != "little":
+        return None
+    sample = sorted(values[:: min(32, max(5, n // _SAMPLE))])
+    s = len(sample)
+    wins: list[list[Any]] = []  # [low value, high value, positions]: disjoint, ascending
+    for p in positions:
+        q = p / n
+        w = int(_SIGMAS * math.sqrt(s * q * (1.0 - q))) + 8
+        lo, hi = p * s // n - w, s if p >= _TOP * n else (p + 1) * s // n + w
+        low = sample[lo] if lo > 0 else 0.0
+        high = sample[hi] if hi < s else math.inf  # the max's window: up to inf
+        if wins and low <= wins[-1][1]:  # windows that overlap, or meet at a value, are one
+            wins[-1][1] = max(wins[-1][1], high)
+            wins[-1][2].append(p)
+        else:
+            wins.append([low, high, [p]])
+    if not all(w[0] <= w[1] for w in wins) or not all(a[1] < b[0] for a, b in zip(wins, wins[1:])):
+        return None  # a NaN in the sample (no log holds one: JSON has none); one in the values fails the checks below
+    if sum(bisect_right(sample, hi) - bisect_left(sample, lo) for lo, hi, _ps in wins) * 8 > s:
+        return None  # windows of many equal values: counting them (ordered) is quicker than sorting them
+    # each window as float32 bits: at least its low value's, below its high value's plus one
+    cuts = [(_unpack_u32(_pack_f32(lo))[0], _unpack_u32(_pack_f32(hi))[0] + 1) for lo, hi, _ps in wins]
+    below = [0] * len(wins)  # values below each window
+    marks: list[bytes] = []  # a byte per value: 0x80 inside a window
+    data = memoryview(values).cast("B")
+    size = 0
+    for start in range(0, 4 * n, 4 * _PASS_CHUNK):
+        part = data[start : start + 4 * _PASS_CHUNK]
+        if len(part) != size:  # the first chunk, and a shorter last one
+            size = len(part)
+            m = size >> 2
+            guard = int.from_bytes(b"\0\0\0\x80" * m, "little")  # the sign bit of each value
+            ones = guard >> 31
+            ts = [(lo * ones, hi * ones) for lo, hi in cuts]  # each threshold in every field
+        x = int.from_bytes(part, "little")
+        if x & guard:
+            return None  # a negative value (or -0.0): its bits do not order as the floats do
+        x |= guard
+        inside = 0
+        for i, (lo, hi) in enumerate(ts):
+            ge = (x - lo) & guard  # the guard bits left: values at least the window's low value
+            below[i] += m - ge.bit_count()
+            inside ^= ge ^ ((x - hi) & guard)  # at least the low value but not above the high one (disjoint)
+        marks.append(inside.to_bytes(size, "little")[3::4])
+    # the k-th value inside a window is at k plus the number of values outside before it
+    gaps = b"".join(marks).split(b"\x80")
+    gaps.pop()
+    where = list(map(add, accumulate(map(len, gaps)), count()))
+    if not 1 < len(where) <= n // 8:
+        return None  # a sample unlike the values (a period of the data that the step meets): counting is quicker
+    kept = sorted(itemgetter(*where)(values))
+    out: dict[int, float] = {}
+    total = 0
+    for (lo, hi, ps), b in zip(wins, below):
+        first = bisect_left(kept, lo)
+        k = bisect_right(kept, hi) - first
+        total += k
+        for p in ps:
+            if not 0 <= p - b < k:
+                return None  # the sample was off by more than the margin: the position is outside its window
+            out[p] = kept[first + p - b]
+    return out if total == len(kept) else None
+
+
 def _series_stats(values: array) -> Stats | None:
     """Stats of one series; ``None`` when empty."""
     n = len(values)
     if n == 0:
         return None
     total = math.fsum(values)
-    s = ordered(values)
-    return Stats(
-        n=n,
-        mean=total / n,
-        p50=percentile(s, 50),  # type: ignore[arg-type]
-        p90=percentile(s, 90),  # type: ignore[arg-type]
-        p99=percentile(s, 99),  # type: ignore[arg-type]
-        max=float(s[n - 1]),
-        total=total,
-    )
+    # a long series: only the positions that the percentiles and the max read (select), else all in order
+    picked = select(values, _positions(n)) if n >= _COUNT_MIN and isinstance(values, array) else None
+    s = ordered(values) if picked is None else _Picked(picked, n)
+    p50, p90, p99 = (percentile(s, q) for q in _QS)  # type: ignore[arg-type]
+    return Stats(n=n, mean=total / n, p50=p50, p90=p90, p99=p99, max=float(s[n - 1]),  # type: ignore[arg-type]
+                 total=total)
 
 
 def finish_group(g: Acc, key: tuple[tuple[str, Any], ...], run: str | None) -> GroupStats:
