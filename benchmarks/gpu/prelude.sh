@@ -1,6 +1,7 @@
 # Sourced by the GPU stories' scripts (run from the checkout root on the H200 machine, with .gpu/, the testbed's
-# bundle, and .whl/, the wheels of eaglepatch and libcst for Python 3.12, carried along): the environment, the
-# bundle unpacked in /tmp/site (sglang importable, no server yet), eaglepatch installed in /tmp/ep, and
+# bundle, and .whl/, the wheels of libcst and (optionally: else this checkout's source) eaglepatch for Python 3.12,
+# carried along): the environment, the bundle unpacked in /tmp/site (sglang importable, no server yet), eaglepatch
+# installed in /tmp/ep, and
 # run_story NAME [ARG...]: runs benchmarks/gpu/NAME.py within BUDGET seconds of T0, then puts NAME.json, the server
 # logs and the timing logs where they come back ($OUT/NAME.json, $OUT/more.tgz), and exits with the story's code.
 set -uo pipefail
@@ -13,6 +14,9 @@ mkdir -p "$OUT/more"
 PHASES= CACHE_OUT=0 OUT="$OUT/more" bash .gpu/run_real.sh > "$OUT/more/setup.log" 2>&1 || { tail -30 "$OUT/more/setup.log"; exit 2; }
 tail -3 "$OUT/more/setup.log"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ep .whl/*.whl || exit 3
+if [ ! -d /tmp/ep/eaglepatch ]; then  # no eaglepatch wheel carried (it counts against the 64 MiB): this checkout's
+  cp -r eaglepatch /tmp/ep/ && cp -r patches /tmp/ep/eaglepatch/patches || exit 3  # patches/ is eaglepatch.patches
+fi
 echo "eaglepatch installed at $(( $(date +%s) - T0 ))s"
 
 run_story() {
