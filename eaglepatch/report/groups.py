@@ -170,13 +170,28 @@ _pack_f32 = struct.Struct("=f").pack
 _unpack_u32 = struct.Struct("=I").unpack
 
 
+class _Reads:
+    """A sorted sequence of length ``n`` that only notes which positions are read (``_positions``)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.read = {n - 1}  # the max's
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> float:
+        self.read.add(i)
+        return 0.0
+
+
 def _positions(n: int) -> list[int]:
-    """The positions of the sorted series that ``percentile`` reads for ``_QS`` (its arithmetic), and the max's."""
-    out = {n - 1}
+    """The positions of a sorted series of ``n`` values that ``percentile`` reads for ``_QS``, and the max's: asked of
+    ``percentile`` itself, so that its arithmetic is written once."""
+    r = _Reads(n)
     for q in _QS:
-        lo = max(0, math.floor((n - 1) * (q / 100.0)))
-        out.update((lo, lo + 1) if lo < n - 1 else (n - 1,))
-    return sorted(out)
+        percentile(r, q)  # type: ignore[arg-type]
+    return sorted(r.read)
 
 
 def select(values: array, positions: list[int]) -> dict[int, float] | None:
