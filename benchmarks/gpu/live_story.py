@@ -38,7 +38,7 @@ sglang.
 Usage: ``python3 live_story.py [STAGE]`` (STAGE: auto (default), live, restart, deploy). Env: STAGES (the stages
 this call may run, in order: default live,restart,deploy; e.g. live,deploy leaves the restart sweep out), OUT, T0, BUDGET
 (seconds from T0, default 520), PREV, LIVE_MODELS, LIVE_P, LIVE_MAKE, LIVE_SHAPE, START, GRID (0,1,3,5), ROUNDS (3), WINDOW
-(12), CONC (4), MAX_NEW (128), REQUESTS (48: the restart sweep's and the deploy benches' requests, about as
+(12), RESTART_GRID (the restart sweep's step counts: GRID's but 0), CONC (4), MAX_NEW (128), REQUESTS (48: the restart sweep's and the deploy benches' requests, about as
 long as a window), REPEAT (3), BASELINE (1: the restart sweep's --baseline; 0 leaves its three launches out),
 KEEP_BEST (1: the restart sweep's --keep-best, so that no launch puts its start back and deploy benches the best
 point as the sweep left it, when that happens in the same call), LAUNCH_S (150: seconds a launch and its bench take
@@ -78,7 +78,7 @@ KEEP_BEST = os.environ.get("KEEP_BEST", "1") == "1"  # --keep-best: no launch to
 PY = sys.executable
 LOG_DIR = "/tmp/eplogs"
 LIVE_STEPS = ",".join(str(s) for s in STEPS)
-STATIC_STEPS = ",".join(str(s) for s in STEPS if s > 0)
+STATIC_STEPS = os.environ.get("RESTART_GRID") or ",".join(str(s) for s in STEPS if s > 0)  # the restart sweep's
 LOAD = ["--concurrency", CONC, "--max-new-tokens", MAX_NEW, "--warmup", "2", "--log-wait", "4"]
 LAUNCH_S = float(os.environ.get("LAUNCH_S", "150"))  # a launch with its bench, at worst (cold caches: 145 s)
 
@@ -120,7 +120,8 @@ call: dict = {"stage": STAGE, "t0": T0, "steps": []}
 story["calls"].append(call)
 story["config"] = {"models": str(MODELS), "p": P, "start": START, "grid": STEPS, "rounds": int(ROUNDS),
                    "window_s": float(WINDOW), "concurrency": int(CONC), "max_new_tokens": int(MAX_NEW),
-                   "requests": int(REQUESTS), "repeat": int(REPEAT)}
+                   "requests": int(REQUESTS), "repeat": int(REPEAT),
+                   "restart_grid": [int(x) for x in STATIC_STEPS.split(",")], "baseline": BASELINE}
 
 
 def log(msg: str) -> None:

@@ -110,6 +110,10 @@ def test_a_live_sweep_measures_every_step_count_in_one_launch_and_puts_the_serve
     # the records of the windows say the state each cycle ran in, pinned
     pinned = [x for x in records(logs) if (x.get("spec") or {}).get("pinned")]
     assert {x["spec"]["steps"] for x in pinned} == {0, 1, 3, 7}
+    # before the first window, every point's state ran pinned (the warm-up), outside every window
+    first = min(s["window"][0] for s in state if s["kind"] == "run")
+    assert {x["spec"]["steps"] for x in pinned if x["t"] < first} == {0, 1, 3, 7}
+    assert "warm-up of each state: 1 s" in r.err
     assert "<svg" in chart.read_text() and "windows of 1 s inside one server" in chart.read_text()
     # the emitted config: the release's format, the launch flags that deploy it, and a server launched with them
     # 3 steps measured best of the grid (3.2 tokens in a 13 ms cycle); the acceptance model of the 7-step windows

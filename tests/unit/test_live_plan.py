@@ -208,3 +208,10 @@ def test_the_models_figures_per_batch_size_from_a_windows_pinned_groups():
         {"mode": "prefill", "key": {"bs": 1}, "n": 50},
     ]
     assert lv.bs_predictions(groups, 5) == {1: {1: [200.0, 0.1, "profile"], 5: [250.0, 0.1, "measured"]}}
+
+
+@pytest.mark.parametrize("window, seconds", [(0.5, 0.5), (1, 1), (4, 2), (8, 2), (20, 5), (60, 15)])
+def test_each_state_is_warmed_up_a_quarter_window_at_least_2_s_at_most_the_window(window, seconds):
+    from eaglepatch.tuning.drive_live import warm_seconds
+
+    assert warm_seconds(window) == seconds
