@@ -120,12 +120,18 @@ def main(story_path: str, logs_tgz: str) -> None:
                 for k, v in launches.items() if k is not None}
     live_med = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in live.items()}
     top = max(measured)
-    targets = sorted(k for k in measured if k != top)
-    heads = [f"{k} step{'s' if k > 1 else ''} predicted: vs restart bs {BS} wall {measured[k]['wall']:.0f} / client "
-             f"{measured[k]['client']:.0f}" + (f" / live {live_med[k]:.0f}" if live else "") for k in targets]
+    # the other step counts: the restart sweep's, and the live sweep's states (its 0 is not a plain server)
+    targets = sorted(k for k in {*measured, *live_med} if k not in (top, 0))
+
+    def head(k: int) -> str:
+        vs = ([f"restart bs {BS} wall {measured[k]['wall']:.0f} / client {measured[k]['client']:.0f}"]
+              if k in measured else []) + ([f"live {live_med[k]:.0f}"] if k in live_med else [])
+        return f"{k} step{'s' if k > 1 else ''} predicted: vs " + " / ".join(vs)
+
+    heads = [head(k) for k in targets]
     if baseline:  # the no-speculation point against the sweep's baseline launches (client tok/s)
         heads.append(f"no speculation predicted (spread): vs the baseline's client {statistics.median(baseline):.0f}")
-    print(f"| from one {top}-step run | its bs {BS} wall tok/s | " + " | ".join(heads) + " | predicted best (basis) |")
+    print(f"| from one {top}-step run | its bs {BS} wall tok/s | " + " | ".join(heads) + " | predicted best (basis): tok/s ± spread, and at the run's own steps |")
     print("|---|---|" + "---|" * len(heads) + "---|")
     sources = [(f"restart launch {i + 1}", L["res"]) for i, L in enumerate(launches[top])]
     for i, r in enumerate(live.get(top, [])):
@@ -140,13 +146,17 @@ def main(story_path: str, logs_tgz: str) -> None:
         cells = []
         for k in targets:
             p = pts[k].tokens_per_s
-            cells.append(f"{p:.0f} ({(p / measured[k]['wall'] - 1) * 100:+.1f}% / {(p / measured[k]['client'] - 1) * 100:+.1f}%"
-                         + (f" / {(p / live_med[k] - 1) * 100:+.1f}%)" if live else ")"))
+            vs = ([measured[k]["wall"], measured[k]["client"]] if k in measured else []) + (
+                [live_med[k]] if k in live_med else [])
+            cells.append(f"{p:.0f} (" + " / ".join(f"{(p / m - 1) * 100:+.1f}%" for m in vs) + ")")
         if baseline:
             b, m = pts[0], statistics.median(baseline)
             cells.append(f"{b.tokens_per_s:.0f} (±{b.spread * 100:.0f}%, {b.basis}): {(b.tokens_per_s / m - 1) * 100:+.1f}%")
         best = max(pts.values(), key=lambda p: p.tokens_per_s)
-        print(f"| {name} | {g.wall_tokens_per_s:.0f} | " + " | ".join(cells) + f" | {best.steps} ({best.basis}) |")
+        at_top = pts[top]
+        print(f"| {name} | {g.wall_tokens_per_s:.0f} | " + " | ".join(cells) + f" | {best.steps} ({best.basis}): "
+              f"{best.tokens_per_s:.0f} ±{best.spread * 100:.1f}%, {top} steps {at_top.tokens_per_s:.0f} "
+              f"±{at_top.spread * 100:.1f}% |")
     print()
     print("| steps | restart launches: bs 4 wall tok/s (time order) | client tok/s | wall / client |")
     print("|---|---|---|---|")
