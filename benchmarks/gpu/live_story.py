@@ -38,8 +38,8 @@ sglang.
 Usage: ``python3 live_story.py [STAGE]`` (STAGE: auto (default), live, restart, deploy). Env: STAGES (the stages
 this call may run, in order: default live,restart,deploy; e.g. live,deploy leaves the restart sweep out), OUT, T0, BUDGET
 (seconds from T0, default 520), PREV, LIVE_MODELS, LIVE_P, LIVE_MAKE, LIVE_SHAPE, START, GRID (0,1,3,5), ROUNDS (3), WINDOW
-(12), RESTART_GRID (the restart sweep's step counts: GRID's but 0), CONC (4), MAX_NEW (128), REQUESTS (48: the restart sweep's and the deploy benches' requests, about as
-long as a window), REPEAT (3), BASELINE (1: the restart sweep's --baseline; 0 leaves its three launches out),
+(12), RESTART_GRID (the restart sweep's step counts: GRID's but 0), CONC (4), MAX_NEW (128), REQUESTS (48: the
+restart sweep's and the deploy benches' requests, about as long as a window), REPEAT (3), BASELINE (1: the restart sweep's --baseline; 0 leaves its three launches out),
 KEEP_BEST (1: the restart sweep's --keep-best, so that no launch puts its start back and deploy benches the best
 point as the sweep left it, when that happens in the same call), LAUNCH_S (150: seconds a launch and its bench take
 at worst, to decide whether a stage can begin), REHEARSAL.
