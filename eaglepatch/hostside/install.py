@@ -94,7 +94,17 @@ def _port_of(srv):
     return parse_server_args(srv["argv"][srv["args_index"]:])["port"]
 
 
-ENTRY_PATTERN = r"def (forward_batch_generation|forward_batch_speculative_generation)\b"
+ENTRY_NAMES = ("forward_batch_generation", "forward_batch_speculative_generation")
+
+
+def worker_text(entries):
+    """Whether a file's text is a worker file's: it defines one of the methods ``entries`` (``def NAME``, a word
+    after it), or it begins with a class definition. The definition is one search whose pattern begins with a
+    literal ("def "), which the re module scans for quickly: with the class test inside the same pattern, as an
+    alternation, the search took 20-26 ms of the facts request over 0.5.16's 53 speculative files, 1-2 ms so."""
+    defs = re.compile(r"def (%s)\b" % "|".join(re.escape(n) for n in sorted(entries)))
+    cls = re.compile(r"class \w+\(")
+    return lambda text: defs.search(text) is not None or cls.match(text) is not None
 
 
 def facts_scan_servers():
@@ -151,13 +161,13 @@ def facts_take_lock(spec, lock):
                     "ttl": lock.get("ttl", 7200), "dead_pids": []})
 
 
-def facts_worker_files(pkg, spec, pattern):
-    """The worker files under ``spec``: each ``*.py`` whose text matches ``pattern`` (an entry method or a class),
+def facts_worker_files(pkg, spec, entries):
+    """The worker files under ``spec``: each ``*.py`` whose text defines one of the methods ``entries`` (``worker_text``),
     in sorted order, folders too; never the runtime module, a temp file, ``__pycache__`` or the backups. Each
     with its bytes (base64), sha256, mode, owner and mtime; ``path`` relative to the package's parent
     (sglang/srt/...). A file that cannot be read is left out."""
     files = []
-    entry_re = re.compile(pattern)
+    is_worker = worker_text(entries)
     if not os.path.isdir(spec):
         return files
     for root, dirs, names in os.walk(spec):
@@ -170,7 +180,7 @@ def facts_worker_files(pkg, spec, pattern):
                 data = read_file(path)
             except OSError:
                 continue
-            if not entry_re.search(data.decode("utf-8", "replace")):
+            if not is_worker(data.decode("utf-8", "replace")):
                 continue
             st = os.stat(path)
             files.append(
@@ -268,7 +278,7 @@ def op_facts(payload):
     taken = facts_take_lock(spec, payload.get("lock"))
     if taken is not None:
         out["lock_result"] = taken
-    out["files"] = facts_worker_files(pkg, spec, payload.get("pattern", ENTRY_PATTERN))
+    out["files"] = facts_worker_files(pkg, spec, payload.get("entries") or ENTRY_NAMES)
     backup_dir = os.path.join(spec, BACKUP_DIRNAME)
     manifest_path = os.path.join(backup_dir, "manifest.json")
     out["backup_dir"] = backup_dir

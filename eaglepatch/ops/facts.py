@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import re
 from typing import Any, Sequence
 
 from eaglepatch.errors import Unsupported, UsageError
@@ -114,10 +113,9 @@ def gather(host: Host, opts: FactsOptions, entry_names: Sequence[str],
            lock_owner: dict[str, Any] | None = None, ttl: float = 7200) -> HostFacts:
     """Read the target's facts in one round trip, taking the install's lock in it when ``lock_owner`` is given
     (``Session.lock`` then checks the outcome); raises ``Unsupported`` when there is no sglang."""
-    pattern = r"def (" + "|".join(re.escape(n) for n in sorted(entry_names)) + r")\b|^class \w+\("
     lock = {"owner": lock_owner, "ttl": ttl} if lock_owner else None
     raw = call(host, opts.python or "python3", "facts", python=opts.python, sglang_path=opts.sglang_path,
-               pattern=pattern, lock=lock)
+               entries=sorted(entry_names), lock=lock)
     if raw.get("ambiguous"):  # AmbiguousInstall: a UsageError
         listing = "; ".join(f"{a['package_dir']} (" + ", ".join(f"pid {s['pid']} on :{s['port']}"
                                                                   for s in a["servers"]) + ")"

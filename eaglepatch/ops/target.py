@@ -12,7 +12,7 @@ from eaglepatch.errors import UsageError
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.spec import SSHOptions, TargetSpec
 from eaglepatch.hosts.target import open_host, parse_target
-from eaglepatch.ops import lazy_engine
+from eaglepatch.ops import lazy_engine, transform_cache
 from eaglepatch.ops.facts import HostFacts, gather
 from eaglepatch.ops.options import FactsOptions
 from eaglepatch.transform.recipe import Recipe
@@ -71,7 +71,8 @@ class Target:
 def target_facts(t: Target, recipe: Recipe, lock_owner: dict[str, Any] | None = None,
                  transform: bool = True) -> HostFacts:
     """The target's facts; with ``transform`` (the command goes on to analyse or instrument the files), the
-    transform's import runs meanwhile, while the round trip waits on the host."""
-    if transform:
+    transform's import runs meanwhile, while the round trip waits on the host, unless the client's cache of its
+    results is likely to hold them all (``transform_cache.expects_hits``)."""
+    if transform and not transform_cache.expects_hits(recipe):
         lazy_engine.preload_transform()
     return gather(t.host, t.facts_opts, sorted(recipe.entry_names), lock_owner=lock_owner)

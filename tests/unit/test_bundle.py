@@ -35,11 +35,12 @@ def test_the_bundle_answers_an_op_where_eaglepatch_is_not_installed(tmp_path):
 
 
 def test_every_module_of_the_package_is_in_the_bundle_and_imported_from_it(tmp_path):
-    """Each file of eaglepatch/hostside/ is a module of the bundle; the entry imports them all (the dispatch table),
+    """Each file of eaglepatch/hostside/ is a module of the bundle; the ops of the dispatch table import them all,
     each under its own file name, from the bundle, not from a file on disk."""
     files = sorted(p.stem for p in HOSTSIDE.glob("*.py") if p.stem != "__init__")
     assert set(bundle.sources()) == {"eaglepatch.hostside"} | {"eaglepatch.hostside." + f for f in files}
-    tail = ("import json, sys\nprint(json.dumps({n: getattr(m, '__file__', None) for n, m in sys.modules.items() "
+    tail = ("import json, sys\nfrom eaglepatch.hostside.main import OPS, op\nfor name in OPS:\n    op(name)\n"
+            "print(json.dumps({n: getattr(m, '__file__', None) for n, m in sys.modules.items() "
             "if n.startswith('eaglepatch')}))\n")
     out = run_bare(bundle.program(), tail, tmp_path)
     assert out.returncode == 0, out.stderr

@@ -16,6 +16,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import socket
 import stat
 import sys
@@ -172,14 +173,32 @@ def test_worker_files_are_the_entry_files_and_nothing_eaglepatch_made(inst: Inst
     (spec / "__pycache__" / "cached.py").write_bytes(V1)
     inst.backup_dir.mkdir()
     (inst.backup_dir / "kept.py").write_bytes(V1)
-    files = install.facts_worker_files(str(inst.pkg), str(spec), install.ENTRY_PATTERN)
+    files = install.facts_worker_files(str(inst.pkg), str(spec), install.ENTRY_NAMES)
     assert [f["path"] for f in files] == ["sglang/srt/speculative/eagle_worker.py",
                                           "sglang/srt/speculative/sub/ngram_worker.py"]
     first = files[0]
     assert base64.b64decode(first["data"]) == V1 and first["sha256"] == sha(V1)
     assert first["abs"] == str(inst.worker) and stat.S_IMODE(first["mode"]) == 0o640
     assert first["mtime"] == inst.worker.stat().st_mtime
-    assert install.facts_worker_files(str(inst.pkg), str(spec / "nowhere"), install.ENTRY_PATTERN) == []
+    assert install.facts_worker_files(str(inst.pkg), str(spec / "nowhere"), install.ENTRY_NAMES) == []
+
+
+@pytest.mark.parametrize("text", [
+    "import torch\nclass W:\n    def forward_batch_generation(self, batch):\n        pass\n",
+    "class W(Base):\n    pass\n",  # begins with a class definition
+    "x = 1\nclass W(Base):\n    pass\n",  # a class further down: not by itself
+    "def forward_batch_generation_v2(self):\n    pass\n",  # another name that begins with the entry's
+    "def forward_batch_generationé(self):\n",  # a word character beyond ASCII after it
+    "    def forward_batch_speculative_generation (self):\n",
+    "# def forward_batch_generation\n",  # a comment still reads as one (as ever: the transform decides)
+    "class  W(x)\n", "", "def helper():\n    pass\n",
+])
+def test_a_worker_file_is_told_as_the_one_alternation_told_it(text: str) -> None:
+    """``worker_text`` is the search the facts request made before, ``def (NAMES)\\b|^class \\w+\\(`` in one
+    pattern, split so that the re module can scan for its literal prefix: the same answer on every text."""
+    names = ["forward_batch_generation", "forward_batch_speculative_generation"]
+    before = re.compile(r"def (" + "|".join(re.escape(n) for n in sorted(names)) + r")\b|^class \w+\(")
+    assert install.worker_text(names)(text) == (before.search(text) is not None)
 
 
 def test_the_manifest_and_the_backups_it_names(inst: Install) -> None:
@@ -279,7 +298,7 @@ def test_op_facts_answers_from_its_steps(inst: Install, monkeypatch: pytest.Monk
     in the same request (and then read back), and the paths the planner uses."""
     monkeypatch.setattr(install, "op_scan", lambda payload: {"servers": []})
     answer = install.op_facts({"sglang_path": str(inst.root), "lock": {"owner": OWNER, "ttl": 7200},
-                              "pattern": r"def (forward_batch_generation)\b|^class \w+\("})
+                              "entries": ["forward_batch_generation"]})
     spec = str(inst.spec.resolve())
     assert list(answer) == ["hostname", "self_python", "servers", "user", "euid", "other_servers", "python",
                             "package_dir", "version", "spec_dir", "lock_result", "files", "backup_dir",

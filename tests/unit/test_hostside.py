@@ -3,6 +3,7 @@ answer through the one agent; its log tail."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 from eaglepatch.hosts.agent import call
@@ -130,3 +131,28 @@ def test_a_scan_that_settles_says_when_a_relaunch_of_the_port_still_runs(tmp_pat
         assert op_scan({"settle": {"port": 9, "log_path": log, "wait": 0.2}})["unsettled"] is True
     finally:
         os.close(held)
+
+
+def test_an_op_module_is_compiled_on_the_host_by_the_first_request_that_needs_it():
+    """The program as the host runs it (``python -S``, the bundle's finder): starting it imports no op's module;
+    the facts and execute requests of an apply or a revert import theirs and never doctor, live, logs or probe;
+    every op named in OPS answers with a function."""
+    import subprocess
+
+    from eaglepatch.hosts.bundle import program
+
+    tail = '''
+import json
+mods = lambda: sorted(m.rsplit(".", 1)[1] for m in sys.modules if m.startswith("eaglepatch.hostside."))
+seen = [mods()]
+from eaglepatch.hostside.main import OPS, op
+op("facts"); op("execute"); seen.append(mods())
+assert all(callable(op(name)) for name in OPS)
+seen.append(mods())
+print(json.dumps(seen))
+'''
+    out = subprocess.run([sys.executable, "-S", "-c", program() + tail], capture_output=True, text=True, check=True)
+    start, apply_revert, every = json.loads(out.stdout)
+    assert start == ["main"]
+    assert {"install", "execute"} <= set(apply_revert) and not {"doctor", "live", "logs", "probe"} & set(apply_revert)
+    assert {"doctor", "live", "logs", "probe", "control"} <= set(every)

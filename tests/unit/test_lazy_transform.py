@@ -5,6 +5,7 @@ the facts round trip waits on the host."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,8 +14,9 @@ from pathlib import Path
 from transform_cases import V1_BEFORE
 
 
-def _run(code: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
+def _run(code: str, env: dict | None = None) -> dict:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
+                         env=None if env is None else {**os.environ, **env})
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -49,7 +51,11 @@ def test_the_transforms_light_modules_do_not_import_libcst():
 
 
 def test_apply_imports_it_on_its_own_thread_and_revert_not_at_all(tmp_path):
+    """A client whose cache holds no result of this transform: apply imports it on a thread while the facts round
+    trip waits; revert never. Then the same release applied again (a tuning loop): every result is in the cache,
+    and the transform is neither preloaded nor imported."""
     pkg = _tree(tmp_path)
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
     original = (pkg / "srt" / "speculative" / "eagle_worker.py").read_bytes()
     code = """
         import json, sys, threading
@@ -67,12 +73,19 @@ def test_apply_imports_it_on_its_own_thread_and_revert_not_at_all(tmp_path):
         doc = getattr(change, %r)(target.target_spec(%r, c), c, builtin_recipe(), *%s, say)
         print(json.dumps({"changed": doc["changed"], "libcst": "libcst" in sys.modules, "loaders": len(loaders)}))
     """
-    applied = _run(code % ("apply", str(pkg), "[options.RuntimeOptions(), None, False]"))
+    applied = _run(code % ("apply", str(pkg), "[options.RuntimeOptions(), None, False]"), env)
     assert applied == {"changed": True, "libcst": True, "loaders": 1}
-    assert (pkg / "srt" / "speculative" / "eagle_worker.py").read_bytes() != original
-    reverted = _run(code % ("revert", str(pkg), "[False, None]"))
+    patched = (pkg / "srt" / "speculative" / "eagle_worker.py").read_bytes()
+    assert patched != original
+    reverted = _run(code % ("revert", str(pkg), "[False, None]"), env)
     assert reverted == {"changed": True, "libcst": False, "loaders": 0}
     assert (pkg / "srt" / "speculative" / "eagle_worker.py").read_bytes() == original
+    again = _run(code % ("apply", str(pkg), "[options.RuntimeOptions(), None, False]"), env)
+    assert again == {"changed": True, "libcst": False, "loaders": 0}
+    assert (pkg / "srt" / "speculative" / "eagle_worker.py").read_bytes() == patched
+    off = _run(code % ("revert", str(pkg), "[False, None]"), env)["changed"] and _run(
+        code % ("apply", str(pkg), "[options.RuntimeOptions(), None, False]"), {**env, "EAGLEPATCH_TRANSFORM_CACHE": "0"})
+    assert off == {"changed": True, "libcst": True, "loaders": 1}  # the cache turned off: no hits to expect
 
 
 def test_preload_then_use_imports_once():

@@ -4,6 +4,7 @@ together (another text, a changed output, a foreign file) is a miss."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -155,3 +156,14 @@ def test_an_apply_whose_files_are_all_cached_needs_no_transform(sglang_release, 
 
     monkeypatch.setattr(lazy_engine, "engine", no_transform)
     assert plan_apply(facts, recipe, RuntimeOptions(), now=0.0) == first
+
+
+def test_hits_are_expected_once_a_result_of_this_transform_and_recipe_is_kept(recipe, cache, calls, monkeypatch):
+    """``expects_hits``: not on a client that kept nothing, yes once a result of this recipe is kept, not for
+    another recipe, not with the cache turned off."""
+    assert transform_cache.expects_hits(recipe) is False
+    transform_cache.instrument("x = 1\n", "f.py", recipe)
+    assert transform_cache.expects_hits(recipe) is True
+    assert transform_cache.expects_hits(dataclasses.replace(recipe, source="another recipe")) is False
+    monkeypatch.setenv("EAGLEPATCH_TRANSFORM_CACHE", "0")
+    assert transform_cache.expects_hits(recipe) is False
