@@ -21,7 +21,7 @@ from typing import Any, Callable, NoReturn
 from eaglepatch import progress
 from eaglepatch.errors import EaglepatchError, HelperFailed, Unsupported
 from eaglepatch.failpoints import failpoint
-from eaglepatch.hosts import bundle
+from eaglepatch.hosts import bundle, interpreters
 from eaglepatch.hosts.base import (
     MAX_ANSWER,
     MAX_FRAME,
@@ -180,8 +180,12 @@ class PythonAgent:
     that making it overlaps the interpreter's start on the host.
     """
 
-    def __init__(self, host: Host, python: str, program: Program):
+    def __init__(self, host: Host, python: str, program: Program, kept: str | None = None):
         self.host, self.python, self.program = host, python, program
+        #: the binary ``python`` started as last time on this host (``hosts.interpreters``), started instead of it
+        self.kept = kept
+        self._from_kept = False  # this process is that binary
+        self._first_payload: Any = None  # the request that started the process (sent again to a plain start)
         self.proc: HostProcess | None = None
         self.info: dict[str, Any] | None = None  # pid, exe (sys.executable), real (its realpath)
         self.dead = False
@@ -206,7 +210,25 @@ class PythonAgent:
     def _call(self, payload: Any, timeout: float | None) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout
         self._send(payload, deadline)
-        return self._attachments(self._receive(deadline), deadline)
+        answer = self._receive(deadline)
+        result = answer.get("result")
+        if self._from_kept and isinstance(result, dict) and result.get("need_plain"):
+            # the answer would depend on which interpreter ``python`` is now: ask it of that one
+            self._start_plain()
+            self._send(payload, deadline)
+            answer = self._receive(deadline)
+        return self._attachments(answer, deadline)
+
+    def _start_plain(self) -> None:
+        """Let the kept binary's process go and forget it; the next request starts ``python`` by its name."""
+        interpreters.forget(_host_key(self.host), self.python)
+        if self.proc is not None:
+            try:
+                self.proc.close()  # its stdin closed: it ends (already ended, when it did not start)
+            except Exception:  # noqa: BLE001 - the process is let go whatever its channel says
+                pass
+        self.proc, self.info, self.kept, self._from_kept = None, None, None, False
+        self.dead, self._started, self._buf = False, False, bytearray()
 
     def call_each(self, payload: Any, follow: Callable[[Any], Any], on_result: Callable[[Any], None],
                   timeout: float | None = None) -> None:
@@ -248,16 +270,27 @@ class PythonAgent:
             raise RuntimeError("this agent's process has ended")
         out = b""
         if self.proc is None:
+            self._first_payload = payload
+            # the binary the name started as last time (``hosts.interpreters``), when the client kept one
+            self._from_kept = self.kept is not None
             try:
                 # -S: the program needs the standard library alone, and the site module's work (every .pth file
                 # of the interpreter's site-packages, a sitecustomize) is all it would add to each start: 12 ms of
                 # this project's own venv, more in a server's (docs/design.md)
-                self.proc = self.host.spawn([self.python, "-S", "-c", AGENT])
+                try:
+                    self.proc = self.host.spawn([self.kept if self._from_kept else self.python, "-S", "-c", AGENT])
+                except FileNotFoundError:
+                    if not self._from_kept:
+                        raise
+                    self._start_plain()  # the kept binary is gone (a local host says so at once): the name
+                    self.proc = self.host.spawn([self.python, "-S", "-c", AGENT])
             except FileNotFoundError as exc:
                 self.dead = True
                 raise RemoteScriptError(self.python, CommandResult(127, b"", str(exc).encode())) from None
             program = self.program() if callable(self.program) else self.program
             out = _frame(program.encode("utf-8"))
+        if self._from_kept and isinstance(payload, dict) and payload.get("op") == "facts":
+            payload = dict(payload, self_ok=False)  # not its own interpreter's install: answer need_plain
         out += _frame(json.dumps(payload).encode())
         assert self.proc is not None
         if not self.proc.send(out, deadline) and deadline is not None and time.monotonic() >= deadline:
@@ -268,8 +301,20 @@ class PythonAgent:
         ended the process."""
         assert self.proc is not None
         if self.info is None:
-            self._skip_to_marker(deadline)
-            self.info = self._read_frame(deadline)
+            try:
+                self._skip_to_marker(deadline)
+                self.info = self._read_frame(deadline)
+            except RemoteScriptError:
+                if not self._from_kept:
+                    raise
+                # the kept binary did not start the program (gone, or no Python 3.8 any more): the name, once
+                self._start_plain()
+                self._send(self._first_payload, deadline)
+                self._skip_to_marker(deadline)
+                self.info = self._read_frame(deadline)
+            self._first_payload = None
+            if not self._from_kept:
+                interpreters.remember(_host_key(self.host), self.python, self.info.get("exe"))
         answer = self._read_frame(deadline)
         if "result" in answer:
             return answer
@@ -444,7 +489,7 @@ class Agents:
                     if a.info is not None and a.info.get("real") and a.realpath(python) == a.info["real"]:
                         self._names[id(a)].add(python)
                         return a
-            a = PythonAgent(self.host, python, program)
+            a = PythonAgent(self.host, python, program, kept=interpreters.lookup(_host_key(self.host), python))
             self._agents.append(a)
             self._names[id(a)] = {python}
             return a
@@ -464,6 +509,11 @@ class Agents:
             self._names.clear()
         for a in agents:
             a.close()
+
+
+def _host_key(host: Host) -> str | None:
+    """The host's key for what the client keeps about it; None for a local target (not kept)."""
+    return getattr(host, "interpreter_key", None)
 
 
 def call(host: Host, python: str, op: str, /, *, timeout: float | None = 120, **payload: Any) -> Any:

@@ -59,6 +59,14 @@ class SSHHost(SSHCommands, SSHFiles):
     def __repr__(self) -> str:
         return f"SSHHost({self.name!r})"
 
+    @property
+    def interpreter_key(self) -> str | None:
+        """Who this host is, for what the client keeps about it (``hosts.interpreters``): every hop of the
+        connection as it was made, ``user@host:port``; None before one is made."""
+        if self._conn is None:
+            return None
+        return "ssh " + " > ".join(hop_label(h) for h in [*self._hops, self._conn])
+
     def __enter__(self) -> "SSHHost":
         self.connect()
         return self

@@ -140,6 +140,10 @@ def facts_find_package(payload, servers):
         return None, {"ambiguous": [{"package_dir": p, "servers": [{"pid": srv["pid"], "port": _port_of(srv)}
                                                                    for srv in servers if srv.get("package_dir") == p]}
                                     for p in serving]}
+    if not serving and payload.get("self_ok") is False:
+        # this interpreter was started by the path the client kept for "python3" (hosts.interpreters), which may
+        # no longer be what the name runs: the client asks again from the name itself
+        return None, {"need_plain": True}
     return (serving[0] if serving else _package_of_python(sys.executable)), None
 
 
