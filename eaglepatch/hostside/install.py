@@ -166,9 +166,9 @@ def facts_take_lock(spec, lock):
 
 
 def facts_worker_files(pkg, spec, entries):
-    """The worker files under ``spec``: each ``*.py`` whose text defines one of the methods ``entries`` (``worker_text``),
-    in sorted order, folders too; never the runtime module, a temp file, ``__pycache__`` or the backups. Each
-    with its bytes (base64), sha256, mode, owner and mtime; ``path`` relative to the package's parent
+    """The worker files under ``spec``: each ``*.py`` whose text defines one of the methods ``entries``
+    (``worker_text``), in sorted order, folders too; never the runtime module, a temp file, ``__pycache__`` or the
+    backups. Each with its bytes (base64), sha256, mode, owner and mtime; ``path`` relative to the package's parent
     (sglang/srt/...). A file that cannot be read is left out."""
     files = []
     is_worker = worker_text(entries)

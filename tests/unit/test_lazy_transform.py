@@ -83,8 +83,9 @@ def test_apply_imports_it_on_its_own_thread_and_revert_not_at_all(tmp_path):
     again = _run(code % ("apply", str(pkg), "[options.RuntimeOptions(), None, False]"), env)
     assert again == {"changed": True, "libcst": False, "loaders": 0}
     assert (pkg / "srt" / "speculative" / "eagle_worker.py").read_bytes() == patched
-    off = _run(code % ("revert", str(pkg), "[False, None]"), env)["changed"] and _run(
-        code % ("apply", str(pkg), "[options.RuntimeOptions(), None, False]"), {**env, "EAGLEPATCH_TRANSFORM_CACHE": "0"})
+    assert _run(code % ("revert", str(pkg), "[False, None]"), env)["changed"]
+    off = _run(code % ("apply", str(pkg), "[options.RuntimeOptions(), None, False]"),
+               {**env, "EAGLEPATCH_TRANSFORM_CACHE": "0"})
     assert off == {"changed": True, "libcst": True, "loaders": 1}  # the cache turned off: no hits to expect
 
 
