@@ -354,9 +354,7 @@ class _LiveRun:
                 base = {"point": p.key, "index": i, "rep": r, "steps": s, "t": round(time.time(), 3),
                         "pid": server.pid, "pids": sorted({server.pid, *server.children})}
                 try:
-                    lr = run_window(url, load, self.opts.window, lv.rid_prefix(self.token, s, w),
-                                    offset=10_000_000 * (w + 1), api_key=server.api_key,
-                                    timeout=self.opts.bench.request_timeout)
+                    lr = self.pinned(url, server, self.opts.window, s, w)
                 except LoadFailed as exc:
                     self.say(f"  failed: {exc}")
                     self.state.add_run(dict(base, status="failed", error=str(exc)))
@@ -379,12 +377,17 @@ class _LiveRun:
         point's windows spread 1.9% or less. Not measured: these requests fall outside every window."""
         seconds = warm_seconds(self.opts.window)
         self.say(f"warm-up of each state: {seconds:g} s of the load pinned at each step count")
-        base = self.opts.rounds * len(self.points)  # window numbers past the sweep's own: ids and prompts unique
+        base = self.opts.rounds * len(self.points)  # window numbers past the sweep's own
         for i, s in enumerate(self.steps):
             self.lease()
-            run_window(url, self.opts.bench.load, seconds, lv.rid_prefix(self.token, s, base + i),
-                       offset=10_000_000 * (base + i + 1), api_key=server.api_key,
-                       timeout=self.opts.bench.request_timeout)
+            self.pinned(url, server, seconds, s, base + i)
+
+    def pinned(self, url: str, server: Any, seconds: float, steps: int, w: int) -> Any:
+        """``seconds`` of the load pinned at ``steps``, as window number ``w``: request ids that name the step count
+        (``live.rid_prefix``) and prompts of its own (no window finds another's in the prefix cache)."""
+        return run_window(url, self.opts.bench.load, seconds, lv.rid_prefix(self.token, steps, w),
+                          offset=10_000_000 * (w + 1), api_key=server.api_key,
+                          timeout=self.opts.bench.request_timeout)
 
     def timings(self) -> None:
         """Each window's figures from the timing records, read once (for the windows that lack them)."""

@@ -4,10 +4,8 @@ agent that starts it (eaglepatch/hosts/agent.py): real processes of a local host
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -42,7 +40,7 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture
 def python3() -> str:
-    """The ``python3`` of PATH, as the agent starts it by name, and the binary that runs (a shim's target)."""
+    """The name the agent starts by (``python3``), which these tests need on PATH."""
     if shutil.which("python3") is None:
         pytest.skip("no python3 on PATH")
     return "python3"
