@@ -59,8 +59,15 @@ def main() -> None:
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # started with SIGINT ignored (nohup, &): keep it so
         signal.signal(signal.SIGINT, _on_sigint)
     try:
-        from eaglepatch import cli
+        from eaglepatch.hosts import head_start, target
 
-        cli.run_app()
+        # an SSH TARGET's connection made, and its interpreter starting on the host, while the CLI is imported
+        head_start.begin(sys.argv[1:], target.parse_target, target.connect_ssh)
+        try:
+            from eaglepatch import cli
+
+            cli.run_app()
+        finally:
+            head_start.end()
     except (Interrupted, KeyboardInterrupt):
         _finish_interrupted()

@@ -264,31 +264,43 @@ class PythonAgent:
                     self.close(abandon=True)
                 raise
 
+    def start(self) -> None:
+        """Start the process and send it the program now, before the first request (``hosts.head_start``: while
+        the client still imports what it needs to make that request); idempotent. Raises as ``call`` does."""
+        with self._lock:
+            if self.proc is None and not self.dead:
+                out = self._spawn()
+                assert self.proc is not None
+                self.proc.send(out, None)
+
+    def _spawn(self) -> bytes:
+        """Start the process; return the program's frame, to be sent first."""
+        # the binary the name started as last time (``hosts.interpreters``), when the client kept one
+        self._from_kept = self.kept is not None
+        try:
+            # -S: the program needs the standard library alone, and the site module's work (every .pth file
+            # of the interpreter's site-packages, a sitecustomize) is all it would add to each start: 12 ms of
+            # this project's own venv, more in a server's (docs/design.md)
+            try:
+                self.proc = self.host.spawn([self.kept if self._from_kept else self.python, "-S", "-c", AGENT])
+            except FileNotFoundError:
+                if not self._from_kept:
+                    raise
+                self._start_plain()  # the kept binary is gone (a local host says so at once): the name
+                self.proc = self.host.spawn([self.python, "-S", "-c", AGENT])
+        except FileNotFoundError as exc:
+            self.dead = True
+            raise RemoteScriptError(self.python, CommandResult(127, b"", str(exc).encode())) from None
+        program = self.program() if callable(self.program) else self.program
+        return _frame(program.encode("utf-8"))
+
     def _send(self, payload: Any, deadline: float | None) -> None:
-        """Start the process (and send the program) on the first request; send ``payload``."""
+        """Start the process (and send the program) on the first request, unless ``start`` did; send ``payload``."""
         if self.dead:
             raise RuntimeError("this agent's process has ended")
-        out = b""
-        if self.proc is None:
-            self._first_payload = payload
-            # the binary the name started as last time (``hosts.interpreters``), when the client kept one
-            self._from_kept = self.kept is not None
-            try:
-                # -S: the program needs the standard library alone, and the site module's work (every .pth file
-                # of the interpreter's site-packages, a sitecustomize) is all it would add to each start: 12 ms of
-                # this project's own venv, more in a server's (docs/design.md)
-                try:
-                    self.proc = self.host.spawn([self.kept if self._from_kept else self.python, "-S", "-c", AGENT])
-                except FileNotFoundError:
-                    if not self._from_kept:
-                        raise
-                    self._start_plain()  # the kept binary is gone (a local host says so at once): the name
-                    self.proc = self.host.spawn([self.python, "-S", "-c", AGENT])
-            except FileNotFoundError as exc:
-                self.dead = True
-                raise RemoteScriptError(self.python, CommandResult(127, b"", str(exc).encode())) from None
-            program = self.program() if callable(self.program) else self.program
-            out = _frame(program.encode("utf-8"))
+        out = self._spawn() if self.proc is None else b""
+        if self.info is None and self._first_payload is None:
+            self._first_payload = payload  # sent again to a plain start, should the kept binary not start
         if self._from_kept and isinstance(payload, dict) and payload.get("op") == "facts":
             payload = dict(payload, self_ok=False)  # not its own interpreter's install: answer need_plain
         out += _frame(json.dumps(payload).encode())

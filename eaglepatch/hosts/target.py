@@ -75,6 +75,13 @@ def open_host(spec: TargetSpec) -> Host:
         from eaglepatch.hosts.local import LocalHost
 
         return LocalHost(spec.name)
+    from eaglepatch.hosts import head_start
+
+    return head_start.claim(spec) or connect_ssh(spec)
+
+
+def connect_ssh(spec: TargetSpec) -> Host:
+    """A connected ``SSHHost`` for an SSH ``spec`` (``open_host``'s, and the head start's)."""
     from eaglepatch.hosts.ssh import SSHHost  # imports paramiko: only when an SSH target is used
 
     host = SSHHost(spec)

@@ -98,10 +98,11 @@ def test_the_first_start_by_name_is_kept_and_the_next_starts_that_binary(cache, 
         host.close()
 
 
-def test_a_kept_binary_that_no_longer_starts_falls_back_to_the_name_once(cache, python3, tmp_path):
+@pytest.mark.parametrize("early", [False, True], ids=["started-by-the-request", "started-early"])
+def test_a_kept_binary_that_no_longer_starts_falls_back_to_the_name_once(cache, python3, tmp_path, early):
     """Gone (the spawn fails at once, as on a local host) or no longer Python (it runs and dies before the
     agent's marker, as a replaced binary would over SSH): the same request is answered by the name, and what the
-    name runs is kept instead."""
+    name runs is kept instead; also when the process was started before the request (``start``: the head start)."""
     host = KeyedHost()
     broken = tmp_path / "python3"
     broken.write_text("#!/bin/sh\necho 'not python' >&2\nexit 3\n")
@@ -111,6 +112,9 @@ def test_a_kept_binary_that_no_longer_starts_falls_back_to_the_name_once(cache, 
             interpreters.remember(host.interpreter_key, "python3", kept)
             a = agent_for(host)
             assert a.kept == kept
+            if early:
+                a.start()
+                a.start()  # idempotent
             answer = a.call({"op": "scan", "n": 1})
             assert answer["payload"] == {"op": "scan", "n": 1} and answer["exe"] != kept
             assert interpreters.lookup(host.interpreter_key, "python3") == a.info["exe"] == answer["exe"]
@@ -119,7 +123,8 @@ def test_a_kept_binary_that_no_longer_starts_falls_back_to_the_name_once(cache, 
         host.close()
 
 
-def test_a_facts_request_that_would_take_the_kept_binarys_own_install_asks_the_name(cache, python3, tmp_path):
+@pytest.mark.parametrize("early", [False, True], ids=["started-by-the-request", "started-early"])
+def test_a_facts_request_that_would_take_the_kept_binarys_own_install_asks_the_name(cache, python3, tmp_path, early):
     """A kept binary may no longer be what ``python3`` runs: a facts request that names no install (the answer
     would be that interpreter's sglang) goes out with self_ok false, and on need_plain the agent asks the name
     itself; other requests, and facts that name the install, are answered by the kept binary."""
@@ -128,10 +133,14 @@ def test_a_facts_request_that_would_take_the_kept_binarys_own_install_asks_the_n
     try:
         interpreters.remember(host.interpreter_key, "python3", other)
         a = agent_for(host)
+        if early:
+            a.start()
         named = a.call({"op": "facts", "sglang_path": "/x"})
         assert a._from_kept and named["payload"] == {"op": "facts", "sglang_path": "/x", "self_ok": False}
         a.close()
         a = agent_for(host)
+        if early:
+            a.start()
         own = a.call({"op": "facts"})
         assert own["payload"] == {"op": "facts"} and not a._from_kept  # asked again, of the name
         assert interpreters.lookup(host.interpreter_key, "python3") == a.info["exe"] == own["exe"]
