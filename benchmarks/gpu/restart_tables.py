@@ -7,7 +7,11 @@ and its timing logs, with this checkout's code:
   spreads ((max - min) / median) and their ratio;
 * per 5-step run (each restart launch at the largest step count, and each live window at it): what its records at
   batch size 4 (the load's steady state) predict for the other step counts, against the tok/s measured there:
-  the restart launches' batch-size-4 wall tok/s and client tok/s, and the live windows' client tok/s.
+  the restart launches' batch-size-4 wall tok/s and client tok/s, and the live windows' client tok/s;
+* where the time between decode cycles goes, per step count: the live windows' records (the state they were
+  pinned to) and each restart launch's: the GPU decode cycle at batch size 4 (median), the time from one such
+  cycle to the next (median, and mean over gaps under 1 s, with the part of it in gaps over 20 ms: prefills and
+  stalls), and the prefill's GPU time (median).
 
     python benchmarks/gpu/restart_tables.py docs/gpu/live_story_big_p70.json docs/gpu/live_story_big_p70_eplogs.tar.xz
 """
@@ -55,6 +59,21 @@ def prediction(res: rep.ReportResult) -> dict[int, object]:
     i, _ = bs_group(res)
     pred = predict(res)[i] if i is not None else None
     return {pt.steps: pt for pt in pred.points} if pred else {}
+
+
+def cadence(records: list[dict]) -> dict[str, float]:
+    """Where the time between batch-size-4 decode cycles goes, in ms (see the module's text)."""
+    dec = sorted((r for r in records if r.get("mode") == "decode" and r.get("bs") == BS), key=lambda r: r["t"])
+    gaps = [(b["t"] - a["t"]) * 1000 for a, b in zip(dec, dec[1:]) if b["t"] - a["t"] < 1.0]
+    pre = [r["cycle_ms"] for r in records if r.get("mode") == "prefill"]
+    return {"gpu": statistics.median(r["cycle_ms"] for r in dec), "gap_p50": statistics.median(gaps),
+            "gap_mean": statistics.fmean(gaps), "over20": sum(g for g in gaps if g > 20) / len(gaps),
+            "prefill": statistics.median(pre) if pre else float("nan"), "n_prefill": len(pre)}
+
+
+def records_of(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()][1:]
 
 
 def main(story_path: str, logs_tgz: str) -> None:
@@ -166,6 +185,23 @@ def main(story_path: str, logs_tgz: str) -> None:
             f"{L.get('client', 0):.0f}" for L in v) + " | " + ", ".join(
             f"{(L['wall'] / L['client'] - 1) * 100:+.1f}%" for L in v if L.get("client")) + " |")
 
+    if live:
+        print()
+        print(f"| steps | source | GPU decode cycle, bs {BS}, p50 (ms) | time between bs {BS} cycles: p50 / mean (ms) | "
+              "of the mean, in gaps over 20 ms | prefill GPU p50 (ms, n) |")
+        print("|---|---|---|---|---|---|")
+        live_file = next(f for f in files if any(lo <= header_steps(f)[1] <= hi or header_steps(f)[1] < lo
+                                                 for r in live_runs for lo, hi in [r["window"]]))
+        live_recs = records_of(live_file)
+        for k in sorted(live):
+            wins = [r["window"] for r in live[k]]
+            pinned = [r for r in live_recs if (r.get("spec") or {}).get("steps") == k
+                      and any(lo <= r["t"] <= hi for lo, hi in wins)]
+            rows = [("live windows", cadence(pinned))]
+            rows += [(f"restart launch {i + 1}", cadence(records_of(L["file"]))) for i, L in enumerate(launches.get(k, []))]
+            for name, c in rows:
+                print(f"| {k} | {name} | {c['gpu']:.2f} | {c['gap_p50']:.2f} / {c['gap_mean']:.2f} | {c['over20']:.2f} | "
+                      f"{c['prefill']:.1f} ({c['n_prefill']}) |")
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
