@@ -2,13 +2,13 @@
 
 Before ``eaglepatch apply root@gpu-host`` can parse its command line it imports typer, its commands and, for an SSH
 target, paramiko: some 0.2 s of the client's CPU, then the connection, the login shell and the interpreter's start
-on the host, one after the other. ``begin(argv)``, called by the entry point before any of those imports, reads the
-command line roughly (``guess``: the commands' options are a table here, which a test holds equal to the CLI's):
+on the host, one after the other. ``begin``, called by the entry point before the CLI is imported, reads the
+command line roughly (``guess``: the commands' options are a table here, which a test holds equal to the CLI's);
 when it names an SSH TARGET, it connects to it and starts the host-side agent (``PythonAgent.start``: the
-interpreter started and the program sent, no request), then the CLI is imported while the host starts the
-login shell and the interpreter. ``open_host`` then ``claim``s that connection for
-a TARGET that parses to the very same ``TargetSpec``; anything else never uses it, and ``end`` closes what was
-not claimed (the host's interpreter, its stdin closed, ends).
+interpreter started and the program sent, no request), and the CLI is then imported while the host runs the login
+shell and starts the interpreter. ``open_host`` ``claim``s that connection for a TARGET that parses to the very
+same ``TargetSpec``; anything else never uses it, and ``end`` closes what was not claimed (the host's interpreter,
+its stdin closed, ends).
 
 What the guess cannot be sure of, it leaves alone: a command line with an option the commands do not declare
 (``--help``, ``--version``, a typo, an SSH option written as ``-iKEY``), with ``--accept-new-host-key`` (a host
@@ -134,7 +134,7 @@ def begin(argv: Sequence[str], parse: "Parse", connect: "Connect") -> None:
         port = int(opts["port"]) if "port" in opts else None
         timeout = float(opts["connect_timeout"]) if "connect_timeout" in opts else None
         spec = parse(text, SSHOptions(identity=opts.get("identity"), port=port, jump=opts.get("jump"),
-                                             connect_timeout=timeout))
+                                      connect_timeout=timeout))
     except (ValueError, EaglepatchError):
         return  # the command line's own parse says what is wrong with it
     if spec.is_local:
