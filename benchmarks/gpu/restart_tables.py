@@ -190,9 +190,9 @@ def main(story_path: str, logs_tgz: str) -> None:
         print(f"| steps | source | GPU decode cycle, bs {BS}, p50 (ms) | time between bs {BS} cycles: p50 / mean (ms) | "
               "of the mean, in gaps over 20 ms | prefill GPU p50 (ms, n) |")
         print("|---|---|---|---|---|---|")
-        live_file = next(f for f in files if any(lo <= header_steps(f)[1] <= hi or header_steps(f)[1] < lo
-                                                 for r in live_runs for lo, hi in [r["window"]]))
-        live_recs = records_of(live_file)
+        first = min(r["window"][0] for r in live_runs)
+        # the adaptive server's log: the last one begun before the first window
+        live_recs = records_of(max((f for f in files if header_steps(f)[1] < first), key=lambda f: header_steps(f)[1]))
         for k in sorted(live):
             wins = [r["window"] for r in live[k]]
             pinned = [r for r in live_recs if (r.get("spec") or {}).get("steps") == k
