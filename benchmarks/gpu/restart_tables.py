@@ -9,7 +9,8 @@ and its timing logs, with this checkout's code:
   batch size 4 (the load's steady state) predict for the other step counts, against the tok/s measured there:
   the restart launches' batch-size-4 wall tok/s and client tok/s, and the live windows' client tok/s;
 * where the time between decode cycles goes, per step count: the live windows' records (the state they were
-  pinned to) and each restart launch's: the GPU decode cycle at batch size 4 (median), the time from one such
+  pinned to) and each restart launch's: the tokens a request gets per batch-size-4 cycle (the acceptance of the
+  prompts that source sent), the GPU decode cycle at batch size 4 (median), the time from one such
   cycle to the next (median, and mean over gaps under 1 s, with the part of it in gaps over 20 ms: prefills and
   stalls), and the prefill's GPU time (median).
 
@@ -67,6 +68,7 @@ def cadence(records: list[dict]) -> dict[str, float]:
     gaps = [(b["t"] - a["t"]) * 1000 for a, b in zip(dec, dec[1:]) if b["t"] - a["t"] < 1.0]
     pre = [r["cycle_ms"] for r in records if r.get("mode") == "prefill"]
     return {"gpu": statistics.median(r["cycle_ms"] for r in dec), "gap_p50": statistics.median(gaps),
+            "accepted": statistics.fmean(r["accepted"] for r in dec) / BS,
             "gap_mean": statistics.fmean(gaps), "over20": sum(g for g in gaps if g > 20) / len(gaps),
             "prefill": statistics.median(pre) if pre else float("nan"), "n_prefill": len(pre)}
 
@@ -187,9 +189,9 @@ def main(story_path: str, logs_tgz: str) -> None:
 
     if live:
         print()
-        print(f"| steps | source | GPU decode cycle, bs {BS}, p50 (ms) | time between bs {BS} cycles: p50 / mean (ms) | "
-              "of the mean, in gaps over 20 ms | prefill GPU p50 (ms, n) |")
-        print("|---|---|---|---|---|---|")
+        print(f"| steps | source | tokens per request per cycle | GPU decode cycle, bs {BS}, p50 (ms) | time between "
+              f"bs {BS} cycles: p50 / mean (ms) | of the mean, in gaps over 20 ms | prefill GPU p50 (ms, n) |")
+        print("|---|---|---|---|---|---|---|")
         first = min(r["window"][0] for r in live_runs)
         # the adaptive server's log: the last one begun before the first window
         live_recs = records_of(max((f for f in files if header_steps(f)[1] < first), key=lambda f: header_steps(f)[1]))
@@ -200,7 +202,7 @@ def main(story_path: str, logs_tgz: str) -> None:
             rows = [("live windows", cadence(pinned))]
             rows += [(f"restart launch {i + 1}", cadence(records_of(L["file"]))) for i, L in enumerate(launches.get(k, []))]
             for name, c in rows:
-                print(f"| {k} | {name} | {c['gpu']:.2f} | {c['gap_p50']:.2f} / {c['gap_mean']:.2f} | {c['over20']:.2f} | "
+                print(f"| {k} | {name} | {c['accepted']:.3f} | {c['gpu']:.2f} | {c['gap_p50']:.2f} / {c['gap_mean']:.2f} | {c['over20']:.2f} | "
                       f"{c['prefill']:.1f} ({c['n_prefill']}) |")
 
 if __name__ == "__main__":
