@@ -292,7 +292,10 @@ def breakdown_md(b: dict, m: dict) -> list[str]:
            f"Measured by the same script: the CLI's own `main()`, run {a['runs']} time(s) in a process that wraps "
            "timers around the SSH connect, the SSH channels, SFTP, the remote requests, the transform calls and the "
            "imports (medians), plus probes over one open connection "
-           f"({p['n']} runs each). The wrapped run is a little slower than the plain command.", ""]
+           f"({p['n']} runs each). The wrapped run is a little slower than the plain command. It imports "
+           "first and then runs `main()`, so it shows one after the other what the plain command overlaps: "
+           "an SSH command connects and starts the host's interpreter before it imports the CLI (the head start, "
+           "docs/design.md), and the host runs its login shell and starts the interpreter meanwhile.", ""]
     rows = []
     for label, d in (("apply", a), ("revert", rv)):
         imp = sum(d["imports_s"].values())
