@@ -10,9 +10,9 @@ and its timing logs, with this checkout's code:
   the restart launches' batch-size-4 wall tok/s and client tok/s, and the live windows' client tok/s;
 * where the time between decode cycles goes, per step count: the live windows' records (the state they were
   pinned to) and each restart launch's: the tokens a request gets per batch-size-4 cycle (the acceptance of the
-  prompts that source sent), the GPU decode cycle at batch size 4 (median), the time from one such
-  cycle to the next (median, and mean over gaps under 1 s, with the part of it in gaps over 20 ms: prefills and
-  stalls), and the prefill's GPU time (median).
+  prompts that source sent), the GPU decode cycle at batch size 4 (median), the time from one such cycle to the
+  next (median, and mean over gaps under 1 s, with the part of it in gaps over 20 ms: prefills and stalls), and
+  the prefill's GPU time (median).
 
     python benchmarks/gpu/restart_tables.py docs/gpu/live_story_big_p70.json docs/gpu/live_story_big_p70_eplogs.tar.xz
 """
@@ -194,16 +194,19 @@ def main(story_path: str, logs_tgz: str) -> None:
         print("|---|---|---|---|---|---|---|")
         first = min(r["window"][0] for r in live_runs)
         # the adaptive server's log: the last one begun before the first window
-        live_recs = records_of(max((f for f in files if header_steps(f)[1] < first), key=lambda f: header_steps(f)[1]))
+        before = [f for f in files if header_steps(f)[1] < first]
+        live_recs = records_of(max(before, key=lambda f: header_steps(f)[1]))
         for k in sorted(live):
             wins = [r["window"] for r in live[k]]
             pinned = [r for r in live_recs if (r.get("spec") or {}).get("steps") == k
                       and any(lo <= r["t"] <= hi for lo, hi in wins)]
             rows = [("live windows", cadence(pinned))]
-            rows += [(f"restart launch {i + 1}", cadence(records_of(L["file"]))) for i, L in enumerate(launches.get(k, []))]
+            rows += [(f"restart launch {i + 1}", cadence(records_of(L["file"])))
+                     for i, L in enumerate(launches.get(k, []))]
             for name, c in rows:
-                print(f"| {k} | {name} | {c['accepted']:.3f} | {c['gpu']:.2f} | {c['gap_p50']:.2f} / {c['gap_mean']:.2f} | {c['over20']:.2f} | "
-                      f"{c['prefill']:.1f} ({c['n_prefill']}) |")
+                print(f"| {k} | {name} | {c['accepted']:.3f} | {c['gpu']:.2f} | {c['gap_p50']:.2f} / "
+                      f"{c['gap_mean']:.2f} | {c['over20']:.2f} | {c['prefill']:.1f} ({c['n_prefill']}) |")
+
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
