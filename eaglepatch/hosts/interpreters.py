@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any
 
-from eaglepatch.cache import cache_root
+from eaglepatch.cache import cache_root, write_json
 
 MAX_HOSTS = 64
 MAX_PATH = 4096
@@ -56,17 +55,8 @@ def _read() -> dict[str, dict[str, str]]:
 
 
 def _write(doc: dict[str, dict[str, str]]) -> None:
-    folder = os.path.dirname(_file())
     try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".interpreters-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(dict(list(doc.items())[-MAX_HOSTS:]), fh)
-            os.replace(tmp, _file())
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_json(_file(), dict(list(doc.items())[-MAX_HOSTS:]))
     except OSError:
         return  # a cache that cannot be written is no cache
 

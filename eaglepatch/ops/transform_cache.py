@@ -18,10 +18,9 @@ import hashlib
 import json
 import os
 import pathlib
-import tempfile
 from typing import Any
 
-from eaglepatch.cache import cache_root
+from eaglepatch.cache import cache_root, write_json
 from eaglepatch.ops import lazy_engine
 from eaglepatch.transform.marks import strip_lines
 from eaglepatch.transform.recipe import Recipe
@@ -140,15 +139,7 @@ def expects_hits(recipe: Recipe) -> bool:
 def _store(key: str, text: str, res: TransformResult, recipe: Recipe) -> None:
     folder = _folder()
     try:
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump({"input_sha256": _text_sha(text), "result": to_json(res)}, fh)
-            os.replace(tmp, folder / (key + ".json"))
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_json(folder / (key + ".json"), {"input_sha256": _text_sha(text), "result": to_json(res)})
         _seen(recipe).touch()
         entries = sorted(folder.glob("*.json"), key=lambda f: f.stat().st_mtime)
         for old in entries[:-MAX_ENTRIES]:
