@@ -373,8 +373,8 @@ class _LiveRun:
 
     def warm_states(self, url: str, server: Any) -> None:
         """Every point's state run, pinned, before the first window: on the H200 without it a state's first window
-        read 1-2.5% under its others (the launch's own state, which the warm-up ran, did not); with it every
-        point's windows spread 1.9% or less. Not measured: these requests fall outside every window."""
+        read 1-2.5% under its others (the launch's own state, which the warm-up ran, did not); with it the
+        points' windows spread 0.3-3.1% in two runs. Not measured: these requests fall outside every window."""
         seconds = warm_seconds(self.opts.window)
         self.say(f"warm-up of each state: {seconds:g} s of the load pinned at each step count")
         base = self.opts.rounds * len(self.points)  # window numbers past the sweep's own
