@@ -39,7 +39,8 @@ Usage: ``python3 live_story.py [STAGE]`` (STAGE: auto (default), live, restart, 
 this call may run, in order: default live,restart,deploy; e.g. live,deploy leaves the restart sweep out), OUT, T0, BUDGET
 (seconds from T0, default 520), PREV, LIVE_MODELS, LIVE_P, LIVE_MAKE, LIVE_SHAPE, START, GRID (0,1,3,5), ROUNDS (3), WINDOW
 (12), RESTART_GRID (the restart sweep's step counts: GRID's but 0), CONC (4), MAX_NEW (128), REQUESTS (48: the
-restart sweep's and the deploy benches' requests, about as long as a window), REPEAT (3), BASELINE (1: the restart sweep's --baseline; 0 leaves its three launches out),
+restart sweep's and the deploy benches' requests, about as long as a window), RESTART_WARMUP (2: the restart
+sweep's unmeasured requests after each launch), REPEAT (3), BASELINE (1: the restart sweep's --baseline; 0 leaves its three launches out),
 KEEP_BEST (1: the restart sweep's --keep-best, so that no launch puts its start back and deploy benches the best
 point as the sweep left it, when that happens in the same call), LAUNCH_S (150: seconds a launch and its bench take
 at worst, to decide whether a stage can begin), REHEARSAL.
@@ -79,7 +80,9 @@ PY = sys.executable
 LOG_DIR = "/tmp/eplogs"
 LIVE_STEPS = ",".join(str(s) for s in STEPS)
 STATIC_STEPS = os.environ.get("RESTART_GRID") or ",".join(str(s) for s in STEPS if s > 0)  # the restart sweep's
-LOAD = ["--concurrency", CONC, "--max-new-tokens", MAX_NEW, "--warmup", "2", "--log-wait", "4"]
+RESTART_WARMUP = os.environ.get("RESTART_WARMUP", "2")  # the restart sweep's unmeasured requests per launch
+LOAD, RESTART_LOAD = (["--concurrency", CONC, "--max-new-tokens", MAX_NEW, "--warmup", w, "--log-wait", "4"]
+                      for w in ("2", RESTART_WARMUP))
 LAUNCH_S = float(os.environ.get("LAUNCH_S", "150"))  # a launch with its bench, at worst (cold caches: 145 s)
 
 if REHEARSAL:
@@ -121,7 +124,8 @@ story["calls"].append(call)
 story["config"] = {"models": str(MODELS), "p": P, "start": START, "grid": STEPS, "rounds": int(ROUNDS),
                    "window_s": float(WINDOW), "concurrency": int(CONC), "max_new_tokens": int(MAX_NEW),
                    "requests": int(REQUESTS), "repeat": int(REPEAT),
-                   "restart_grid": [int(x) for x in STATIC_STEPS.split(",")], "baseline": BASELINE}
+                   "restart_grid": [int(x) for x in STATIC_STEPS.split(",")], "baseline": BASELINE,
+                   "restart_warmup": int(RESTART_WARMUP)}
 
 
 def log(msg: str) -> None:
@@ -384,7 +388,7 @@ def stage_live() -> None:
 def stage_restart() -> None:
     rs = story["restart"]
     args = ["sweep", TARGET, "--grid", f"speculative-num-steps={STATIC_STEPS}", *(["--baseline"] if BASELINE else []),
-            *(["--keep-best"] if KEEP_BEST else []), "--repeat", REPEAT, "--requests", REQUESTS, *LOAD,
+            *(["--keep-best"] if KEEP_BEST else []), "--repeat", REPEAT, "--requests", REQUESTS, *RESTART_LOAD,
             "--timeout", "400", "--json", "--chart", str(OUT / "restart_sweep.svg")]
     rs["cmd"] = "eaglepatch " + " ".join(args)
     if "doc" not in rs and not story["state_files"].get(rs.get("state", "")):

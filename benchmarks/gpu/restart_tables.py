@@ -12,7 +12,8 @@ and its timing logs, with this checkout's code:
   pinned to) and each restart launch's: the tokens a request gets per batch-size-4 cycle (the acceptance of the
   prompts that source sent), the GPU decode cycle at batch size 4 (median), the time from one such cycle to the
   next (median, and mean over gaps under 1 s, with the part of it in gaps over 20 ms: prefills and stalls), and
-  the prefill's GPU time (median).
+  the prefill's GPU time (median). A restart launch whose run kept its load's window (sweeps since 2026-12-04)
+  shows its records before the load (sglang's own warm-up and the bench's) apart from those of the load.
 
     python benchmarks/gpu/restart_tables.py docs/gpu/live_story_big_p70.json docs/gpu/live_story_big_p70_eplogs.tar.xz
 """
@@ -62,9 +63,12 @@ def prediction(res: rep.ReportResult) -> dict[int, object]:
     return {pt.steps: pt for pt in pred.points} if pred else {}
 
 
-def cadence(records: list[dict]) -> dict[str, float]:
-    """Where the time between batch-size-4 decode cycles goes, in ms (see the module's text)."""
+def cadence(records: list[dict]) -> dict[str, float] | None:
+    """Where the time between batch-size-4 decode cycles goes, in ms (see the module's text); None without two
+    such cycles."""
     dec = sorted((r for r in records if r.get("mode") == "decode" and r.get("bs") == BS), key=lambda r: r["t"])
+    if len(dec) < 2:
+        return None
     gaps = [(b["t"] - a["t"]) * 1000 for a, b in zip(dec, dec[1:]) if b["t"] - a["t"] < 1.0]
     pre = [r["cycle_ms"] for r in records if r.get("mode") == "prefill"]
     return {"gpu": statistics.median(r["cycle_ms"] for r in dec), "gap_p50": statistics.median(gaps),
@@ -106,6 +110,7 @@ def main(story_path: str, logs_tgz: str) -> None:
         for L, r in zip(launches[k], runs):
             L["client"] = r["tokens_per_s"]
             L["accept_len"] = r["accept_len"]
+            L["window"] = r.get("window")  # kept by sweeps since 2026-12-04: the bench's load, host clock
 
     baseline = [r["tokens_per_s"] for r in sorted(restart_runs, key=lambda r: r["t"]) if steps_of(r["point"]) is None]
     if not live:  # a restart story: its launches (client tok/s), the baseline's too
@@ -201,9 +206,19 @@ def main(story_path: str, logs_tgz: str) -> None:
             pinned = [r for r in live_recs if (r.get("spec") or {}).get("steps") == k
                       and any(lo <= r["t"] <= hi for lo, hi in wins)]
             rows = [("live windows", cadence(pinned))]
-            rows += [(f"restart launch {i + 1}", cadence(records_of(L["file"])))
-                     for i, L in enumerate(launches.get(k, []))]
+            for i, L in enumerate(launches.get(k, [])):
+                recs = records_of(L["file"])
+                if not L.get("window"):  # an older sweep: the launch's records, warm-up and all
+                    rows.append((f"restart launch {i + 1}", cadence(recs)))
+                    continue
+                lo, hi = L["window"]
+                rows.append((f"restart launch {i + 1}, before the load (warm-up)", cadence(
+                    [r for r in recs if r["t"] < lo])))
+                rows.append((f"restart launch {i + 1}, the load", cadence([r for r in recs if lo <= r["t"] <= hi])))
             for name, c in rows:
+                if c is None:
+                    print(f"| {k} | {name} | no two cycles at batch size {BS} | | | | |")
+                    continue
                 print(f"| {k} | {name} | {c['accepted']:.3f} | {c['gpu']:.2f} | {c['gap_p50']:.2f} / "
                       f"{c['gap_mean']:.2f} | {c['over20']:.2f} | {c['prefill']:.1f} ({c['n_prefill']}) |")
 

@@ -383,8 +383,10 @@ def _one_run(host: Host, name: str, python: str, launch: Any, ropts: Any, log_di
     acc = fig["accept_len"]
     say(f"  {fig['tokens_per_s']:.1f} tok/s" + (f", accept length {acc:.2f}" if acc is not None else "")
         + (f", cycle p50 {fig['phases_p50']['cycle']:.2f} ms" if "cycle" in fig["phases_p50"] else ""))
+    # the load's window on the host's clock, as a live window keeps it: what its timing records are read within
+    window = [doc["window"]["start"], doc["window"]["end"]]
     return dict(base, status="ok", pid=server.pid, ready_s=round(res.seconds, 2), **fig, client=doc["client"],
-                notes=doc["notes"])
+                window=window, notes=doc["notes"])
 
 
 # How many times putting the server back reads the host again after what ran on the port changed under it.

@@ -302,6 +302,13 @@ def test_sweep_finds_the_known_best_with_repeats_and_restores_the_server(standin
     # each launch is recorded before it is waited for (a sweep killed meanwhile knows the server as its own),
     # and the end records that the server was put back
     assert [s["kind"] for s in state] == ["sweep"] + ["launch", "run"] * 8 + ["restore"]
+    # each run keeps its load's window on the host's clock: after its launch began, as long as the load, and
+    # before the next run's launch
+    runs = [s for s in state if s["kind"] == "run"]
+    for run, nxt in zip(runs, runs[1:] + [None]):
+        lo, hi = run["window"]
+        assert run["t"] < lo < hi and hi - lo >= run["client"]["seconds"] - 1e-3  # both rounded
+        assert nxt is None or hi < nxt["t"]
     assert state[0]["original"]["argv"] == before_argv
     assert state[0]["server"] == {"pid": before_pid, "start": state[0]["server"]["start"], "port": srv.port}
 
