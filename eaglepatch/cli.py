@@ -334,7 +334,11 @@ def sweep(
                                                        "the candidate steps per batch-size tier to FILE, in the JSON "
                                                        "the target's --speculative-adaptive-config reads."),
     requests: int = RequestsOpt, concurrency: int = ConcurrencyOpt, input_len: int = InputLenOpt,
-    max_new_tokens: int = MaxNewOpt, warmup: int = WarmupOpt, seed: int = SeedOpt, log_wait: float = LogWaitOpt,
+    max_new_tokens: int = MaxNewOpt,
+    warmup: Optional[int] = typer.Option(None, "--warmup", help="Unmeasured requests first: after each launch "
+                                         "(default 32: a fresh server's first requests run slower); with --live, "
+                                         "before the windows (default 4)."),
+    seed: int = SeedOpt, log_wait: float = LogWaitOpt,
     *, c: Connect,
 ) -> None:
     """Restart the server once per point of a grid of launch flags, bench each, one table with the speedup over
@@ -351,6 +355,8 @@ def sweep(
 
     if json_out and csv_out:
         raise UsageError("--json and --csv exclude each other: give one")
+    if warmup is None:
+        warmup = WarmupOpt.default if live else tuning.LAUNCH_WARMUP
     bench_opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait)
     if live:
         from eaglepatch.tuning import drive_live

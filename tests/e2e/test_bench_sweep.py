@@ -438,6 +438,24 @@ def test_a_server_without_speculation_refuses_speculative_grids(standins, tmp_pa
     assert srv.running()[0] == pid
 
 
+def test_a_restart_sweep_warms_each_launch_with_32_requests_unless_told(standins, tmp_path, local):
+    """A fresh launch's first requests run slower (docs/real-gpu.md): without --warmup each launch gets 32
+    unmeasured requests before the measured ones; --warmup N still says how many. Counted where the server saw them:
+    the /generate requests in the launched server's own log."""
+    srv = spec_server(standins, tmp_path)
+    log = Path(default_log_path(srv.port))
+    load = ["--requests", "3", "--concurrency", "2", "--input-len", "16", "--max-new-tokens", "8", "--timeout", "30"]
+    for extra, warm in (([], 32), (["--warmup", "1"], 1)):
+        r = local.run("sweep", srv.tree, "--grid", "speculative-num-steps=2", *load, *extra, "--json")
+        assert r.returncode == 0, r.stderr
+        assert f"warm-up: {warm} request(s)" in r.stderr
+        # the point's launch (a header line), its requests, then the original's launch that puts it back
+        text = log.read_text(errors="replace")
+        point = text.split("starting in")[-2]
+        assert "--speculative-num-steps 2" in point.splitlines()[0]
+        assert point.count("POST /generate") == warm + 3, point[-2000:]
+
+
 def test_sweep_without_a_server_exits_4(tmp_path, local):
     tree = H.make_tree(tmp_path / "site", WORKER)
     r = local.run("sweep", tree, "--grid", "speculative-num-steps=1,2", *SWEEP)
