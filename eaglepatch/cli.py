@@ -356,7 +356,9 @@ def sweep(
     if json_out and csv_out:
         raise UsageError("--json and --csv exclude each other: give one")
     if warmup is None:
-        warmup = WarmupOpt.default if live else tuning.LAUNCH_WARMUP
+        from eaglepatch.tuning.load import LAUNCH_WARMUP
+
+        warmup = WarmupOpt.default if live else LAUNCH_WARMUP
     bench_opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait)
     if live:
         from eaglepatch.tuning import drive_live

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 from eaglepatch.errors import ConnectionFailed, Unsupported, UsageError
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.spec import TargetSpec
-from eaglepatch.tuning.load import SHORT_LOAD_S, LoadSpec, run_load, short_load_note
+from eaglepatch.tuning.load import SHORT_LOAD_S, LoadSpec, fresh_server_note, run_load, short_load_note
 from eaglepatch.ops.lifecycle import launch_of
 from eaglepatch.ops.logs import fetch_logs_from, logs_of
 from eaglepatch.ops.target import Connect, Target, target_facts
@@ -114,6 +114,11 @@ def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | Non
                                   opts.log_wait, say, notes, argv=server.argv)
     if lr.seconds < SHORT_LOAD_S:
         notes.append(short_load_note(lr.seconds))
+    # the load's start on the host's clock against the server's start there
+    fresh = (fresh_server_note(lr.start + offset - server.started_at, opts.load.warmup)
+             if server.started_at is not None else None)
+    if fresh:
+        notes.append(fresh)
     if not lr.streamed:
         notes.append("the server did not stream: time to first token is unknown (null)")
     if lr.failed:

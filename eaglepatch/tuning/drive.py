@@ -31,12 +31,6 @@ from eaglepatch.tuning.bench import BenchOptions, bench_on, no_server, patched_l
 
 Say = Callable[[str], None]
 
-# The unmeasured requests after each launch, unless --warmup says otherwise: a fresh server's first requests ran
-# slower (on the H200 the first launch of each step count spent more time between cycles in its first 8 to 24
-# requests at 4 at a time, likely kernels compiled or first used), and a warm-up of 2 left that in the measured
-# load (docs/real-gpu.md, "The restart sweep with a warm-up of 32 requests after each launch").
-LAUNCH_WARMUP = 32
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # sweep

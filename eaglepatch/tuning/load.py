@@ -40,6 +40,23 @@ def short_load_note(seconds: float) -> str:
             f"{SHORT_LOAD_S:.0f} s or more")
 
 
+# The unmeasured requests after each launch of a sweep, unless --warmup says otherwise: a fresh server's first
+# requests ran slower (on the H200 the first launch of each step count spent more time between cycles in its first 8
+# to 24 requests at 4 at a time, likely kernels compiled or first used), and a warm-up of 2 left that in the
+# measured load (docs/real-gpu.md, "The restart sweep with a warm-up of 32 requests after each launch").
+LAUNCH_WARMUP = 32
+# A load on a server younger than this, warmed by fewer requests than LAUNCH_WARMUP, gets a note (fresh_server_note).
+FRESH_S = 300.0
+
+
+def fresh_server_note(age_s: float, warmup: int) -> str | None:
+    """What to say of a load that began ``age_s`` seconds after its server started, after ``warmup`` requests."""
+    if age_s >= FRESH_S or warmup >= LAUNCH_WARMUP:
+        return None
+    return (f"the server started {max(age_s, 0):.0f} s before the load and only {warmup} request(s) warmed it: a "
+            f"fresh launch's first requests run slower (on the H200 up to 9%); give --warmup {LAUNCH_WARMUP}")
+
+
 class LoadFailed(Unsupported):
     """Every request of the load failed: the server does not serve ``/generate`` as sglang does."""
 

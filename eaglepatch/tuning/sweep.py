@@ -12,8 +12,8 @@ summary: JSON of docs/contract.md, table, CSV).
   ``speculative-*``) are accepted; ``--allow-flag NAME`` accepts another. ``port``, ``host`` and ``api-key`` are
   never accepted: the sweep finds and loads the server by them.
 - Flags that take no value (``BOOL_FLAGS``) take ``on`` or ``off`` (the flag present or absent).
-- ``--repeat R`` runs each point R times, each a fresh launch, in an order shuffled from a seed (drift between
-  launches is tens of percent: one launch per point decides nothing).
+- ``--repeat R`` runs each point R times, each a fresh launch, in an order shuffled from a seed (launches of one
+  point differ, by tens of percent on a host-bound server: one launch per point decides little).
 """
 
 from __future__ import annotations

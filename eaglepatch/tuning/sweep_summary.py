@@ -104,8 +104,9 @@ def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, 
             notes.append(f"within noise of the best ({docs[best]['label']}): {', '.join(ties)}: their tok/s ranges "
                          "overlap; more --repeat may separate them")
     if repeat < 2 and len(oks) > 1:
-        notes.append("one launch per point: a host's speed drifts by tens of percent between launches, so "
-                     "differences of that size decide nothing; use --repeat 3 or more")
+        notes.append("one launch per point: launches of one point differ (by 2-5% on a GPU-bound server, by tens of "
+                     "percent on a host-bound one), so differences of that size decide nothing; use --repeat 3 or "
+                     "more")
     short = [w for w in windows if w < SHORT_LOAD_S]
     if short:
         notes.append(f"{len(short)} of {len(windows)} run(s) measured under {SHORT_LOAD_S:.0f} s of load (the shortest "

@@ -169,6 +169,9 @@ def check_bench(doc: dict, srv: Server, patched: bool) -> None:
     assert w["start"] < w["end"] and w["seconds"] > 0
     # 6 requests of 32 tokens take well under 5 s: the bench says the window is too short to trust
     assert w["seconds"] < 5 and any(n.startswith("the load ran for only") for n in doc["notes"]), doc["notes"]
+    # the server started seconds ago and 2 requests warmed it: the bench says a fresh launch runs slower at first
+    assert any(n.startswith("the server started") and "only 2 request(s) warmed it" in n
+               for n in doc["notes"]), doc["notes"]
     if not patched:
         assert doc["timings"] is None
         assert any("not patched" in n for n in doc["notes"])
@@ -208,6 +211,15 @@ def test_bench_local_unpatched_then_patched(standins, tmp_path, local):
     for words in ("output tokens/s:", "TTFT ms:", "accept length (server): 3.2", "timing log of the same window",
                   "draft_extend"):
         assert words in text.stdout
+
+
+def test_bench_warmed_by_32_requests_has_no_note_of_a_fresh_server(standins, tmp_path, local):
+    srv = spec_server(standins, tmp_path)
+    assert LOAD[-2:] == ["--warmup", "2"]
+    load = [*LOAD[:-1], "32"]
+    doc = jdoc(local.run("bench", srv.tree, *load, "--json"))
+    assert doc["load"]["warmup"] == 32
+    assert not any(n.startswith("the server started") for n in doc["notes"]), doc["notes"]
 
 
 def test_bench_over_ssh_through_a_forwarded_port(standins, tmp_path, ssh):

@@ -12,7 +12,7 @@ import pytest
 
 from eaglepatch.errors import UsageError
 from eaglepatch.hosts.local import LocalHost
-from eaglepatch.tuning.load import LoadFailed, LoadSpec, run_load
+from eaglepatch.tuning.load import FRESH_S, LAUNCH_WARMUP, LoadFailed, LoadSpec, fresh_server_note, run_load
 from eaglepatch.report import aggregate
 
 
@@ -241,3 +241,15 @@ def test_the_servers_own_acceptance_histogram():
     assert lr.server_acceptance == {"samples": 7, "at_least": [1.0, round(4 / 7, 4), round(2 / 7, 4), round(1 / 7, 4)]}
     assert lr.to_json()["server_acceptance"] == lr.server_acceptance
     assert LoadResult(LoadSpec(), 0.0, 1.0, (c,), streamed=False).server_acceptance is None
+
+
+@pytest.mark.parametrize("age, warmup, said", [
+    (0.0, 4, True), (FRESH_S - 1, LAUNCH_WARMUP - 1, True), (-0.4, 0, True),  # a clock a little behind: 0 s
+    (FRESH_S, 4, False), (10.0, LAUNCH_WARMUP, False), (10.0, 100, False),
+])
+def test_a_load_on_a_fresh_server_with_a_short_warm_up_is_noted(age: float, warmup: int, said: bool) -> None:
+    note = fresh_server_note(age, warmup)
+    assert (note is not None) == said
+    if said:
+        assert f"started {max(age, 0):.0f} s before the load" in note and f"only {warmup} request(s)" in note
+        assert note.endswith(f"give --warmup {LAUNCH_WARMUP}")
