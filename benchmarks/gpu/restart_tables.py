@@ -13,7 +13,9 @@ and its timing logs, with this checkout's code:
   prompts that source sent), the GPU decode cycle at batch size 4 (median), the time from one such cycle to the
   next (median, and mean over gaps under 1 s, with the part of it in gaps over 20 ms: prefills and stalls), and
   the prefill's GPU time (median). A restart launch whose run kept its load's window (sweeps since 2026-12-04)
-  shows its records before the load (sglang's own warm-up and the bench's) apart from those of the load.
+  shows its records before the load (sglang's own warm-up and the bench's) apart from those of the load, and its
+  wall tok/s and predictions are read from the load's records alone (as bench reads them); an older launch's from
+  all its records.
 
     python benchmarks/gpu/restart_tables.py docs/gpu/live_story_big_p70.json docs/gpu/live_story_big_p70_eplogs.tar.xz
 """
@@ -111,6 +113,10 @@ def main(story_path: str, logs_tgz: str) -> None:
             L["client"] = r["tokens_per_s"]
             L["accept_len"] = r["accept_len"]
             L["window"] = r.get("window")  # kept by sweeps since 2026-12-04: the bench's load, host clock
+            if L["window"]:  # its records as bench read them: the load's alone, not the warm-up's
+                lo, hi = L["window"]
+                L["res"] = rep.aggregate([L["file"]], by="bs", t_min=lo, t_max=hi)
+                L["wall"] = bs_group(L["res"])[1].wall_tokens_per_s
 
     baseline = [r["tokens_per_s"] for r in sorted(restart_runs, key=lambda r: r["t"]) if steps_of(r["point"]) is None]
     if not live:  # a restart story: its launches (client tok/s), the baseline's too
