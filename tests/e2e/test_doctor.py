@@ -198,7 +198,7 @@ def test_patched_servers_timing_records(cli, standins, tmp_path):
     no-speculation estimate, inside its 30%: the stand-in at 2 steps gives 3 tokens in 15 ms, no faster than its
     no speculation, one token in 5 ms); 2 steps of 1.5 ms accepting 2 or 3 tokens a cycle (accept length 2.7 in
     10 ms: about 40% over the no-speculation estimate, beyond its 30% band, and 3 steps no faster) give no finding at
-    all (with 2-ms steps, 2.7 in 11 ms, the measured +30% sat on the band's edge: one run in three was unproven); a
+    all (with 2-ms steps, 2.7 in 11 ms, the measured +30% sat on the band's edge: 5 runs of 9 were unproven); a
     server that was not loaded has no-timing-records."""
     ins = Install(standins, tmp_path)
     target, draft = models(tmp_path / "models")
