@@ -115,8 +115,10 @@ def main(story_path: str, logs_tgz: str) -> None:
             L["window"] = r.get("window")  # kept by sweeps since 2026-12-04: the bench's load, host clock
             if L["window"]:  # its records as bench read them: the load's alone, not the warm-up's
                 lo, hi = L["window"]
-                L["res"] = rep.aggregate([L["file"]], by="bs", t_min=lo, t_max=hi)
-                L["wall"] = bs_group(L["res"])[1].wall_tokens_per_s
+                res = rep.aggregate([L["file"]], by="bs", t_min=lo, t_max=hi)
+                _, g = bs_group(res)
+                if g is not None:  # else its whole log, as an older sweep's
+                    L["res"], L["wall"] = res, g.wall_tokens_per_s
 
     baseline = [r["tokens_per_s"] for r in sorted(restart_runs, key=lambda r: r["t"]) if steps_of(r["point"]) is None]
     if not live:  # a restart story: its launches (client tok/s), the baseline's too
