@@ -2,7 +2,8 @@
 
 Every module of ``eaglepatch.hosts`` that uses paramiko imports it from here (``from eaglepatch.hosts.paramiko_import
 import paramiko``), so that the stand-in for ``invoke`` is in place before paramiko's first import, and paramiko's
-own log stays quiet (the error reaches the user as a ``ConnectionFailed``; the log only with EAGLEPATCH_DEBUG).
+own log stays quiet (the error reaches the user as a ``ConnectionFailed``; the log only with EAGLEPATCH_DEBUG), and
+a channel's ``fileno()`` pipe is one that a close cannot race (``_LockedPipe``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import importlib.util
 import logging
 import os
 import sys
+import threading
 import types
 from typing import Any
 
@@ -53,5 +55,49 @@ import paramiko  # noqa: E402  (after _lazy_invoke)
 if not os.environ.get("EAGLEPATCH_DEBUG"):
     logging.getLogger("paramiko").addHandler(logging.NullHandler())
     logging.getLogger("paramiko").propagate = False
+
+
+
+class _LockedPipe(paramiko.pipe.PosixPipe):
+    """paramiko's ``PosixPipe`` (what ``Channel.fileno()`` makes for ``select``) with ``close``, ``set`` and
+    ``clear`` under one lock. paramiko's own checks ``_closed`` and then writes, unlocked (paramiko issues #1700 and
+    #2271, open): when the client closes a channel while the transport thread is still feeding it data (a host that
+    floods its output, refused past a bound), the transport's ``set`` writes to a descriptor just closed; the
+    transport thread dies of "Bad file descriptor" and the whole connection is lost (or, the number reused, a byte
+    lands in another file). Here a ``set`` after ``close`` does nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            os.close(self._rfd)
+            os.close(self._wfd)
+
+    def set(self) -> None:
+        with self._lock:
+            if self._set or self._closed:
+                return
+            self._set = True
+            os.write(self._wfd, b"*")
+
+    def clear(self) -> None:
+        with self._lock:
+            if not self._set or self._forever or self._closed:
+                return
+            os.read(self._rfd, 1)
+            self._set = False
+
+
+def _make_pipe() -> Any:
+    return _LockedPipe()
+
+
+if os.name == "posix":
+    paramiko.pipe.make_pipe = _make_pipe  # paramiko.channel calls pipe.make_pipe() at each fileno(): this one
 
 __all__ = ["paramiko"]
