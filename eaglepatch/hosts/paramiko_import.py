@@ -57,7 +57,6 @@ if not os.environ.get("EAGLEPATCH_DEBUG"):
     logging.getLogger("paramiko").propagate = False
 
 
-
 class _LockedPipe(paramiko.pipe.PosixPipe):
     """paramiko's ``PosixPipe`` (what ``Channel.fileno()`` makes for ``select``) with ``close``, ``set`` and
     ``clear`` under one lock. paramiko's own checks ``_closed`` and then writes, unlocked (paramiko issues #1700 and
