@@ -243,6 +243,28 @@ def test_a_2d_cuda_tensor_of_counts_is_copied_and_summed_once_done(load, logs, f
     assert rec["accepted"] == 12 and rt._stats()["errors"] == 0
 
 
+class _CudaTensor0d(FakeTensor):
+    def __init__(self, value):
+        FakeTensor.__init__(self, [value])
+        self.shape = ()
+
+    def dim(self):
+        return 0
+
+
+@pytest.mark.parametrize("mode", ["events", "cpu"])
+def test_a_0d_cuda_tensor_of_a_total_is_copied_and_read_once_done(load, logs, fake_torch, mode):
+    """A cycle's total as a 0-d CUDA tensor: copied, read as the number once done, plus the bonus per request; a
+    total gives no per-request accepts."""
+    rt = load(mode=mode)
+    rt._WRITER_THREAD = False
+    fake_torch.cuda.done = False
+    decode_worker(rt, out=Obj(accept_lens=_CudaTensor0d(9)), bonus=1).forward_batch_generation(Batch(3))
+    fake_torch.cuda.done = True
+    rec = one_record(rt, logs)
+    assert rec["accepted"] == 12 and "accepts" not in rec and rt._stats()["errors"] == 0
+
+
 def test_an_accepted_copy_that_cannot_be_read_leaves_the_record_without_its_count(load, logs, fake_torch,
                                                                                   monkeypatch, capsys):
     """A CUDA copy of the accepted counts that cannot be read: the record is written without its count

@@ -246,7 +246,16 @@ def test_a_renewed_lease_is_kept_without_a_new_answer(rt, live):
     live.write(deadline=time.time() + 120)
     live.poll()
     assert os.stat(str(live.ack)).st_mtime == 1
-    assert rt._live[2] > time.time() + 100
+    assert rt._live[2] > time.time() + 100 and rt._stats()["errors"] == 0
+
+
+def test_a_new_lease_in_place_of_the_held_one_is_answered_anew(rt, live):
+    w = leased(rt, live)
+    live.write(token="fedcba9876543210")
+    live.poll()
+    assert json.loads(live.ack.read_text())["token"] == "fedcba9876543210"
+    assert rt._stats()["live"] == "fedcba9876543210" and rt._stats()["errors"] == 0
+    assert w.forward_batch_generation(batch(marked(7))) == 3   # the old token's requests no longer pin
 
 
 @pytest.mark.parametrize("doc", [
@@ -297,8 +306,15 @@ def _dir_open_to_all(live, logs):
     os.chmod(str(logs), 0o777)
 
 
-@pytest.mark.parametrize("spoil", [_group_writable, _a_link, _too_big, _not_json, _a_fifo, _dir_open_to_all])
-def test_a_lease_file_that_is_not_safe_is_not_followed_and_said_once(rt, logs, live, spoil, capfd):
+@pytest.mark.parametrize("spoil, why", [
+    (_group_writable, "(LEASE is not a small regular file of uid %d, writable by it alone)" % os.geteuid()),
+    (_a_link, "(LEASE is a link or not a regular file)"),
+    (_too_big, "is not a small regular file of uid"),
+    (_not_json, "Expecting property name"),
+    (_a_fifo, "is not a small regular file of uid"),
+    (_dir_open_to_all, "writable by group or others"),
+])
+def test_a_lease_file_that_is_not_safe_is_not_followed_and_said_once(rt, logs, live, spoil, why, capfd):
     w = worker(rt)
     w.forward_batch_generation(batch("x"))
     spoil(live, logs)
@@ -308,6 +324,9 @@ def test_a_lease_file_that_is_not_safe_is_not_followed_and_said_once(rt, logs, l
     assert w.forward_batch_generation(batch(marked(1))) == 3
     err = capfd.readouterr().err
     assert err.count("not following the live sweep lease") == 1, err
+    assert err.startswith("[eaglepatch] not following the live sweep lease %s in %s (" % (live.lease.name, logs)), err
+    assert err.endswith("): sglang's own adaptive policy stays in charge\n"), err
+    assert why.replace("LEASE", live.lease.name) in err, err
     os.chmod(str(logs), 0o700)
 
 
@@ -388,3 +407,223 @@ def test_after_a_fork_the_child_holds_no_lease(rt, live):
     w.forward_batch_generation(batch(marked(1)))
     rt._after_fork_child()
     assert (rt._live, rt._pins, rt._live_watch) == (None, {}, False)
+
+
+# --- the fifth mutation round (docs/mutation-runtime.md): what the tests above left unsaid ---------------------
+
+def test_the_pinned_policy_answers_as_sglangs_policy_does(rt):
+    """_Pinned stands where sglang's controller reads its policy: 0.5.12 reads ``current_steps`` (an int) after
+    ``update()`` says it changed, 0.5.16+ reads ``on_verify_complete()``'s new step count (None: no switch); all
+    else (``candidate_steps``, ``cuda_graph_bs_for_step``) is the policy's own."""
+    policy = Policy12(steps=3)
+    pinned = rt._Pinned(policy, 7)
+    assert pinned.current_steps == 7 and type(pinned.current_steps) is int
+    assert pinned.update([0, 0]) is False and pinned.on_verify_complete([0, 0], 2) is None
+    assert pinned.get_steps_for_batch(4) == 7
+    assert pinned.candidate_steps is policy.candidate_steps and policy.fed == 0
+    with pytest.raises(AttributeError):
+        pinned.no_such_attribute
+
+
+def test_step_counts_of_two_digits_are_pinned(rt, live):
+    w = worker(rt)
+    w.adaptive_controller._states[12] = State(12)
+    w = leased(rt, live, w, steps=[1, 12])
+    assert w.forward_batch_generation(batch(marked(12))) == 12
+    assert rt._stats()["errors"] == 0
+
+
+def test_handing_back_reports_no_error(rt, live):
+    """The lease gone: the next cycle hands back quietly (an error here would count in every summary)."""
+    w = leased(rt, live)
+    w.forward_batch_generation(batch(marked(7)))
+    live.lease.unlink()
+    live.poll()
+    assert w.forward_batch_generation(batch("user")) == 3
+    assert rt._stats()["errors"] == 0 and rt._stats()["pinned"] == 0
+
+
+def test_a_lease_holds_until_its_deadline_not_at_it(rt, live, monkeypatch):
+    deadline = time.time() + 30
+    w = leased(rt, live, deadline=deadline)
+    monkeypatch.setattr(rt, "_wall", lambda: deadline - 0.001)
+    assert w.forward_batch_generation(batch(marked(1))) == 1
+    monkeypatch.setattr(rt, "_wall", lambda: deadline)
+    assert w.forward_batch_generation(batch(marked(1))) == 3
+
+
+def test_a_pin_is_kept_by_its_controller(rt, live):
+    """By reference: the key is the controller's id, which no other object can take while it is held."""
+    w = leased(rt, live)
+    w.forward_batch_generation(batch(marked(7)))
+    assert list(rt._pins.values()) == [w.adaptive_controller]
+
+
+def test_a_failing_switch_is_reported_as_the_live_sweeps(rt, live, capfd):
+    w = leased(rt, live)
+
+    def boom(state):
+        raise RuntimeError("cannot switch")
+
+    w.apply_runtime_state = boom
+    w.forward_batch_generation(batch(marked(7)))
+    rt.flush()
+    err = capfd.readouterr().err
+    assert "[eaglepatch] internal error in live (" in err and "cannot switch" in err, err
+
+
+def test_handing_back_applies_the_policys_choice_for_the_batch(rt, live):
+    """0.5.16+: the policy's step count for this batch's size, applied by the runtime itself (a worker whose
+    cycle does not switch by batch size would otherwise stay at the pinned state)."""
+
+    class BySize(Policy16):
+        def get_steps_for_batch(self, batch_size):
+            return {1: 1, 2: 7}.get(batch_size, 3)
+
+    w = leased(rt, live, worker(rt, policy=BySize(), bs_switch=False))
+    assert w.forward_batch_generation(batch(marked(0))) == 0
+    assert w.forward_batch_generation(batch("user-a", "user-b")) == 7
+    assert w.forward_batch_generation(batch(marked(0))) == 0
+    assert w.forward_batch_generation(batch("user-c")) == 1
+
+
+def test_a_pinned_state_already_running_is_not_applied_again(rt, live):
+    w = leased(rt, live)
+    applied = []
+    real = w.apply_runtime_state
+
+    def counting(state):
+        applied.append(state.speculative_num_steps)
+        real(state)
+
+    w.apply_runtime_state = counting
+    w.forward_batch_generation(batch(marked(7)))
+    w.forward_batch_generation(batch(marked(7)))
+    w.forward_batch_generation(batch("user"))               # back to the policy's 3
+    w.forward_batch_generation(batch("user"))
+    w.forward_batch_generation(batch(marked(3)))            # pinned where the worker runs already
+    w.forward_batch_generation(batch("user"))               # and handed back where the policy wants it
+    assert applied == [7, 3] and rt._stats()["pinned"] == 0
+
+
+def test_the_writers_wait_ends_at_its_next_look(rt):
+    rt._live_next = 10.0
+    assert rt._live_wait(None, 9.75) == 0.25
+    assert rt._live_wait(0.1, 9.75) == 0.1
+    assert rt._live_wait(5.0, 9.75) == 0.25
+    assert rt._live_wait(None, 12.0) == 0.0                  # overdue: look now
+
+
+def test_the_writer_looks_every_half_second(rt, live, monkeypatch):
+    """_LIVE_POLL_SECONDS as shipped (docs/design.md): a lease written after a look is seen 0.5 s later, not
+    before."""
+    w = worker(rt)
+    w.forward_batch_generation(batch("x"))
+    now = [100.0]
+    monkeypatch.setattr(rt, "_mono", lambda: now[0])
+    rt._live_next = 0.0
+    rt._live_poll()                                         # a look: no lease yet
+    live.write()
+    now[0] = 100.49
+    rt._live_poll()
+    assert rt._stats()["live"] is None
+    now[0] = 100.5
+    rt._live_poll()
+    assert rt._stats()["live"] == TOKEN
+
+
+def test_the_lease_and_answer_files_are_named_as_the_client_reads_them(rt, live):
+    """The protocol's names (the runtime's docstring; eaglepatch/hostside/live.py reads the answers):
+    ``live-<launcher pid>.json`` and ``live-<launcher pid>-<pid>.ack``."""
+    from eaglepatch.hostside.live import _LIVE_ACK
+    launcher = rt._run_of()[1]["launcher"]
+    assert live.lease.name == "live-%d.json" % launcher
+    assert live.ack.name == "live-%d-%d.ack" % (launcher, os.getpid())
+    assert _LIVE_ACK.match(live.ack.name).groups() == (str(launcher), str(os.getpid()))
+
+
+def test_a_lease_file_of_exactly_the_size_limit_is_read(rt, live):
+    w = worker(rt)
+    w.forward_batch_generation(batch("x"))
+    doc = json.dumps({"v": 1, "token": TOKEN, "steps": [1], "deadline": time.time() + 60, "pad": ""})
+    live.write(doc[:-2] + "x" * (rt._LIVE_MAX_BYTES - len(doc)) + '"}')
+    assert os.path.getsize(str(live.lease)) == rt._LIVE_MAX_BYTES == 4096
+    live.poll()
+    assert rt._stats()["live"] == TOKEN
+
+
+@pytest.mark.parametrize("token", ["01234567", "0" * 64])
+def test_tokens_of_8_to_64_hex_digits_are_leases(rt, token):
+    assert rt._lease_of({"v": 1, "token": token, "steps": [1], "deadline": 4e9})[3] == token
+
+
+@pytest.mark.parametrize("token", ["0123456", "0" * 65, "0123456789abcdeX", 12345678901234567])
+def test_other_tokens_are_not(rt, token):
+    assert rt._lease_of({"v": 1, "token": token, "steps": [1], "deadline": 4e9}) is None
+
+
+def test_a_lease_may_name_64_step_counts_up_to_64(rt):
+    steps = list(range(1, 65))
+    assert rt._lease_of({"v": 1, "token": TOKEN, "steps": steps, "deadline": 4e9})[1] == frozenset(steps)
+    assert rt._lease_of({"v": 1, "token": TOKEN, "steps": steps + [0], "deadline": 4e9}) is None
+
+
+def test_the_lease_and_the_answer_are_opened_with_exactly_the_safe_flags(rt, live, logs, monkeypatch):
+    """As the log file: close-on-exec, no link followed, never blocking (a FIFO planted at either name); the answer
+    created 0600."""
+    w = worker(rt)
+    w.forward_batch_generation(batch("x"))
+    live.write()
+    real = os.open
+    calls = []
+
+    def spy(path, flags, *a, **kw):
+        calls.append((path, flags) + a + tuple(sorted(kw)))
+        return real(path, flags, *a, **kw)
+
+    monkeypatch.setattr(os, "open", spy)
+    live.poll()
+    monkeypatch.undo()
+    safe = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    directory = (str(logs), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    assert calls == [
+        directory, (live.lease.name, os.O_RDONLY | safe, "dir_fd"),
+        directory, (live.ack.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | safe, 0o600, "dir_fd"),
+    ]
+    assert rt._stats()["live"] == TOKEN
+
+
+def test_a_lease_is_no_longer_one_at_its_deadline(rt, monkeypatch):
+    monkeypatch.setattr(rt, "_wall", lambda: 1000.0)
+    assert rt._lease_of({"v": 1, "token": TOKEN, "steps": [1], "deadline": 1000.001}) is not None
+    assert rt._lease_of({"v": 1, "token": TOKEN, "steps": [1], "deadline": 1000.0}) is None
+
+
+def test_a_lease_that_others_may_read_or_run_is_followed(rt, live):
+    """Only a write bit of group or others makes a lease unsafe (0o022), not read or execute bits."""
+    w = worker(rt)
+    w.forward_batch_generation(batch("x"))
+    live.write()
+    os.chmod(str(live.lease), 0o755)
+    live.poll()
+    assert rt._stats()["live"] == TOKEN
+
+
+def test_an_answer_that_cannot_be_a_file_is_an_error_and_nothing_is_written_into_it(rt, live, capfd):
+    """A FIFO with a reader planted at the answer's name opens without blocking: the fstat after the open refuses
+    it, nothing is written to the reader, and the error is the live sweep's."""
+    w = worker(rt)
+    w.forward_batch_generation(batch("x"))
+    os.mkfifo(str(live.ack), 0o600)
+    reader = os.open(str(live.ack), os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        live.write()
+        live.poll()
+        rt.flush()
+        assert os.read(reader, 4096) == b""
+    finally:
+        os.close(reader)
+    assert rt._stats()["errors"] == 1
+    err = capfd.readouterr().err
+    assert "[eaglepatch] internal error in live (" in err, err
+    assert "_Unsafe: %s is not a regular file\n" % live.ack.name in err, err

@@ -270,6 +270,15 @@ def test_every_secret_word_hides_its_options_value(rt, word):
     assert rt._redacted(["env", env + "=v", env + "_COUNT=v"]) == ["env", env + "=***", env + "_COUNT=v"]
 
 
+@pytest.mark.parametrize("name", ["--kt-max-deferred-experts-per-token", "--bucket-time-to-first-token",
+                                  "BUCKET_TIME_TO_FIRST_TOKEN", "MAX_EXPERTS_PER_TOKEN"])
+def test_a_measure_per_token_is_no_secret(rt, name):
+    """Names ending in "-per-token" or "-first-token" (sglang options; `_` read as `-` in a variable) hide nothing:
+    eaglepatch/redact.py's rule, which the real releases' options hold the two to (tests/real)."""
+    assert rt._secret_name(name) is False
+    assert rt._redacted(["python", name, "4", name + "=4"]) == ["python", name, "4", name + "=4"]
+
+
 # --- the run id and the header line --------------------------------------------------------------------------
 def _fnv(text):
     h = 0

@@ -163,6 +163,20 @@ def test_the_writer_sleeps_until_the_buffer_falls_due_and_no_longer(quiet, logs)
     assert len(records(logs)) == 1
 
 
+def test_an_adaptive_servers_writer_sleeps_no_longer_than_its_next_look_for_a_lease(quiet):
+    """Once an adaptive worker has run, the writer looks for a live sweep's lease on its own: with nothing to do it
+    sleeps until its next look, not until woken; with a batch not due, until whichever comes first."""
+    rt = quiet(mode="cpu")
+    rt._live_watch = True
+    rt._live_next = rt._mono() + 0.4
+    (timeout, buffered, msgs, idle), = _writer_rounds(rt)
+    assert 0.2 < timeout <= 0.4 and buffered == 0 and idle
+    decode_worker(rt).forward_batch_generation(Batch())
+    rt._live_next = rt._mono() + 0.4
+    (timeout, buffered, msgs, idle), = _writer_rounds(rt)
+    assert 0.2 < timeout <= 0.4 and buffered == 1
+
+
 def test_a_batch_is_due_at_flush_seconds_to_the_tick(load, monkeypatch):
     """A batch falls due flush_seconds after its first record, to the tick (a scripted clock): not before."""
     rt = load(mode="cpu", flush_seconds=600.0, flush_records=1000)

@@ -132,6 +132,8 @@ class FakeHost(object):
         return len(self.shape)
 
     def tolist(self):
+        if not self.shape:                          # 0-d: the number itself, as torch gives it
+            return self.values[0]
         if len(self.shape) == 2:                    # nested, as torch gives it
             n = self.shape[1]
             return [list(self.values[i:i + n]) for i in range(0, len(self.values), n)]
