@@ -189,3 +189,21 @@ def run_script(python, script, env_extra, tmp_path):
     path.write_text(script)
     return subprocess.run([python, str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True, timeout=120)
+
+
+def open_calls(action):
+    """The ``os.open`` calls that ``action()`` makes, each as (path, flags, its other positional arguments...,
+    the names of its keyword arguments)."""
+    real = os.open
+    calls = []
+
+    def spy(path, flags, *a, **kw):
+        calls.append((path, flags) + a + tuple(sorted(kw)))
+        return real(path, flags, *a, **kw)
+
+    os.open = spy
+    try:
+        action()
+    finally:
+        os.open = real
+    return calls

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from runtime_helpers import Obj, records
+from runtime_helpers import Obj, open_calls, records
 
 TOKEN = "0123456789abcdef"
 
@@ -568,22 +568,13 @@ def test_a_lease_may_name_64_step_counts_up_to_64(rt):
     assert rt._lease_of({"v": 1, "token": TOKEN, "steps": steps + [0], "deadline": 4e9}) is None
 
 
-def test_the_lease_and_the_answer_are_opened_with_exactly_the_safe_flags(rt, live, logs, monkeypatch):
+def test_the_lease_and_the_answer_are_opened_with_exactly_the_safe_flags(rt, live, logs):
     """As the log file: close-on-exec, no link followed, never blocking (a FIFO planted at either name); the answer
     created 0600."""
     w = worker(rt)
     w.forward_batch_generation(batch("x"))
     live.write()
-    real = os.open
-    calls = []
-
-    def spy(path, flags, *a, **kw):
-        calls.append((path, flags) + a + tuple(sorted(kw)))
-        return real(path, flags, *a, **kw)
-
-    monkeypatch.setattr(os, "open", spy)
-    live.poll()
-    monkeypatch.undo()
+    calls = open_calls(live.poll)
     safe = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     directory = (str(logs), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     assert calls == [

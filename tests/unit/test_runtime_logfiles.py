@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from runtime_helpers import Batch, decode_worker, log_name, records
+from runtime_helpers import Batch, decode_worker, log_name, open_calls, records
 
 
 @pytest.fixture
@@ -215,21 +215,12 @@ def test_the_header_of_a_fallback_names_the_private_dir_and_the_one_refused(load
 
 
 # --- the log file --------------------------------------------------------------------------------------------
-def test_the_log_dir_and_file_are_opened_with_exactly_the_safe_flags(load, logs, monkeypatch):
+def test_the_log_dir_and_file_are_opened_with_exactly_the_safe_flags(load, logs):
     """Every fd the runtime opens is close-on-exec and does not follow a link; the directory is opened as one
     (O_DIRECTORY), the file for appending only, created 0600, without blocking (a FIFO planted meanwhile)."""
     rt = load()
     decode_worker(rt).forward_batch_generation(Batch())
-    real = os.open
-    calls = []
-
-    def spy(path, flags, *a, **kw):
-        calls.append((path, flags) + a + tuple(sorted(kw)))
-        return real(path, flags, *a, **kw)
-
-    monkeypatch.setattr(os, "open", spy)
-    rt.flush()
-    monkeypatch.undo()
+    calls = open_calls(rt.flush)
     common = os.O_NOFOLLOW | os.O_CLOEXEC
     assert calls == [
         (str(logs), os.O_RDONLY | os.O_DIRECTORY | common),
