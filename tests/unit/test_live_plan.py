@@ -215,3 +215,117 @@ def test_each_state_is_warmed_up_a_quarter_window_at_least_2_s_at_most_the_windo
     from eaglepatch.tuning.drive_live import warm_seconds
 
     assert warm_seconds(window) == seconds
+
+
+# --- what a mutation run of eaglepatch.tuning.live found unsaid (docs/mutation-runtime.md, last section) -----
+
+def test_64_steps_is_the_largest_step_count():
+    assert lv.live_steps(["speculative-num-steps=1,64"]) == (1, 64)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: lv.live_steps(["speculative-eagle-topk=1,2"]),
+     "--live sweeps one axis, --grid speculative-num-steps=v1,v2,... (sglang's adaptive runtime states differ in "
+     "their step counts alone): sweep other flags without --live"),
+    (lambda: lv.live_steps(["speculative-num-steps=1,x"]),
+     "--grid speculative-num-steps: 'x' is not a step count (a whole number, 0 to 64)"),
+    (lambda: lv.live_steps(["speculative-num-steps=3"]),
+     "--live needs two step counts or more to compare (--grid speculative-num-steps=1,3)"),
+    (lambda: lv.plan_windows(4, 0, "seed"), "--rounds must be 1 or more, not 0"),
+])
+def test_each_usage_error_is_one_whole_line_saying_what_to_do(call, message):
+    with pytest.raises(UsageError) as e:
+        call()
+    assert str(e.value) == message
+
+
+def test_one_round_is_a_plan():
+    assert sorted(lv.plan_windows(3, 1, "seed")) == [(0, 0), (0, 1), (0, 2)]
+
+
+def test_a_live_sweeps_identity_is_each_of_its_parts_and_no_order_of_the_loads_fields():
+    base = ("t", (1, 3), 3, 20.0, {"requests": 4, "concurrency": 2})
+    ident = lv.live_id(*base)
+    assert len(ident) == 16 and int(ident, 16) >= 0
+    assert lv.live_id("t", (1, 3), 3, 20.0, {"concurrency": 2, "requests": 4}) == ident
+    for i, other in enumerate(("u", (1, 5), 2, 10.0, {"requests": 8, "concurrency": 2})):
+        changed = list(base)
+        changed[i] = other
+        assert lv.live_id(*changed) != ident, i
+
+
+def test_a_records_spec_names_its_steps_and_whether_they_were_pinned():
+    assert lv.spec_of({}) == (None, False)
+    assert lv.spec_of({"spec": {"steps": 3}}) == (3, False)
+    assert lv.spec_of({"spec": {"steps": 3, "pinned": True}}) == (3, True)
+    assert lv.spec_of({"spec": {"steps": True, "pinned": True}}) == (None, True)
+
+
+def test_cycles_after_a_prefill_are_counted():
+    pinned = {"steps": 3, "topk": 1, "draft_tokens": 4, "pinned": True}
+    assert lv.count_cycles([rec("prefill", spec=pinned), rec(spec=pinned)], 3) == {"pinned": 1, "other": 0}
+
+
+def test_a_windows_pinned_group_is_its_newest_unless_asked_per_batch_size():
+    groups = [{"mode": "decode", "key": {"spec": "steps=3,topk=1,draft_tokens=4,pinned=true"}, "n": n}
+              for n in (1, 2, 3)]
+    assert [g["n"] for g in lv.pinned_group(groups, 3)] == [3]
+    assert [g["n"] for g in lv.pinned_group(groups, 3, by_bs=True)] == [1, 2, 3]
+
+
+def test_a_windows_figures_come_from_its_pinned_group():
+    client = {"tokens_per_s": 120.0, "accept_len": 2.5}
+    group = {"mode": "decode", "key": {"spec": "steps=3,topk=1,draft_tokens=4,pinned=true"}, "n": 40,
+             "accept_len": 2.4, "cycle_ms": {"p50": 7.5}, "phases": {"verify": {"p50": 3.0}}}
+    other = {"mode": "decode", "key": {"spec": "steps=1,topk=1,draft_tokens=2,pinned=true"}, "n": 9,
+             "accept_len": 1.6, "cycle_ms": {"p50": 5.0}}
+    fig = lv.window_figures(client, {"groups": [group, other], "records": 49}, {"pinned": 40, "other": 9}, 3)
+    assert fig == {"tokens_per_s": 120.0, "accept_len": 2.5, "phases_p50": {"verify": 3.0, "cycle": 7.5},
+                   "records": 49, "accept_len_log": 2.4, "cycles": {"pinned": 40, "other": 9}}
+    assert lv.window_figures(client, None, None, 3) == {"tokens_per_s": 120.0, "accept_len": 2.5, "phases_p50": {},
+                                                       "records": None, "accept_len_log": None}
+
+
+def test_a_batch_size_of_10_cycles_counts_and_the_servers_own_tok_s_stands_in_for_the_wall():
+    pinned = "steps=5,topk=1,draft_tokens=6,pinned=true"
+    groups = [{"mode": "decode", "key": {"bs": 1, "spec": pinned}, "n": 9, "wall_tokens_per_s": 90.0,
+               "predict": [{"steps": 1, "tokens_per_s": 50.0, "spread": 0.1, "basis": "profile"}]},
+              {"mode": "decode", "key": {"bs": 2, "spec": pinned}, "n": 10, "tokens_per_s": 100.0,
+               "predict": [{"steps": 1, "tokens_per_s": 60.0, "spread": 0.1, "basis": "profile"}]}]
+    assert lv.bs_figures({"groups": groups}, 5) == {2: 100.0}
+    assert lv.bs_predictions(groups, 5) == {2: {1: [60.0, 0.1, "profile"]}}
+
+
+def test_the_summary_reads_ok_windows_in_time_order_and_says_what_they_measured():
+    steps = (1, 3)
+    k1, k3 = (p.key for p in lv.points_of(steps))
+    runs = [dict(run(k1, 1, 90.12345, 4, {"pinned": 9}), accept_len_log=1.5),
+            dict(run(k1, 0, 100.0, 1, {"pinned": 10, "other": 1}), accept_len_log=1.7),
+            dict(run(k1, 2, 95.0, 6), accept_len_log="n/a"),
+            dict(run(k1, 3, None, 7)),
+            dict(run(k1, 4, 500.0, 8), status="failed"),
+            dict(run(k3, 0, 120.0, 2), client={"seconds": 2.0}),
+            run(k3, 1, 110.0, 3)]
+    doc = lv.summarize("t", steps, runs, rounds=2, launches=0, window_s=20.0)
+    a, b = doc["points"]
+    assert a["window_tokens_per_s"] == [100.0, 90.123, 95.0]
+    assert a["accept_len_log"] == 1.6 and b["accept_len_log"] is None
+    assert a["cycles"] == {"pinned": 19, "other": 1} and "cycles" not in b
+    assert any(n.startswith("1 of 5 window(s) measured under ") and n.endswith("raise --window") for n in doc["notes"])
+    assert not any(n.startswith("one window per point") for n in doc["notes"])
+    one = lv.summarize("t", steps, runs[-2:], rounds=1, launches=0, window_s=20.0)
+    assert not any(n.startswith("one window per point") for n in one["notes"])
+    assert not any("did not run at their window's pinned step count" in n for n in one["notes"])
+
+
+def test_one_round_keeps_sweeps_other_notes_and_says_the_windows_own():
+    steps = (1, 3)
+    k1, k3 = (p.key for p in lv.points_of(steps))
+    runs = [dict(run(k1, 0, 100.0, 1, {"pinned": 9, "other": 2}), accept_len_log=1.23456, client={"seconds": 2.0}),
+            run(k3, 0, 120.0, 2)]
+    doc = lv.summarize("t", steps, runs, rounds=1, launches=0, window_s=2.0)
+    assert doc["points"][0]["accept_len_log"] == 1.2346
+    assert [n.split(" ")[:4] for n in doc["notes"]] == [
+        ["1", "of", "2", "window(s)"], ["one", "window", "per", "point:"], ["2", "decode", "cycle(s)", "inside"]]
+    assert doc["notes"][2] == ("2 decode cycle(s) inside the windows did not run at their window's pinned step count "
+                               "(other traffic on the server, or a lease that ran out): their phases are left out")
