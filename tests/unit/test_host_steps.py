@@ -671,6 +671,70 @@ def test_a_running_servers_config_is_read_where_it_names_it(tmp_path: Path) -> N
     assert "larger than" in live.op_live({"action": "read_config", "path": str(tmp_path / "big.json")})["error"]
 
 
+def test_what_op_live_says_is_one_whole_line(tmp_path: Path) -> None:
+    """Each refusal as its whole line (eaglepatch shows it as the host's reason); every answer carries the host's
+    clock (``now``: leases and deadlines are set by it)."""
+    d = tmp_path / "logs"
+    res = live.op_live({"action": "write", "log_dir": str(d), "names": ["x.json"], "data": "x"})
+    assert res == {"error": "not a live sweep's file name: 'x.json'"}
+    (tmp_path / "file").write_text("")
+    res = live.op_live({"action": "answers", "log_dir": str(tmp_path / "file"), "launchers": [1]})
+    assert res == {"error": "%s is not a directory of this user that only it can write: the server's runtime would "
+                            "not follow a live sweep there" % (tmp_path / "file")}
+    res = live.op_live({"action": "answers", "log_dir": str(tmp_path / "file" / "logs"), "launchers": [1]})
+    assert res == {"error": "cannot make %s: Not a directory" % (tmp_path / "file" / "logs")}
+    before = time.time()
+    for payload in ({"action": "answers", "log_dir": str(d), "launchers": [1]},
+                    {"action": "write", "log_dir": str(d), "names": ["live-1.json"], "token": TOKEN, "steps": [1],
+                     "lease_s": 5}):
+        res = live.op_live(payload)
+        assert before <= res["now"] <= time.time(), res
+
+
+def test_a_log_folder_that_others_may_enter_is_used(tmp_path: Path) -> None:
+    """Only a write bit of group or others makes the folder one the runtime would not use (0o022), not 0711."""
+    d = tmp_path / "logs"
+    d.mkdir()
+    os.chmod(d, 0o711)
+    assert live.op_live({"action": "answers", "log_dir": str(d), "launchers": [1]})["answers"] == []
+
+
+def test_answers_are_read_past_other_files_and_answers_that_are_not_one(tmp_path: Path) -> None:
+    d = tmp_path / "logs"
+    d.mkdir(mode=0o700)
+    (d / "a-first.txt").write_text("")                                    # sorted before the answers
+    (d / "live-10-1.ack").write_text("[1, 2]")                            # JSON, not an answer
+    over = json.dumps({"token": TOKEN, "pad": ""})
+    (d / "live-10-2.ack").write_text(over[:-2] + "x" * (4097 - len(over)) + '"}')  # 4,097 bytes: one too many
+    (d / "live-10-3.ack").write_text(json.dumps({"token": TOKEN, "rank": 2}))
+    res = live.op_live({"action": "answers", "log_dir": str(d), "launchers": [10]})
+    assert res["answers"] == [{"pid": 3, "token": TOKEN, "rank": 2, "alive": os.path.exists("/proc/3")}]
+
+
+def test_a_config_is_read_up_to_64_kib_as_text_without_following_a_link_or_blocking(tmp_path: Path) -> None:
+    exact = tmp_path / "exact.json"
+    exact.write_bytes(b"x" * (64 * 1024))
+    res = live.op_live({"action": "read_config", "path": str(exact)})
+    assert res == {"text": "x" * (64 * 1024), "path": str(exact)}
+    big = tmp_path / "big.json"
+    big.write_bytes(b"x" * (64 * 1024 + 1))
+    assert live.op_live({"action": "read_config", "path": str(big)}) == {
+        "error": "cannot read %s: larger than 65536 bytes" % big, "path": str(big)}
+    (tmp_path / "bad.json").write_bytes(b'{"a": "\xff"}')
+    assert live.op_live({"action": "read_config", "path": str(tmp_path / "bad.json")})["text"] == '{"a": "\ufffd"}'
+    missing = tmp_path / "nope.json"
+    assert live.op_live({"action": "read_config", "path": "nope.json", "cwd": str(tmp_path)}) == {
+        "error": "cannot read %s: No such file or directory" % missing, "path": str(missing)}
+    assert live.op_live({"action": "read_config", "path": "no-such-eaglepatch-config.json"})["path"] == \
+        "/no-such-eaglepatch-config.json"                                 # relative to / without a cwd
+    (tmp_path / "link.json").symlink_to(exact)
+    assert live.op_live({"action": "read_config", "path": str(tmp_path / "link.json")})["error"].startswith(
+        "cannot read %s: " % (tmp_path / "link.json"))
+    os.mkfifo(str(tmp_path / "fifo.json"))
+    assert live.op_live({"action": "read_config", "path": str(tmp_path / "fifo.json")})["error"] == (
+        "cannot read %s: not a regular file" % (tmp_path / "fifo.json"))
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # report: the timing logs fetched in bounded batches (op_logs), and resumed from the cache (fetch_logs_from)
 
