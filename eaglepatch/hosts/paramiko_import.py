@@ -92,11 +92,7 @@ class _LockedPipe(paramiko.pipe.PosixPipe):
             self._set = False
 
 
-def _make_pipe() -> Any:
-    return _LockedPipe()
-
-
 if os.name == "posix":
-    paramiko.pipe.make_pipe = _make_pipe  # paramiko.channel calls pipe.make_pipe() at each fileno(): this one
+    paramiko.pipe.make_pipe = _LockedPipe  # paramiko.channel calls pipe.make_pipe() at each fileno(): this one
 
 __all__ = ["paramiko"]
