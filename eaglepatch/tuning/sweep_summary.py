@@ -14,6 +14,10 @@ from eaglepatch.tuning.load import SHORT_LOAD_S
 from eaglepatch.tuning.sweep import Point
 
 PHASES = ("draft", "verify", "draft_extend", "cycle")
+# Launches of one point whose decode cycles (p50) differ by this factor ran on a machine whose speed moved. On the
+# H200 (docs/real-gpu.md) a GPU-bound server's launches of one step count agreed within 2.1% in every sweep; a
+# host-bound server's differed by up to 1.10x and 1.19x one day, and by 1.6x to 2.3x across a slow spell.
+CYCLE_DRIFT = 1.1
 
 
 def run_figures(bench: Mapping[str, Any]) -> dict[str, Any]:
@@ -42,14 +46,16 @@ def _r(x: float | None, nd: int = 3) -> float | None:
 
 
 def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, Any]], baseline: bool,
-              repeat: int) -> dict[str, Any]:
+              repeat: int, launches: bool = True) -> dict[str, Any]:
     """The ``sweep --json`` object of docs/contract.md, plus per point ``label``, ``within_noise`` (its tok/s range
     overlaps the best point's: it may be as good), ``failed_runs``, and for a failed point ``log_tail``; and
-    top-level ``repeat`` and ``notes``."""
+    top-level ``repeat`` and ``notes``. ``launches``: each run is a launch of its own (a restart sweep), so runs of
+    one point whose decode cycles differ say the machine's speed moved between launches (a note)."""
     by_point: dict[str, list[Mapping[str, Any]]] = {}
     for r in runs:
         by_point.setdefault(r["point"], []).append(r)
     docs = []
+    drift: list[str] = []  # each part of the note on points whose launches ran at different speeds
     windows: list[float] = []  # seconds of load of every run that counted
     for p in points:
         rs = by_point.get(p.key, [])
@@ -69,6 +75,8 @@ def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, 
                 "phases_p50": {n: _r(statistics.median([r["phases_p50"][n] for r in ok
                                                         if n in (r.get("phases_p50") or {})]), 4) for n in names},
             })
+            if launches:
+                drift += _cycle_drift(p.label, ok)
         else:
             doc.update({"status": "failed" if bad else "pending", "runs": 0, "tokens_per_s": None,
                         "accept_len": None, "phases_p50": {}})
@@ -107,6 +115,11 @@ def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, 
         notes.append("one launch per point: launches of one point differ (by 2-5% on a GPU-bound server, by tens of "
                      "percent on a host-bound one), so differences of that size decide nothing; use --repeat 3 or "
                      "more")
+    if drift:
+        notes.append("launches of one point ran their decode cycles (p50) at different speeds: " + "; ".join(drift)
+                     + ". The setting was the same in each, so the machine's speed moved between launches and the "
+                     "point's median mixes them: compare points by launches of like cycle times, or run the sweep "
+                     "again when the machine is steady")
     short = [w for w in windows if w < SHORT_LOAD_S]
     if short:
         notes.append(f"{len(short)} of {len(windows)} run(s) measured under {SHORT_LOAD_S:.0f} s of load (the shortest "
@@ -118,6 +131,26 @@ def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, 
     if base is not None and docs[base]["status"] != "ok":
         notes.append("the baseline did not run: no speedups")
     return {"target": target, "baseline": base, "points": docs, "best": best, "repeat": repeat, "notes": notes}
+
+
+def _cycle_drift(label: str, ok: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The point's part of the drift note, when its launches ran their decode cycles at speeds CYCLE_DRIFT apart or
+    more: the setting is the same in each, so the machine (or what else ran on it) was faster in one launch than
+    in another."""
+    timed = [r for r in ok if isinstance((r.get("phases_p50") or {}).get("cycle"), (int, float))
+             and r["phases_p50"]["cycle"] > 0]
+    if len(timed) < 2:
+        return []
+    fast = min(timed, key=lambda r: r["phases_p50"]["cycle"])
+    slow = max(timed, key=lambda r: r["phases_p50"]["cycle"])
+    lo, hi = fast["phases_p50"]["cycle"], slow["phases_p50"]["cycle"]
+    if hi < CYCLE_DRIFT * lo:
+        return []
+    accs = [r["accept_len"] for r in timed if isinstance(r.get("accept_len"), (int, float))]
+    same = (f" at one accept length ({statistics.median(accs):.2f})"
+            if len(accs) == len(timed) and max(accs) - min(accs) <= 0.03 * statistics.median(accs) else "")
+    return [f"{label}: {lo:.2f} to {hi:.2f} ms ({hi / lo:.1f}x){same}, {fast['tokens_per_s']:.0f} against "
+            f"{slow['tokens_per_s']:.0f} tok/s"]
 
 
 def _fmt(x: Any, nd: int = 1) -> str:

@@ -297,6 +297,58 @@ def test_summary_says_when_a_run_measured_too_short_a_load():
     assert not any("of load" in n for n in notes)
 
 
+def test_summary_says_when_a_points_launches_ran_at_different_speeds():
+    # the host-bound H200 run of docs/real-gpu.md (2026-12-05): three launches at 3 steps, two in a slow spell
+    pts = _points()
+    cyc = lambda ms: {"cycle": ms, "verify": 1.0}  # noqa: E731
+    runs = [_run(pts[3], 0, 1581.651, 1.8665, cyc(2.6246)), _run(pts[3], 1, 1373.848, 1.8665, cyc(3.2534)),
+            _run(pts[3], 2, 2076.275, 1.8665, cyc(2.0407)),
+            _run(pts[1], 0, 1824.0, 1.4995, cyc(1.90)), _run(pts[1], 1, 1910.7, 1.4995, cyc(1.58))]
+    notes = sweep_summary.summarize("t", pts, runs, baseline=True, repeat=3)["notes"]
+    drift = [n for n in notes if "decode cycles" in n]
+    assert drift == [
+        "launches of one point ran their decode cycles (p50) at different speeds: speculative-num-steps=1: 1.58 to "
+        "1.90 ms (1.2x) at one accept length (1.50), 1911 against 1824 tok/s; speculative-num-steps=3: 2.04 to 3.25 "
+        "ms (1.6x) at one accept length (1.87), 2076 against 1374 tok/s. The setting was the same in each, so the "
+        "machine's speed moved between launches and the point's median mixes them: compare points by launches of "
+        "like cycle times, or run the sweep again when the machine is steady"]
+    # after the note about noise
+    assert notes.index(drift[0]) > max(i for i, n in enumerate(notes) if "within noise" in n)
+
+
+@pytest.mark.parametrize("cycles, accs, expect", [
+    ((2.0, 2.199), (1.9, 1.9), None),  # under 1.1x: launches that agree
+    ((2.0, 2.2), (1.9, 1.9), "2.00 to 2.20 ms (1.1x) at one accept length (1.90), 1000 against 1001"),  # 1.1x
+    ((2.0, 2.4), (1.9, 1.9), "2.00 to 2.40 ms (1.2x) at one accept length (1.90), 1000 against 1001"),
+    ((2.4, 2.0), (1.9, 1.9), "2.00 to 2.40 ms (1.2x) at one accept length (1.90), 1001 against 1000"),  # any order
+    ((2.0, 2.4), (1.9, 1.8), "2.00 to 2.40 ms (1.2x), 1000 against 1001"),  # accept lengths 3% or more apart
+    ((2.0, 2.4), (1.9, 1.845), "(1.2x) at one accept length (1.87), "),  # within 3% of their median
+    ((2.0, 2.4), (1.9, 1.843), "(1.2x), "),  # just over it
+    ((2.0, 2.4), (1.9, None), "(1.2x), "),  # a launch without an accept length: no claim about it
+    ((2.0,), (1.9,), None),  # one launch: nothing to compare
+    ((2.0, 0.0, 1.0), (1.9, 1.9, 1.9), "1.00 to 2.00 ms (2.0x) at one accept length (1.90), 1002 against 1000"),
+])
+def test_cycle_drift_bounds(cycles, accs, expect):
+    pts = _points()
+    runs = [_run(pts[1], i, 1000.0 + i, a, {"cycle": c}) for i, (c, a) in enumerate(zip(cycles, accs))]
+    runs.append(_run(pts[1], 9, 900.0, 1.9))  # a launch without timings counts for tok/s, not for the cycles
+    drift = [n for n in sweep_summary.summarize("t", pts, runs, baseline=False, repeat=3)["notes"]
+             if "decode cycles" in n]
+    if expect is None:
+        assert drift == []
+    else:
+        assert len(drift) == 1 and drift[0].count(" ms (") == 1
+        assert "speculative-num-steps=1: " in drift[0] and expect in drift[0]
+
+
+def test_a_live_sweeps_windows_are_not_launches():
+    pts = _points()
+    runs = [_run(pts[1], 0, 1000.0, 1.9, {"cycle": 2.0}), _run(pts[1], 1, 1500.0, 1.9, {"cycle": 3.0})]
+    notes = sweep_summary.summarize("t", pts, runs, baseline=False, repeat=3, launches=False)["notes"]
+    assert not any("decode cycles" in n for n in notes)
+    assert any("decode cycles" in n for n in sweep_summary.summarize("t", pts, runs, False, 3)["notes"])
+
+
 def test_table_and_csv():
     pts = _points()
     ph = {"draft": 3.1, "verify": 7.9, "draft_extend": 1.0, "cycle": 12.2}
