@@ -176,7 +176,7 @@ def summarize(target: str, steps: Sequence[int], runs: Sequence[Mapping[str, Any
     length, when patched), ``spread`` ((max - min) / median of its windows' tok/s), ``window_tokens_per_s`` (in the order
     measured) and ``cycles`` (its pinned and other decode cycles, when patched)."""
     points = points_of(steps)
-    doc = sweep_summary.summarize(target, points, runs, baseline=False, repeat=rounds, launches=False)
+    doc = sweep_summary.summarize(target, points, runs, baseline=False, repeat=rounds, each_a_launch=False)
     by_point: dict[str, list[Mapping[str, Any]]] = {}
     for r in runs:
         by_point.setdefault(r["point"], []).append(r)

@@ -46,10 +46,10 @@ def _r(x: float | None, nd: int = 3) -> float | None:
 
 
 def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, Any]], baseline: bool,
-              repeat: int, launches: bool = True) -> dict[str, Any]:
+              repeat: int, each_a_launch: bool = True) -> dict[str, Any]:
     """The ``sweep --json`` object of docs/contract.md, plus per point ``label``, ``within_noise`` (its tok/s range
     overlaps the best point's: it may be as good), ``failed_runs``, and for a failed point ``log_tail``; and
-    top-level ``repeat`` and ``notes``. ``launches``: each run is a launch of its own (a restart sweep), so runs of
+    top-level ``repeat`` and ``notes``. ``each_a_launch``: each run is a launch of its own (a restart sweep), so runs of
     one point whose decode cycles differ say the machine's speed moved between launches (a note)."""
     by_point: dict[str, list[Mapping[str, Any]]] = {}
     for r in runs:
@@ -75,7 +75,7 @@ def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, 
                 "phases_p50": {n: _r(statistics.median([r["phases_p50"][n] for r in ok
                                                         if n in (r.get("phases_p50") or {})]), 4) for n in names},
             })
-            if launches:
+            if each_a_launch:
                 drift += _cycle_drift(p.label, ok)
         else:
             doc.update({"status": "failed" if bad else "pending", "runs": 0, "tokens_per_s": None,
@@ -147,8 +147,8 @@ def _cycle_drift(label: str, ok: Sequence[Mapping[str, Any]]) -> list[str]:
     if hi < CYCLE_DRIFT * lo:
         return []
     accs = [r["accept_len"] for r in timed if isinstance(r.get("accept_len"), (int, float))]
-    same = (f" at one accept length ({statistics.median(accs):.2f})"
-            if len(accs) == len(timed) and max(accs) - min(accs) <= 0.03 * statistics.median(accs) else "")
+    acc = statistics.median(accs) if len(accs) == len(timed) else None
+    same = f" at one accept length ({acc:.2f})" if acc is not None and max(accs) - min(accs) <= 0.03 * acc else ""
     return [f"{label}: {lo:.2f} to {hi:.2f} ms ({hi / lo:.1f}x){same}, {fast['tokens_per_s']:.0f} against "
             f"{slow['tokens_per_s']:.0f} tok/s"]
 

@@ -329,3 +329,13 @@ def test_one_round_keeps_sweeps_other_notes_and_says_the_windows_own():
         ["1", "of", "2", "window(s)"], ["one", "window", "per", "point:"], ["2", "decode", "cycle(s)", "inside"]]
     assert doc["notes"][2] == ("2 decode cycle(s) inside the windows did not run at their window's pinned step count "
                                "(other traffic on the server, or a lease that ran out): their phases are left out")
+
+
+def test_windows_that_ran_their_cycles_at_different_speeds_are_not_said_to_be_launches():
+    """A restart sweep's note on launches of one point at different cycle speeds (sweep_summary) is not a live
+    sweep's: its windows ran in one launch, and their spread is in the table."""
+    k1, k3 = (p.key for p in lv.points_of((1, 3)))
+    runs = [run(k1, 0, 100.0, 1), dict(run(k1, 1, 60.0, 2), phases_p50={"cycle": 15.0}), run(k3, 0, 120.0, 3)]
+    doc = lv.summarize("t", (1, 3), runs, rounds=2, launches=0, window_s=20.0)
+    assert doc["points"][0]["window_tokens_per_s"] == [100.0, 60.0]
+    assert not any("decode cycles" in n for n in doc["notes"]), doc["notes"]

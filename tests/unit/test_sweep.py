@@ -344,7 +344,7 @@ def test_cycle_drift_bounds(cycles, accs, expect):
 def test_a_live_sweeps_windows_are_not_launches():
     pts = _points()
     runs = [_run(pts[1], 0, 1000.0, 1.9, {"cycle": 2.0}), _run(pts[1], 1, 1500.0, 1.9, {"cycle": 3.0})]
-    notes = sweep_summary.summarize("t", pts, runs, baseline=False, repeat=3, launches=False)["notes"]
+    notes = sweep_summary.summarize("t", pts, runs, baseline=False, repeat=3, each_a_launch=False)["notes"]
     assert not any("decode cycles" in n for n in notes)
     assert any("decode cycles" in n for n in sweep_summary.summarize("t", pts, runs, False, 3)["notes"])
 
