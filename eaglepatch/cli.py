@@ -27,7 +27,7 @@ from eaglepatch.cli_options import (
 )
 from eaglepatch.cli_output import finish, for_each_target, say, terminal_text
 from eaglepatch.errors import ExitCode, UsageError
-from eaglepatch.ops import change, inspection, reporting
+from eaglepatch.ops import change, inspection, nodes, reporting
 from eaglepatch.ops.options import RuntimeOptions, load_recipe, restart_options
 from eaglepatch.ops.target import Connect
 
@@ -138,7 +138,9 @@ def apply(
     r = load_recipe(recipe)
     ropts = RuntimeOptions(mode=mode.value, every=every, log_dir=log_dir)
     restart = None if no_restart else restart_options(restart_cmd, systemd_unit, timeout)
-    outcomes = for_each_target(targets, c, lambda t: change.apply(t, c, r, ropts, restart, dry_run, say))
+    meeting = nodes.Meeting(targets)
+    outcomes = for_each_target(targets, c, lambda t: change.apply(t, c, r, ropts, restart, dry_run, say, meeting),
+                               after=meeting.leave)
     finish(outcomes, json_out, change.render_change, raw=dry_run)
 
 
@@ -162,7 +164,9 @@ def revert(
     """
     r = load_recipe(None)
     restart = None if no_restart else restart_options(restart_cmd, systemd_unit, timeout)
-    outcomes = for_each_target(targets, c, lambda t: change.revert(t, c, r, force, restart, say))
+    meeting = nodes.Meeting(targets)
+    outcomes = for_each_target(targets, c, lambda t: change.revert(t, c, r, force, restart, say, meeting),
+                               after=meeting.leave)
     finish(outcomes, json_out, change.render_change)
 
 
@@ -201,7 +205,9 @@ def restart(
       eaglepatch restart root@gpu-host --systemd-unit sglang
     """
     ropts = restart_options(restart_cmd, systemd_unit, timeout)
-    outcomes = for_each_target(targets, c, lambda t: change.restart_target(t, c, ropts, say))
+    meeting = nodes.Meeting(targets)
+    outcomes = for_each_target(targets, c, lambda t: change.restart_target(t, c, ropts, say, meeting),
+                               after=meeting.leave)
     finish(outcomes, json_out, change.render_restart)
 
 

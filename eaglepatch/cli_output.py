@@ -123,10 +123,12 @@ class Outcome:
 
 
 def for_each_target(targets: Sequence[str], c: Connect, fn: Callable[[TargetSpec], Any], *,
-                    check: bool = True) -> list[Outcome]:
+                    check: bool = True, after: Callable[[str], None] | None = None) -> list[Outcome]:
     """Parse each TARGET once and run ``fn`` on its spec, concurrently when several; one Outcome each, in the order
     given. ``check``: every TARGET is parsed first (a bad one is a usage error, raised here, before any target is
-    touched); without it (show, diff), each is parsed as its turn comes and its error is that target's outcome."""
+    touched); without it (show, diff), each is parsed as its turn comes and its error is that target's outcome.
+    ``after(TARGET)`` runs once each TARGET's ``fn`` has ended, however it ended (``eaglepatch.ops.nodes.Meeting``:
+    the others stop waiting for it)."""
     specs = check_targets(targets, c) if check else None
 
     for t in targets:  # every target has a state from the start: Ctrl-C may come before its thread runs
@@ -140,6 +142,9 @@ def for_each_target(targets: Sequence[str], c: Connect, fn: Callable[[TargetSpec
             if isinstance(exc, (SystemExit, Interrupted)):
                 raise  # Ctrl-C: eaglepatch.entry says what each target looks like and exits 130
             return Outcome(t, error=exc)
+        finally:
+            if after is not None:
+                after(t)
 
     if len(targets) == 1:
         return [one(0)]

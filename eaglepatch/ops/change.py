@@ -12,6 +12,7 @@ from eaglepatch.failpoints import failpoint
 from eaglepatch.hosts.agent import call
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.spec import TargetSpec
+from eaglepatch.ops import nodes
 from eaglepatch.ops.facts import HostFacts
 from eaglepatch.ops.options import RuntimeOptions, worker_timer
 from eaglepatch.ops.plan import Plan, plan_apply, plan_revert
@@ -50,9 +51,10 @@ def lifecycle() -> Any:
 
 
 def apply(spec: TargetSpec, c: Connect, recipe: Recipe, ropts: RuntimeOptions, restart: Any, dry_run: bool,
-          say: Say) -> dict[str, Any]:
+          say: Say, meeting: nodes.Meeting | None = None) -> dict[str, Any]:
     """``apply`` on one target: the worker files instrumented under the install's lock, then (``restart``) its servers
-    restarted, rolled back if one does not come up; returns the ``apply --json`` document."""
+    restarted, rolled back if one does not come up; returns the ``apply --json`` document. ``meeting``: the other
+    TARGETs of the command, met before anything changes (``eaglepatch.ops.nodes``)."""
     lc = lifecycle()
     with Target(spec, c) as t:
         owner = None if dry_run else new_lock_owner("apply")
@@ -66,6 +68,7 @@ def apply(spec: TargetSpec, c: Connect, recipe: Recipe, ropts: RuntimeOptions, r
                 failpoint("apply:after-lock")
             everyone = lc.servers_of(facts)
             servers = lc.chosen(facts, c.facts.server_ports)
+            named = (meeting or nodes.alone(spec)).arrive(spec, servers)
             plan = plan_apply(facts, recipe, ropts, servers=lc.manifest_record(everyone))
             for n in plan.notes:
                 say(f"note: {n}")
@@ -92,14 +95,16 @@ def apply(spec: TargetSpec, c: Connect, recipe: Recipe, ropts: RuntimeOptions, r
                     # an apply cut off before its restart, or --no-restart: the servers still run the original code
                     say(f"{t.spec.name}: " + ", ".join(f"the server on :{s.port} (pid {s.pid})" for s in behind)
                         + " started before the files were patched: restarting it")
+                    nodes.check(behind, named, "apply", t.spec.name)
                     lc.check_relaunchable(behind, restart)
                     restarted = _restart_after_apply(t, recipe, session, behind, restart, say)
                     progress.stage(t.spec.text, "files patched, server restarted and ready")
                 return _change_doc(t.spec.name, plan, False, restarted, action="apply")
             if denied:
                 raise UsageError(denied)
-            if restart is not None:
-                lc.check_relaunchable(servers, restart)  # before anything changes
+            if restart is not None:  # before anything changes
+                nodes.check(servers, named, "apply", t.spec.name)
+                lc.check_relaunchable(servers, restart)
             for cls, family_timer in plan.timers:
                 timer, why = worker_timer(ropts.mode, family_timer)
                 say(f"timer: {cls}: {timer} ({why})")
@@ -159,9 +164,10 @@ def _restart_after_apply(t: Target, recipe: Recipe, session: Session, servers: S
                       [srv for srv, _ in done] + [failed[0]], failed[1], say)
 
 
-def revert(spec: TargetSpec, c: Connect, recipe: Recipe, force: bool, restart: Any, say: Say) -> dict[str, Any]:
+def revert(spec: TargetSpec, c: Connect, recipe: Recipe, force: bool, restart: Any, say: Say,
+           meeting: nodes.Meeting | None = None) -> dict[str, Any]:
     """``revert`` on one target: the original bytes back under the install's lock, then (``restart``) its servers
-    restarted in the same request; returns the ``revert --json`` document."""
+    restarted in the same request; returns the ``revert --json`` document. ``meeting`` as for ``apply``."""
     lc = lifecycle()
     with Target(spec, c) as t:
         owner = new_lock_owner("revert")
@@ -178,6 +184,7 @@ def revert(spec: TargetSpec, c: Connect, recipe: Recipe, force: bool, restart: A
             # With code to put back, every chosen server restarts; without, only those still running the code from
             # before the last change (a revert cut off before its restart, or --no-restart).
             servers = chosen if plan.files else lc.stale(chosen, facts)
+            named = (meeting or nodes.alone(spec)).arrive(spec, chosen)
             if not plan.changed:
                 say(f"{t.spec.name}: not patched: nothing to revert")
                 if restart is None or not servers:
@@ -187,6 +194,8 @@ def revert(spec: TargetSpec, c: Connect, recipe: Recipe, force: bool, restart: A
             elif denied:
                 raise UsageError(denied)
             wants = restart is not None and (bool(plan.files) or bool(servers))
+            if wants:
+                nodes.check(servers, named, "revert", t.spec.name)  # before anything changes
             pairs, units = _revert_relaunches(t, facts, servers, c.facts.server_ports, restart, say,
                                               recorded=bool(plan.files)) if wants else ([], [])
             from eaglepatch.server.control import relaunch_payload, relaunch_timeout
@@ -273,9 +282,10 @@ def _restart_after_revert(t: Target, facts: HostFacts, ropts: Any, pairs: Sequen
     return True
 
 
-def restart_target(spec: TargetSpec, c: Connect, ropts: Any, say: Say) -> dict[str, Any]:
+def restart_target(spec: TargetSpec, c: Connect, ropts: Any, say: Say,
+                   meeting: nodes.Meeting | None = None) -> dict[str, Any]:
     """``restart`` on one target: its servers (those apply recorded, when none runs) restarted one by one under the
-    install's lock; returns the ``restart --json`` document."""
+    install's lock; returns the ``restart --json`` document. ``meeting`` as for ``apply``."""
     from eaglepatch.server.restart import NoServerRunning, restart
 
     lc = lifecycle()
@@ -287,6 +297,7 @@ def restart_target(spec: TargetSpec, c: Connect, ropts: Any, say: Say) -> dict[s
             session.lock(owner)  # no apply, revert or sweep of this install restarts its servers meanwhile
         try:
             servers = lc.chosen(facts, c.facts.server_ports)
+            nodes.check(servers, (meeting or nodes.alone(spec)).arrive(spec, servers), "restart", t.spec.name)
             lc.check_relaunchable(servers, ropts)
             jobs: list[tuple[Any, Any, Any]] = [(srv, None, ropts) for srv in servers]
             if not servers and not lc.custom(ropts):

@@ -177,6 +177,11 @@ def _server_lines(doc: dict[str, Any]) -> list[str]:
             out.append(f"  launched: {shown(srv['launched'])}" + (f"; in {shown(srv['cwd'])}" if srv.get("cwd") else ""))
         if srv.get("code"):
             out.append(f"  {_CODE.get(srv['code'], shown(srv['code']))}")
+        nodes = srv.get("nodes")
+        if nodes:
+            out.append(f"  node rank {nodes['rank']} of {nodes['count']} (--dist-init-addr "
+                       f"{shown(str(nodes['dist_init_addr']))}): eaglepatch does not restart one node alone (apply and "
+                       "revert --no-restart change its files)")
     for other in doc.get("other_servers") or ():
         out.append(f"other server: pid {other['pid']} on :{other.get('port')} runs another install "
                    f"({shown(other.get('package_dir') or 'unknown')}): left alone")

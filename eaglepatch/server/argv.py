@@ -15,6 +15,7 @@ FLAG_ALIASES = {
     "tensor-parallel-size": "tp-size",
     "speculative-draft-model": "speculative-draft-model-path",
     "cuda-graph-max-bs-decode": "cuda-graph-max-bs",
+    "nccl-init-addr": "dist-init-addr",
 }
 # Options without a value (a value-less flag followed by a token that is not a flag must not swallow it).
 BOOL_FLAGS = frozenset({

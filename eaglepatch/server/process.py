@@ -122,6 +122,41 @@ class LaunchSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class Nodes:
+    """Where a server of several nodes (``--nnodes N --node-rank R --dist-init-addr ADDR``) stands: ``count`` nodes,
+    this process is node ``rank``; the nodes of one server share ``dist_init_addr`` and ``count``."""
+
+    count: int
+    rank: int
+    dist_init_addr: str | None
+
+    @property
+    def key(self) -> tuple[str | None, int]:
+        """What the nodes of one server have in common."""
+        return (self.dist_init_addr, self.count)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"count": self.count, "rank": self.rank, "dist_init_addr": self.dist_init_addr}
+
+
+def nodes_of(args: Sequence[str]) -> Nodes | None:
+    """The multi-node settings of sglang's arguments, or None for a server of one node (``--nnodes`` absent, 1, or
+    not a number: sglang itself would refuse that)."""
+    from eaglepatch.server.argv import parse_flags
+
+    flags = parse_flags(args)
+    try:
+        count = int(flags.get("nnodes", 1))
+        rank = int(flags.get("node-rank", 0))
+    except (TypeError, ValueError):
+        return None
+    if count <= 1:
+        return None
+    addr = flags.get("dist-init-addr")
+    return Nodes(count=count, rank=rank, dist_init_addr=addr if isinstance(addr, str) else None)
+
+
+@dataclasses.dataclass(frozen=True)
 class ServerProcess:
     """A running sglang server: its launcher process (the top one), as read from /proc on the host.
 
@@ -155,6 +190,7 @@ class ServerProcess:
     systemd: Mapping[str, Any] | None = None
     same_user: bool | None = True
     sig_ign: tuple[str, ...] | None = None
+    nodes: Nodes | None = None  # one node of a multi-node server, else None
 
     @property
     def probe_host(self) -> str:
@@ -177,10 +213,14 @@ class ServerProcess:
 
     def to_json(self) -> dict[str, Any]:
         """The ``server`` object of ``status --json`` / ``show --json``: pid and argv (docs/contract.md), plus the port,
-        working directory, what argv[0] resolved to, how it was launched, and its start on the wall clock."""
-        return {"pid": self.pid, "argv": list(self.argv), "port": self.port, "cwd": self.cwd,
-                "launcher": self.launcher, "launched": self.describe_launch(), "started_at": self.started_at,
-                "systemd_unit": self.systemd["unit"] if self.systemd else None}
+        working directory, what argv[0] resolved to, how it was launched, and its start on the wall clock; ``nodes``
+        for one node of a multi-node server."""
+        doc = {"pid": self.pid, "argv": list(self.argv), "port": self.port, "cwd": self.cwd,
+               "launcher": self.launcher, "launched": self.describe_launch(), "started_at": self.started_at,
+               "systemd_unit": self.systemd["unit"] if self.systemd else None}
+        if self.nodes is not None:
+            doc["nodes"] = self.nodes.to_json()
+        return doc
 
     def launch_spec(self, log_path: str | None = None) -> LaunchSpec:
         """What starting this server again takes.
@@ -233,7 +273,8 @@ class ServerProcess:
     @classmethod
     def from_scan(cls, item: Mapping[str, Any]) -> ServerProcess:
         argv = list(item["argv"])
-        args = parse_server_args(argv[int(item.get("args_index", 0)) :])
+        sglang_args = argv[int(item.get("args_index", 0)) :]
+        args = parse_server_args(sglang_args)
         return cls(
             pid=int(item["pid"]),
             argv=argv,
@@ -256,6 +297,7 @@ class ServerProcess:
             systemd=item.get("systemd"),
             same_user=item.get("same_user", True),
             sig_ign=None if item.get("sig_ign") is None else tuple(item["sig_ign"]),
+            nodes=nodes_of(sglang_args),
         )
 
 

@@ -21,6 +21,7 @@ from eaglepatch.hosts.spec import TargetSpec
 from eaglepatch.redact import shown_argv
 from eaglepatch.tuning.load import LoadFailed
 from eaglepatch.failpoints import failpoint
+from eaglepatch.ops import nodes
 from eaglepatch.ops.lifecycle import launch_of
 from eaglepatch.ops.session import Session, new_lock_owner
 from eaglepatch.ops.target import Connect, Target, target_facts
@@ -195,6 +196,8 @@ def sweep(spec: TargetSpec, c: Connect, opts: SweepOptions, say: Say) -> dict[st
             summary.update(state_file=state.path, restore=dict(state.restore, restarted=False))
             return summary
         server = launch_of(facts, c.facts.server_ports)
+        if server is not None:  # before anything changes: one node of a multi-node server is never restarted alone
+            nodes.check([server], [server], "sweep", name, several=False)
         if state.header is not None:
             original = LaunchSpec.from_json(state.header["original"])
             args_index = int(state.header["args_index"])

@@ -36,6 +36,7 @@ from eaglepatch.failpoints import failpoint
 from eaglepatch.hosts.agent import call
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.spec import TargetSpec
+from eaglepatch.ops import nodes
 from eaglepatch.ops.lifecycle import launch_of
 from eaglepatch.ops.logs import fetch_logs_from, logs_of
 from eaglepatch.ops.target import Connect, Target, target_facts
@@ -166,6 +167,8 @@ def live_sweep(spec: TargetSpec, c: Connect, opts: LiveOptions, say: Say) -> dic
             say(f"{name}: this live sweep is complete ({state.path}): nothing was started; --fresh runs it again")
             return _finish(name, release, steps, state, opts, dict(state.restore, restarted=False), say)
         server = launch_of(facts, c.facts.server_ports)
+        if server is not None:  # before anything changes: one node of a multi-node server is never restarted alone
+            nodes.check([server], [server], "sweep --live", name, several=False)
         if state.header is not None:
             original = LaunchSpec.from_json(state.header["original"])
             args_index = int(state.header["args_index"])
