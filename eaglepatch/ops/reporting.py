@@ -211,16 +211,23 @@ def _report(rep: Any, per_source: list[list[str]], own: list[dict[str, Any]], so
     if trace:
         say(f"trace written to {trace}: open it in https://ui.perfetto.dev")
     preds = None
+    by_bs: dict[str | None, Any] = {}
     if predict:
         from eaglepatch.report.predict import MIN_CYCLES, predict as predict_groups
+        from eaglepatch.report.predict_bs import for_runs
 
         preds = predict_groups(result, steps=steps, sweep=sweep, min_cycles=MIN_CYCLES)
+        # the cost curves need the decode cycles by batch size: a second pass over the same files unless --by bs
+        per_bs = result if by == "bs" else (rep.aggregate(files, **dict(kwargs, by="bs", trace_path=None))
+                                             if files else result)
+        by_bs = for_runs(per_bs, steps=steps, sweep=sweep)
     if fmt == "json" or (predict and chart is not None):
         doc = result.to_json()
         doc["sources"] = list(sources)
         for gd, pred in zip(doc["groups"], preds or ()):
             if pred is not None:
                 gd.update(pred.to_json())
+        attach_by_bs(doc, by_bs)
         if predict and chart is not None:
             from eaglepatch.report.chart.predict import write_predict_chart
 
@@ -230,7 +237,15 @@ def _report(rep: Any, per_source: list[list[str]], own: list[dict[str, Any]], so
             return json.dumps(doc, indent=1) + "\n"
     if fmt == "csv":
         return rep.render_csv(result)
-    return rep.render_table(result, predictions=preds) + "\n"
+    return rep.render_table(result, predictions=preds, by_bs=by_bs) + "\n"
+
+
+def attach_by_bs(doc: dict[str, Any], by_bs: dict[str | None, Any]) -> None:
+    """Each run's ``cost_model``, ``predict_by_bs`` and ``crossover_bs`` into its object in ``doc["runs"]``
+    (docs/contract.md); a run the document does not list (older logs without run ids) at the top level."""
+    listed = {r.get("id"): r for r in doc.get("runs") or ()}
+    for run, b in by_bs.items():
+        (listed[run] if run in listed else doc).update(b.to_json())
 
 
 def _no_records(fetched: FetchedLogs) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from tabulate import tabulate
 
@@ -26,6 +26,7 @@ from eaglepatch.report.model import Acceptance, GroupStats, ReportResult, Stats
 
 if TYPE_CHECKING:
     from eaglepatch.report.predict import Prediction
+    from eaglepatch.report.predict_bs import ByBs
 
 #: The CSV columns of ``render_csv``, in order.
 CSV_COLUMNS: tuple[str, ...] = (
@@ -166,14 +167,52 @@ def _groups_text(groups: tuple[GroupStats, ...] | list[GroupStats], tablefmt: st
     return out
 
 
+def render_by_bs(b: "ByBs", *, tablefmt: str = "simple") -> str:
+    """A run's best step count per batch size: a row per batch size (the best, its tok/s, no speculation's, the
+    gain), the batch size from which speculation stops paying, the notes; or the line that says why there is
+    none."""
+    if b.why is not None:
+        return f"best step count per batch size: none: {b.why}"
+    rows = []
+    estimated = []
+    for r in b.rows:
+        best = r.points[r.best]
+        zero = next((p for p in r.points if p.steps == 0), None)
+        gain = f"{best.tokens_per_s / zero.tokens_per_s - 1:+.0%}" if zero and zero.tokens_per_s and best.steps else ""
+        rows.append([str(r.bs), "none" if best.steps == 0 else str(best.steps),
+                     f"{best.tokens_per_s:.1f} \u00b1{best.spread * 100:.0f}% {best.basis}",
+                     f"{zero.tokens_per_s:.1f} \u00b1{zero.spread * 100:.0f}% {zero.basis}" if zero else "", gain])
+        if r.note:
+            estimated.append(r.bs)
+    out = ["best step count per batch size (the records' wall tok/s at that many requests a cycle):",
+           tabulate(rows, headers=["bs", "best steps", "tok/s", "no speculation", "gain"], tablefmt=tablefmt,
+                    disable_numparse=True, colalign=("right", "right", "right", "right", "right"))]
+    if b.crossover_bs is None:
+        out.append(f"speculation beats no speculation beyond the spreads up to {b.max_bs} requests a cycle")
+    elif any(p.steps == 0 and p.basis == "estimate" for r in b.rows if r.bs >= b.crossover_bs for p in r.points):
+        out.append(f"from {b.crossover_bs} requests a cycle no step count beats the no-speculation estimate beyond "
+                   "its spread: whether speculation pays there, only a launch without speculation tells")
+    else:
+        out.append(f"speculation stops paying from {b.crossover_bs} requests a cycle (no step count beats no "
+                   "speculation beyond the spreads there or above)")
+    if estimated:
+        out.append(f"no speculation is estimated, not measured, at {', '.join(map(str, estimated))} request(s) a cycle, "
+                   "where a step count is named best: only a launch without speculation at that load decides "
+                   "(eaglepatch sweep TARGET --baseline)")
+    out.extend(f"basis: {n}" for n in b.notes)
+    return "\n".join(out)
+
+
 def render_table(result: ReportResult, *, tablefmt: str = "simple",
-                 predictions: Sequence["Prediction | None"] | None = None) -> str:
+                 predictions: Sequence["Prediction | None"] | None = None,
+                 by_bs: "Mapping[str | None, ByBs] | None" = None) -> str:
     """Return the human report: per run its header line, then per group of the run a title line and its table
     (and its acceptance profile, and with ``predictions``, one per group of ``result.groups``, its prediction),
-    separated by blank lines (a merge warning first instead when runs were merged), then notes (lines that did
-    not parse, cycles dropped by ``--skip``, runs left out); no trailing newline. Never raises for an empty
-    result: it says so."""
+    separated by blank lines (a merge warning first instead when runs were merged), with ``by_bs`` each run's best
+    step count per batch size under its groups, then notes (lines that did not parse, cycles dropped by
+    ``--skip``, runs left out); no trailing newline. Never raises for an empty result: it says so."""
     preds = None if predictions is None else {id(g): p for g, p in zip(result.groups, predictions)}
+    by_bs = dict(by_bs or {})
     out: list[str] = []
     warning = result.merge_warning()
     if warning is not None:
@@ -192,9 +231,13 @@ def render_table(result: ReportResult, *, tablefmt: str = "simple",
                                                                 else " yet"))
                 out.append("")
             out.extend(_groups_text(mine, tablefmt, preds))
+            if run.id in by_bs:
+                out.extend([render_by_bs(by_bs.pop(run.id), tablefmt=tablefmt), ""])
         out.extend(_groups_text([g for g in result.groups if g.run not in shown], tablefmt, preds))
     else:
         out.extend(_groups_text(result.groups, tablefmt, preds))
+    for b in by_bs.values():  # runs not listed (older logs without run ids, merged runs)
+        out.extend([render_by_bs(b, tablefmt=tablefmt), ""])
     while out and out[-1] == "":
         out.pop()
     notes = []
