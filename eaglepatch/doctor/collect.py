@@ -157,6 +157,9 @@ def server_facts(name: str, version: str | None, srv: Any, got: dict[str, Any], 
     else:
         rec = load_records(folder, {srv.pid, *srv.children},
                            None if srv.start is None else {(srv.pid, srv.start)}, kw["sweep"], flags)
+        if rec.get("sweep_other_load"):  # a sweep counts only for the load it ran: not evidence for this server's
+            sources["sweep"] = f"{kw['sweep']['path']}: not used: {rec['sweep_other_load']}"
+            kw["sweep"] = None
         kw.update(rec)
         sources["timing_log"] = {"dir": log_dir, "records": rec.get("records", 0), "timer": rec.get("timer")}
     # the GPUs
@@ -192,14 +195,52 @@ def load_records(folder: str, pids: set[int], launches: set[tuple[int, int]] | N
     groups, res = decode_groups(None)
     if not groups:
         return {}
+    by_bs, res_bs = decode_groups("bs")
+    other_load = sweep_load_mismatch(sweep, by_bs)
+    if other_load:
+        sweep = None
     timers = sorted({part for r in res.runs for part in (r.timer or "").split("+") if part})
     # under adaptive speculation, the spec that ran the most cycles among those that draft: the zero-step state
     # (no draft, accept length 1) is not the draft's acceptance, however long a live sweep or the policy held it
     drafting = [i for i, g in enumerate(groups) if not _zero_steps((g.get("key") or {}).get("spec"))]
     main = max(drafting or range(len(groups)), key=lambda i: groups[i]["n"])
-    return {"decode": groups[main], "records": sum(g["n"] for g in groups), "timer": "+".join(timers) or None,
-            "by_rank": decode_groups("rank")[0], "by_bs": decode_groups("bs")[0],
-            "model": model_of(res, sweep, flags)}
+    model = model_of(res, sweep, flags)
+    if model is not None:
+        from eaglepatch.report.predict_bs import for_runs
+
+        per_run = for_runs(res_bs, sweep=sweep, flags=flags)
+        if per_run:  # the runs merged: one
+            model["by_bs"] = next(iter(per_run.values())).to_json()
+    out = {"decode": groups[main], "records": sum(g["n"] for g in groups), "timer": "+".join(timers) or None,
+           "by_rank": decode_groups("rank")[0], "by_bs": by_bs, "model": model}
+    if other_load:
+        out["sweep_other_load"] = other_load
+    return out
+
+
+# A sweep's concurrency matches the server's load when the records' median decode batch lies within this factor
+# of it (a closed loop of C requests runs batches of C or a little under, some requests being in prefill)
+LOAD_MATCH = 1.5
+
+
+def sweep_load_mismatch(sweep: dict[str, Any] | None, by_bs: Sequence[dict[str, Any]]) -> str | None:
+    """Why ``sweep`` does not count for the load of the records (their decode groups by batch size), or None when
+    it does (or cannot be told: no concurrency in the sweep, no batch sizes in the records)."""
+    conc = ((sweep or {}).get("load") or {}).get("concurrency")
+    cycles = sorted(((g.get("key") or {}).get("bs"), g.get("n") or 0) for g in by_bs
+                    if isinstance((g.get("key") or {}).get("bs"), int))
+    if not isinstance(conc, int) or conc < 1 or not cycles:
+        return None
+    half, seen, median = sum(n for _, n in cycles) / 2, 0, cycles[-1][0]
+    for bs, n in cycles:
+        seen += n
+        if seen >= half:
+            median = bs
+            break
+    if conc / LOAD_MATCH <= median <= conc * LOAD_MATCH:
+        return None
+    return (f"it measured {conc} request(s) at a time, and this server's decode cycles ran {median} at a time (the "
+            "median): a sweep counts only for its own load")
 
 
 def _zero_steps(spec: Any) -> bool:

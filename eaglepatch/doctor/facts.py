@@ -335,6 +335,7 @@ class ServerFacts:
     timer: str | None = None
     records: int = 0
     sweep: dict[str, Any] | None = None
+    sweep_other_load: str | None = None  # why the sweep does not count for this server's load (then not used)
     model: dict[str, Any] | None = None
     gpus: tuple[str, ...] = ()
     topo: Mapping[tuple[int, int], str] = dataclasses.field(default_factory=dict)

@@ -30,27 +30,23 @@ def speculation_slower_predicted(f: ServerFacts) -> Finding | None:
 
 
 def speculation_slower(f: ServerFacts) -> Finding | None:
-    """``speculation-slower`` (high): a sweep of this server with ``--baseline`` (kept on this machine) measured
-    less client tok/s with speculation than without: the point that ran this very command line has a median
-    below the baseline's median, or, when no point ran it, every speculative point that ran has. Needs a sweep
-    with ``--baseline`` whose baseline ran; without one, the prediction from the timing records decides
-    (``speculation_slower_predicted``)."""
+    """``speculation-slower`` (high): a sweep of this server with ``--baseline`` (kept on this machine, at the load
+    this server's records ran: ``collect.sweep_load_mismatch``) measured less client tok/s with this very command
+    line than without speculation: the point that ran it has a median below the baseline's. A sweep whose points
+    did not run the server's own setting says nothing of it (its other points being slower is no evidence for this
+    one): the prediction from the timing records decides then, with the sweep's baseline as its no-speculation
+    point, as it does without a sweep (``speculation_slower_predicted``), and so do the batch sizes the records did
+    not run (``speculation_slower_by_bs``)."""
     sw = f.sweep or {}
     pts = sw.get("points") or []
     b = _measured_baseline(f)
-    if b is None:
-        return speculation_slower_predicted(f)
-    base = pts[b]["tokens_per_s"]["median"]
-    spec = [i for i, p in enumerate(pts) if i != b and p.get("status") == "ok"]
-    if not spec:
-        return None
     cur = sw.get("current")
-    if cur is not None and cur in spec:
-        slow = [cur] if pts[cur]["tokens_per_s"]["median"] < base else []
-    else:
-        slow = spec if all(pts[i]["tokens_per_s"]["median"] < base for i in spec) else []
+    if b is None or cur is None or cur == b or pts[cur].get("status") != "ok":
+        return speculation_slower_predicted(f) or speculation_slower_by_bs(f)
+    base = pts[b]["tokens_per_s"]["median"]
+    slow = [cur] if pts[cur]["tokens_per_s"]["median"] < base else []
     if not slow:
-        return None
+        return speculation_slower_by_bs(f)
 
     def point(i: int) -> dict[str, Any]:
         t = pts[i]["tokens_per_s"]
@@ -65,11 +61,47 @@ def speculation_slower(f: ServerFacts) -> Finding | None:
         nxt = (f"relaunch with the sweep's best point ({pts[best].get('label')}), or run the same sweep again "
                "with --keep-best --fresh")
     else:
-        nxt = ("run the server without speculation (drop the --speculative-* flags) until the accept length is "
-               f"fixed: every speculative point measured was slower (eaglepatch doctor {f.target} names causes)")
-    title = ("this command line is slower with speculation than without" if cur is not None and cur in slow
-             else "every speculative point the sweep ran was slower than no speculation")
-    return Finding("speculation-slower", "high", title, ev, nxt)
+        low = [p["accept_len"] for p in pts if p.get("accept_len")]
+        why = (" until the accept length is fixed (accept-length-low)" if low and max(low) <= ACCEPT_LOW else
+               ": every speculative point measured at this load was slower")
+        nxt = f"run the server without speculation (drop the --speculative-* flags){why}"
+    return Finding("speculation-slower", "high", "this command line is slower with speculation than without", ev,
+                   nxt)
+
+
+def _ranges(bss: Sequence[int]) -> str:
+    """Batch sizes as ranges of the ladder: ``1-8, 32``."""
+    return ", ".join(str(b) for b in bss) if len(bss) < 3 else f"{bss[0]}-{bss[-1]}"
+
+
+def speculation_slower_by_bs(f: ServerFacts) -> Finding | None:
+    """``speculation-slower`` (predicted, medium) for a range of batch sizes: the model of the timing records by
+    batch size (costs priced by the tokens each forward processes, ``report --predict``'s best step count per
+    batch size) finds a batch size from which no step count beats no speculation beyond the spreads
+    (``crossover_bs``), with no speculation measured there (a sweep's baseline at that load); an estimate never
+    makes this finding (``speculation-unproven``'s)."""
+    bb = (f.model or {}).get("by_bs") or {}
+    cross = bb.get("crossover_bs")
+    rows = bb.get("predict_by_bs") or []
+    if cross is None or not rows:
+        return None
+    past = [r for r in rows if r["bs"] >= cross]
+    zeros = [next((p for p in r["points"] if p["steps"] == 0), None) for r in past]
+    if not past or any(z is None or z["basis"] != "measured" for z in zeros):
+        return None
+    r = past[0]
+    zero = next(p for p in r["points"] if p["steps"] == 0)
+    best = max((p for p in r["points"] if p["steps"] > 0), key=lambda p: p["tokens_per_s"])
+    ev = [evidence("model", f"at {r['bs']} requests a cycle: no speculation {zero['tokens_per_s']:.0f} tok/s "
+                            f"(\u00b1{zero['spread'] * 100:.0f}%, measured), the best step count {best['steps']} "
+                            f"{best['tokens_per_s']:.0f} tok/s (\u00b1{best['spread'] * 100:.0f}%, {best['basis']})")]
+    ev += [evidence("model", n) for n in bb.get("predict_by_bs_notes") or ()]
+    return Finding("speculation-slower", "medium",
+                   f"predicted: from {cross} requests a cycle (up to {bb.get('max_bs')}) no step count beats no "
+                   "speculation", ev,
+                   f"turn speculation off from {cross} requests a cycle: eaglepatch sweep {f.target} --live --grid "
+                   f"speculative-num-steps=0,{best['steps']} --emit-adaptive-config adaptive.json, then launch with "
+                   "--speculative-adaptive --speculative-adaptive-config adaptive.json", predicted=True)
 
 
 def speculation_unproven(f: ServerFacts) -> Finding | None:
@@ -117,7 +149,10 @@ def _model(f: ServerFacts) -> tuple[int, list[dict[str, Any]], dict[str, Any]] |
 
 
 def _measured_baseline(f: ServerFacts) -> int | None:
-    """The index of the baseline point of this server's kept sweep, when it ran; else None."""
+    """The index of the baseline point of this server's kept sweep, when it ran at this server's load; else
+    None."""
+    if f.sweep_other_load:
+        return None
     sw = f.sweep or {}
     b = sw.get("baseline")
     pts = sw.get("points") or []
