@@ -42,6 +42,9 @@ from eaglepatch.report.predict import (Point, Shape, _int, _profile, _window_spr
 # model (verify at the run's own draft tokens); the curve's estimate has not been measured against a GPU yet, so
 # the same misses stand as its spread.
 ESTIMATE_MISSES = ((1, 0.3), (8, 0.3), (32, 0.5), (64, 0.7))
+# How far to price when the server's flags do not say its largest batch: the batch sizes production servers run
+# (32 to 256 requests at a time); an adaptive config must not stretch its top measured tier over them unpriced
+UNKNOWN_MAX_BS = 256
 # A decode group of fewer cycles is not a batch size's own measurement (it still counts in the fit, by its weight)
 MIN_GROUP_CYCLES = 20
 
@@ -169,7 +172,7 @@ def predict_by_bs(groups: Sequence[tuple[int, int, GroupStats]], *, max_bs: int 
                   steps: Sequence[int] | None = None, baseline: Sequence[BaselinePoint] = ()) -> ByBs:
     """See the module docstring. ``groups``: ``(bs, steps, group)`` for every decode group of one run (top-k 1);
     ``max_bs``: the largest batch the server runs (``--max-running-requests`` / ``--cuda-graph-max-bs``), None:
-    the largest measured, rounded up to a power of two; ``baseline``: no speculation measured at the same load."""
+    ``UNKNOWN_MAX_BS`` or the largest measured rounded up to a power of two, whichever is larger; ``baseline``: no speculation measured at the same load."""
     obs = [o for bs, k, g in groups if (o := costs.observe(g, bs, k)) is not None]
     if not obs:
         return ByBs(why="no decode cycles with accepted tokens: no cost to fit")
@@ -183,8 +186,9 @@ def predict_by_bs(groups: Sequence[tuple[int, int, GroupStats]], *, max_bs: int 
     measured = sorted({o.bs for o in obs})
     notes = []
     if max_bs is None:
-        max_bs = 1 << max(0, math.ceil(math.log2(max(measured))))
-        notes.append(f"the server's largest batch was not read from its flags: priced up to {max_bs}")
+        max_bs = max(UNKNOWN_MAX_BS, 1 << max(0, math.ceil(math.log2(max(measured)))))
+        notes.append(f"the server's largest batch was not read from its flags (--max-running-requests, "
+                     f"--cuda-graph-max-bs): priced up to {max_bs}")
     own = {(bs, kk): g for bs, kk, g in groups if g.n >= MIN_GROUP_CYCLES and g.cadence_ms and g.accept_len}
 
     def at(bs: int, j: int) -> Point:

@@ -333,6 +333,47 @@ def choose_tiers(measures: Sequence[StepMeasure], tolerance: float = 0.03) -> di
     return dict(sorted(tiers.items()))
 
 
+def curve_tiers(tiers: Mapping[int, Sequence[int]], rows: Sequence[Mapping[str, Any]], top: int,
+                allowed: Sequence[int], tolerance: float = 0.03) -> tuple[dict[int, tuple[int, ...]], dict[int, str]]:
+    """``tiers`` (chosen from measurements up to batch size ``top``) extended over the larger batch sizes by the
+    cost curve's predictions (``rows``: ``report --predict``'s ``predict_by_bs``, the step counts in ``allowed``
+    only), so that the top measured tier is never stretched over batch sizes nobody measured: at each priced batch
+    size above ``top`` (the first one ``top + 1``), ``(0,)`` where no step count beats no speculation beyond the
+    spreads, else every step count whose predicted tok/s reaches the best's less ``tolerance`` (its spread not
+    counted). Neighbours with the same candidates are one tier. Returns the tiers and, per tier key, its basis:
+    ``measured``, or the curve's (``fitted``, ``extrapolated``; ``, no speculation estimated`` where it was)."""
+    out = {k: tuple(v) for k, v in sorted(tiers.items())}
+    basis = {k: "measured" for k in out}
+    ok = set(allowed) | {0}
+    above = [r for r in sorted(rows, key=lambda r: r["bs"]) if r["bs"] > top]
+    if above and above[0]["bs"] > top + 1:
+        above.insert(0, dict(above[0], bs=top + 1))  # its figures stand for the batch sizes up to it
+    for r in above:
+        pts = [p for p in r["points"] if p["steps"] in ok and p.get("tokens_per_s")]
+        zero = next((p for p in pts if p["steps"] == 0), None)
+        spec = [p for p in pts if p["steps"] > 0]
+        if not spec:
+            continue
+        beats = [p for p in spec if zero is None or
+                 p["tokens_per_s"] * (1 - p["spread"]) > zero["tokens_per_s"] * (1 + zero["spread"])]
+        if not beats:
+            chosen = (0,)
+            why = [zero] if zero is not None else []
+        else:
+            floor = max(p["tokens_per_s"] for p in pts) * (1 - tolerance)
+            picked = [p for p in pts if p["tokens_per_s"] >= floor]
+            chosen = tuple(sorted(p["steps"] for p in picked))
+            why = picked
+        if out and out[max(out)] == chosen:
+            continue
+        out[r["bs"]] = chosen
+        kinds = {p["basis"] for p in why if p["steps"] > 0} or {"fitted"}
+        word = "extrapolated" if "extrapolated" in kinds else "fitted" if "fitted" in kinds else sorted(kinds)[0]
+        est = zero is not None and zero["basis"] == "estimate"
+        basis[r["bs"]] = f"{word} curve" + (", no speculation estimated" if est else "")
+    return out, basis
+
+
 def measures_of(points: Sequence[Mapping[str, Any]], by_bs: Mapping[int, Mapping[int, Sequence[float]]],
                 concurrency: int,
                 predicted: Mapping[int, Mapping[int, Sequence[Sequence[Any]]]] | None = None) -> list[StepMeasure]:

@@ -435,6 +435,10 @@ class _LiveRun:
                     doc["predicted_by_bs"] = {str(k): {str(j): v for j, v in figs.items()} for k, figs in
                                               lv.bs_predictions(per_bs["groups"], r["steps"]).items()}
             self.state.add_timings(doc)
+        if self.opts.emit is not None:
+            pids = {p for r in self.state.runs if r.get("status") == "ok" for p in (r.get("pids") or [r.get("pid")])}
+            self.state.add_timings({"point": CURVE, "rep": len(self.state.timings),
+                                    "curve": curve_of(logs_of(every, {p for p in pids if p}))})
 
     def put_back(self, original: Any, live_launch: Any, ropts: Any, interrupted: BaseException | None) -> dict:
         """Leave the original command line running (a sweep that launched nothing restarts nothing)."""
@@ -472,6 +476,44 @@ def _records(files: Sequence[str], lo: float, hi: float) -> Any:
                     yield d
 
 
+CURVE = "curve"  # the state's timings entry that holds the cost curve's best step counts per batch size
+
+
+def curve_of(files: Sequence[str]) -> dict[str, Any] | None:
+    """``report --predict``'s best step counts per batch size (``predict_by_bs`` and its notes) over every decode
+    cycle of the live sweep's launch (each pinned step count a point of the cost fit), or None without records."""
+    from eaglepatch import report as rep
+    from eaglepatch.report.predict_bs import for_runs
+
+    if not files:
+        return None
+    res = rep.aggregate(files, by="bs")
+    per = for_runs(res)
+    if not per:
+        return None
+    newest = res.runs[-1].id if res.runs else None
+    return (per.get(newest) or next(iter(per.values()))).to_json()
+
+
+def _emit_tiers(measures: Sequence[Any], curve: dict[str, Any] | None, steps: Sequence[int],
+                notes: list[str]) -> tuple[dict[int, tuple[int, ...]], dict[int, str]]:
+    """The candidates per tier from the measurements, extended over the batch sizes above the largest measured by
+    the cost curve (``ad.curve_tiers``); without a curve, ``[0]`` above it, said in ``notes``: the top measured
+    tier is never stretched over batch sizes nobody measured."""
+    tiers = ad.choose_tiers(measures)
+    top = max(m.bs for m in measures if m.basis == "measured")
+    rows = (curve or {}).get("predict_by_bs") or []
+    if rows:
+        return ad.curve_tiers(tiers, rows, top, steps)
+    notes.append(f"--emit-adaptive-config: no timing records to price batch sizes above {top} (the largest "
+                 f"measured): no speculation from {top + 1}")
+    basis = {k: "measured" for k in tiers}
+    if tiers[max(tiers)] != (0,):
+        tiers[top + 1] = (0,)
+        basis[top + 1] = "not measured: no speculation"
+    return tiers, basis
+
+
 def _merged_runs(state: Any) -> list[dict[str, Any]]:
     """The saved windows, each with its figures from the timing logs when read."""
     extra = {(d["point"], d["rep"]): d for d in state.timings}
@@ -505,14 +547,21 @@ def _finish(name: str, release: ad.AdaptiveRelease, steps: Sequence[int], state:
                 for j, fig in figs.items():
                     predicted.setdefault(int(bs), {}).setdefault(int(j), []).append(fig)
         measures = ad.measures_of(doc["points"], by_bs, opts.bench.load.concurrency, predicted)
+        curves = [t["curve"] for t in state.timings if t.get("point") == CURVE and t.get("curve")]
         try:
-            tiers = ad.choose_tiers(measures)
+            tiers, basis = _emit_tiers(measures, curves[-1] if curves else None, steps, doc["notes"])
             emitted = ad.emitted(release, tiers, opts.emit)
         except (UsageError, Unsupported) as exc:  # nothing measured, or candidates the release cannot run
             doc["notes"].append(f"--emit-adaptive-config: {exc}: nothing written")
             return doc
         with open(opts.emit, "w", encoding="utf-8") as f:
             f.write(ad.dumps(emitted["config"]))
+        emitted["tier_basis"] = {str(k): v for k, v in sorted(basis.items())}
+        emitted["basis_path"] = opts.emit + ".basis.json"
+        with open(emitted["basis_path"], "w", encoding="utf-8") as f:
+            f.write(ad.dumps({"tiers": {str(k): {"candidate_steps": list(v), "basis": basis.get(k, "measured")}
+                                        for k, v in sorted(tiers.items())},
+                              "curve": curves[-1] if curves else None}))
         emitted["basis"] = sorted({m.basis for m in measures})
         emitted["measures"] = [dataclasses.asdict(m) for m in measures]
         chosen_predicted = [(m.bs, m.steps) for m in measures

@@ -106,7 +106,9 @@ def test_a_live_sweep_measures_every_step_count_in_one_launch_and_puts_the_serve
     assert identity(now) == before and now != patched
     assert not list(logs.glob("live-*")), "a lease or an answer was left behind"
     state = [json.loads(x) for x in Path(doc["state_file"]).read_text().splitlines()]
-    assert [s["kind"] for s in state] == ["sweep", "launch"] + ["run"] * 8 + ["timings"] * 8 + ["restore"]
+    # a timings entry per window, then the cost curve over them all (--emit-adaptive-config prices the batch sizes
+    # above the measured ones with it)
+    assert [s["kind"] for s in state] == ["sweep", "launch"] + ["run"] * 8 + ["timings"] * 9 + ["restore"]
     # the records of the windows say the state each cycle ran in, pinned
     pinned = [x for x in records(logs) if (x.get("spec") or {}).get("pinned")]
     assert {x["spec"]["steps"] for x in pinned} == {0, 1, 3, 7}
@@ -118,8 +120,17 @@ def test_a_live_sweep_measures_every_step_count_in_one_launch_and_puts_the_serve
     # the emitted config: the release's format, the launch flags that deploy it, and a server launched with them
     # 3 steps measured best of the grid (3.2 tokens in a 13 ms cycle); the acceptance model of the 7-step windows
     # adds 2 steps, which the grid skipped and which is the stand-in's true best (3 tokens in 11 ms)
+    # Above the batch size measured (the stand-in batches one by one), the cost curve prices each batch size; no
+    # speculation is only estimated there, and no step count beats the estimate beyond its spread (30% and more),
+    # so the measured tier is not stretched over them: [0] from 2, each tier's basis said, in the sidecar too
     emitted = doc["adaptive_config"]
-    assert json.loads(emit.read_text()) == emitted["config"] == {"1": {"candidate_steps": [2, 3]}}
+    assert json.loads(emit.read_text()) == emitted["config"] == {"1": {"candidate_steps": [2, 3]},
+                                                                 "2": {"candidate_steps": [0]}}
+    assert emitted["tier_basis"]["1"] == "measured"
+    assert emitted["tier_basis"]["2"].endswith("curve, no speculation estimated")
+    side = json.loads(Path(emitted["basis_path"]).read_text())
+    assert side["tiers"]["2"] == {"candidate_steps": [0], "basis": emitted["tier_basis"]["2"]}
+    assert side["curve"]["max_bs"] == 256 and side["curve"]["predict_by_bs"][0]["bs"] == 1
     basis = {m["steps"]: m["basis"] for m in emitted["measures"] if m["bs"] == 1}  # the stand-in batches one by one
     assert basis == {0: "measured", 1: "measured", 2: "profile", 3: "measured", 4: "profile", 5: "profile",
                      6: "profile", 7: "measured"}

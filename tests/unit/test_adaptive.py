@@ -253,3 +253,33 @@ def test_what_emit_reports_for_one_candidate_everywhere():
     assert ad.emitted(release(), {1: (1,)}, "/tmp/a.json")["check"].startswith("every batch size's best is 1 step: ")
     off = ad.emitted(release(), {1: (0,)}, "/tmp/a.json")
     assert off["static_flags"] == [] and off["check"].startswith("every batch size's best is no speculation")
+
+
+# -- tiers that never stretch over unmeasured batch sizes --------------------------------------------------------
+
+def _row(bs: int, zero: tuple[float, float, str], *spec: tuple[int, float, float, str]) -> dict:
+    pts = [{"steps": 0, "tokens_per_s": zero[0], "spread": zero[1], "basis": zero[2]}]
+    pts += [{"steps": j, "tokens_per_s": t, "spread": sp, "basis": b} for j, t, sp, b in spec]
+    return {"bs": bs, "best": 0, "points": pts}
+
+
+def test_curve_tiers_extend_the_measured_ones_and_turn_speculation_off_where_it_stops_paying():
+    """Measured up to 4 requests ({1: [3]}); the curve at 8 (3 steps best, 2 within 3%), 16 (2 best), 32 and 64
+    (no step count beats the measured no speculation beyond the spreads): tier 5 (the first unmeasured batch
+    size, priced with 8's figures) [2, 3], 16 [2], 32 [0]; 64 the same as 32, so no tier of its own; each tier's
+    basis said. A step count outside the grid (5) never becomes a candidate."""
+    rows = [_row(4, (900, 0.3, "estimate"), (3, 1500, 0.02, "measured")),
+            _row(8, (1700, 0.3, "estimate"), (2, 2950, 0.02, "fitted"), (3, 3000, 0.02, "fitted"),
+                 (5, 3100, 0.02, "extrapolated")),
+            _row(16, (3200, 0.4, "estimate"), (2, 5600, 0.02, "fitted"), (3, 5000, 0.02, "fitted")),
+            _row(32, (9000, 0.02, "measured"), (2, 8800, 0.03, "fitted"), (3, 8000, 0.03, "extrapolated")),
+            _row(64, (16000, 0.02, "measured"), (2, 12000, 0.03, "extrapolated"))]
+    tiers, basis = ad.curve_tiers({1: (3,)}, rows, 4, [2, 3])
+    assert tiers == {1: (3,), 5: (2, 3), 16: (2,), 32: (0,)}
+    assert basis == {1: "measured", 5: "fitted curve, no speculation estimated",
+                     16: "fitted curve, no speculation estimated", 32: "fitted curve"}
+
+
+def test_a_curve_with_nothing_above_the_measured_leaves_the_tiers():
+    rows = [_row(4, (900, 0.3, "estimate"), (3, 1500, 0.02, "measured"))]
+    assert ad.curve_tiers({1: (3,)}, rows, 4, [3]) == ({1: (3,)}, {1: "measured"})
