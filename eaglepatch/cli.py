@@ -279,21 +279,22 @@ def report(
     sys.stdout.write(text if json_out else terminal_text(text))
 
 
-def _bench_options(requests: int, concurrency: int, input_len: int, max_new_tokens: int, warmup: int, seed: int,
+def _bench_options(requests: int, concurrency: str, input_len: int, max_new_tokens: int, warmup: int, seed: int,
                    log_wait: float) -> Any:
     from eaglepatch.tuning.load import LoadSpec
-    from eaglepatch.tuning.bench import BenchOptions
+    from eaglepatch.tuning.bench import BenchOptions, parse_concurrency
 
-    load = LoadSpec(requests=requests, concurrency=concurrency, input_len=input_len, max_new_tokens=max_new_tokens,
+    ladder = parse_concurrency(concurrency)
+    load = LoadSpec(requests=requests, concurrency=ladder[0], input_len=input_len, max_new_tokens=max_new_tokens,
                     warmup=warmup, seed=seed)
-    return BenchOptions(load=load, log_wait=log_wait)
+    return BenchOptions(load=load, log_wait=log_wait, ladder=ladder if len(ladder) > 1 else ())
 
 
 @app.command()
 @connected(server_port=True)
 def bench(
     target: str = typer.Argument(..., help="SSH destination or local path."),
-    requests: int = RequestsOpt, concurrency: int = ConcurrencyOpt, input_len: int = InputLenOpt,
+    requests: int = RequestsOpt, concurrency: str = ConcurrencyOpt, input_len: int = InputLenOpt,
     max_new_tokens: int = MaxNewOpt, warmup: int = WarmupOpt, seed: int = SeedOpt, log_wait: float = LogWaitOpt,
     json_out: bool = JsonOpt,
     *, c: Connect,
@@ -304,6 +305,7 @@ def bench(
     \b
     Examples:
       eaglepatch bench root@gpu-host --requests 64 --concurrency 8
+      eaglepatch bench root@gpu-host --requests 256 --concurrency 1,8,32,64
     """
     from eaglepatch.tuning import bench as tuning_bench
 
@@ -339,7 +341,7 @@ def sweep(
     emit_adaptive_config: Optional[str] = typer.Option(None, "--emit-adaptive-config", help="With --live: write "
                                                        "the candidate steps per batch-size tier to FILE, in the JSON "
                                                        "the target's --speculative-adaptive-config reads."),
-    requests: int = RequestsOpt, concurrency: int = ConcurrencyOpt, input_len: int = InputLenOpt,
+    requests: int = RequestsOpt, concurrency: str = ConcurrencyOpt, input_len: int = InputLenOpt,
     max_new_tokens: int = MaxNewOpt,
     warmup: Optional[int] = typer.Option(None, "--warmup", help="Unmeasured requests first: after each launch "
                                          "(default 32: a fresh server's first requests run slower); with --live, "
@@ -370,7 +372,8 @@ def sweep(
         from eaglepatch.tuning import drive_live
 
         for flag, given in (("--baseline", baseline), ("--keep-best", keep_best), ("--env", bool(env)),
-                            ("--repeat", repeat != 1), ("--allow-flag", bool(allow_flag))):
+                            ("--repeat", repeat != 1), ("--allow-flag", bool(allow_flag)),
+                            ("a --concurrency list", len(bench_opts.ladder) > 1)):
             if given:
                 raise UsageError(f"{flag} does not go with --live (its points are step counts inside one "
                                  "server; --rounds repeats them): sweep without --live for it")

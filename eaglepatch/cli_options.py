@@ -33,7 +33,8 @@ ServerPortOpt = typer.Option([], "--server-port", help="Act only on the install'
 
 
 RequestsOpt = typer.Option(32, "--requests", help="Measured requests.")
-ConcurrencyOpt = typer.Option(4, "--concurrency", help="Requests in flight at a time.")
+ConcurrencyOpt = typer.Option("4", "--concurrency", help="Requests in flight at a time, or a list measured in turn "
+                              "(1,8,32,64): bench one load each, a sweep each of them after each launch.")
 InputLenOpt = typer.Option(128, "--input-len", help="Prompt tokens per request (seeded random token ids).")
 MaxNewOpt = typer.Option(128, "--max-new-tokens", help="Output tokens per request (ignore_eos).")
 WarmupOpt = typer.Option(4, "--warmup", help="Unmeasured requests first.")

@@ -266,10 +266,33 @@ def for_runs(result: ReportResult, *, steps: Sequence[int] | None = None, sweep:
     for run, groups in by_run.items():
         fl = runs.get(run) or flags or {}
         k = max(s for _, s, _ in groups)
-        base = []
-        bl = baseline_from_sweep(sweep, k)
-        conc = _int(((sweep or {}).get("load") or {}).get("concurrency"))
-        if bl is not None and conc:
-            base.append(BaselinePoint(conc, bl.tokens_per_s, bl.spread, bl.ratio))
-        out[run] = predict_by_bs(groups, max_bs=server_max_bs(fl), steps=steps, baseline=base)
+        out[run] = predict_by_bs(groups, max_bs=server_max_bs(fl), steps=steps, baseline=baselines_of(sweep, k))
     return out
+
+
+def baselines_of(sweep: dict[str, Any] | None, steps: int) -> list[BaselinePoint]:
+    """No speculation as a sweep with ``--baseline`` measured it: at each concurrency of its ladder (its points'
+    ``loads``), else at its one concurrency; each with its ratio to the sweep's own point at ``steps`` draft steps
+    at the same concurrency where the sweep ran one (the prediction then scales the records' figures by it)."""
+    bl = baseline_from_sweep(sweep, steps)
+    if sweep is None or bl is None:
+        return []
+    pts = sweep.get("points") or []
+    base = pts[sweep["baseline"]]
+    at_k = next((p for p in pts if p.get("status") == "ok" and str((p.get("flags") or {}).get(
+        "speculative-num-steps")) == str(steps)), None)
+    out = []
+    for ld in base.get("loads") or ():
+        t = ld.get("tokens_per_s") or {}
+        med = t.get("median")
+        if not med:
+            continue
+        spread = ((t.get("max") or med) - (t.get("min") or med)) / 2 / med
+        mine = next((x for x in (at_k or {}).get("loads") or () if x["concurrency"] == ld["concurrency"]), None)
+        ratio = med / mine["tokens_per_s"]["median"] if mine and (mine.get("tokens_per_s") or {}).get("median") \
+            else None
+        out.append(BaselinePoint(int(ld["concurrency"]), med, spread, ratio))
+    if out:
+        return out
+    conc = _int((sweep.get("load") or {}).get("concurrency"))
+    return [BaselinePoint(conc, bl.tokens_per_s, bl.spread, bl.ratio)] if conc else []

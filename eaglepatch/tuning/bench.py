@@ -27,15 +27,43 @@ Say = Callable[[str], None]
 
 @dataclasses.dataclass(frozen=True)
 class BenchOptions:
-    """The load, and how long to wait after it for the server's timing records (``--log-wait``)."""
+    """The load, and how long to wait after it for the server's timing records (``--log-wait``); ``ladder``: the
+    concurrencies measured in turn (``--concurrency 1,8,32,64``), the load's own first; empty: the load's alone."""
 
     load: LoadSpec = LoadSpec()
     log_wait: float = 4.5
     request_timeout: float = 600.0
+    ladder: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.log_wait < 0:
             raise UsageError("--log-wait cannot be negative")
+
+    def each(self) -> list["BenchOptions"]:
+        """One BenchOptions per concurrency of the ladder (the load's alone without one)."""
+        return [dataclasses.replace(self, load=dataclasses.replace(self.load, concurrency=c), ladder=())
+                for c in self.ladder] if len(self.ladder) > 1 else [self]
+
+    def load_json(self) -> dict[str, Any]:
+        """The load as a sweep keeps it (what makes two sweeps' figures comparable): ``LoadSpec.to_json``, and the
+        ladder when there is one."""
+        doc = self.load.to_json()
+        if len(self.ladder) > 1:
+            doc["concurrency_ladder"] = list(self.ladder)
+        return doc
+
+
+def parse_concurrency(text: str) -> tuple[int, ...]:
+    """``--concurrency``: ``8``, or a ladder ``1,8,32,64`` (whole numbers from 1, each once, in increasing order
+    as measured). Raises UsageError."""
+    try:
+        values = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise UsageError(f"--concurrency {text!r}: give requests in flight as a whole number from 1, or a list "
+                         "like 1,8,32,64")
+    return tuple(sorted(set(values)))
 
 
 def no_server(name: str) -> Unsupported:
@@ -177,7 +205,12 @@ def bench(spec: TargetSpec, c: Connect, opts: BenchOptions, say: Say) -> dict[st
         server = launch_of(facts, c.facts.server_ports)
         if server is None:
             raise no_server(t.spec.name)
-        return bench_on(t.host, t.spec.name, facts.python, server, patched_log_dir(facts), opts, say)
+        docs = []
+        for one in opts.each():
+            if len(opts.ladder) > 1:
+                say(f"{t.spec.name}: {one.load.concurrency} request(s) at a time")
+            docs.append(bench_on(t.host, t.spec.name, facts.python, server, patched_log_dir(facts), one, say))
+        return docs[0] if len(docs) == 1 else {"target": t.spec.name, "loads": docs}
 
 
 def _ms(d: dict[str, Any] | None, key: str = "p50") -> str:
@@ -185,6 +218,13 @@ def _ms(d: dict[str, Any] | None, key: str = "p50") -> str:
 
 
 def render_bench(doc: dict[str, Any]) -> str:
+    """bench's text: the client's figures, the timing report of the same window and its prediction; one after the
+    other for a ladder of concurrencies, then a line per concurrency."""
+    if "loads" in doc:
+        parts = [render_bench(d) for d in doc["loads"]]
+        rows = [f"  {d['load']['concurrency']:>4} at a time: {d['client']['tokens_per_s']} output tokens/s (client)"
+                for d in doc["loads"]]
+        return "\n\n".join(parts) + f"\n\n{doc['target']}: by concurrency\n" + "\n".join(rows)
     from eaglepatch import report as rep
 
     cl = doc["client"]

@@ -183,7 +183,7 @@ def sweep(spec: TargetSpec, c: Connect, opts: SweepOptions, say: Say) -> dict[st
         host = t.host
         flags = server_flags(host, python, facts.package_dir, facts.version, say)
         flag_axes, env_axes, points = opts.points(flags)
-        ident = sweep_state.sweep_id(name, points, opts.repeat, opts.bench.load.to_json())
+        ident = sweep_state.sweep_id(name, points, opts.repeat, opts.bench.load_json())
         state = sweep_state.StateFile(sweep_state.state_path(name, ident))
         if opts.fresh and state.header is not None:
             say(f"--fresh: starting over (forgetting {len(state.runs)} saved run(s) in {state.path})")
@@ -233,7 +233,7 @@ def sweep(spec: TargetSpec, c: Connect, opts: SweepOptions, say: Say) -> dict[st
             if state.header is None:
                 state.write_header(dict(header_of(name, facts, original, args_index, server),
                                         points=[p.key for p in points], repeat=opts.repeat,
-                                        load=opts.bench.load.to_json()))
+                                        load=opts.bench.load_json()))
             env_names = [a.name for a in env_axes]
             owned = _Owned(host, python, facts.package_dir, state, launches, original, env_names,
                            c.facts.server_ports)
@@ -377,19 +377,29 @@ def _one_run(host: Host, name: str, python: str, launch: Any, ropts: Any, log_di
     server = owned.current(launch.port)
     if server is None or server.pid != res.pid:
         return dict(base, status="failed", error=f"the server on :{launch.port} was ready, then gone", pid=res.pid)
-    try:
-        doc = bench_on(host, name, python, server, log_dir, opts.bench, lambda m: say("  " + m))
-    except LoadFailed as exc:
-        say(f"  failed: {exc}")
-        return dict(base, status="failed", error=str(exc), pid=server.pid, log_tail="")
-    fig = sweep_summary.run_figures(doc)
-    acc = fig["accept_len"]
-    say(f"  {fig['tokens_per_s']:.1f} tok/s" + (f", accept length {acc:.2f}" if acc is not None else "")
-        + (f", cycle p50 {fig['phases_p50']['cycle']:.2f} ms" if "cycle" in fig["phases_p50"] else ""))
-    # the load's window on the host's clock, as a live window keeps it: what its timing records are read within
-    window = [doc["window"]["start"], doc["window"]["end"]]
-    return dict(base, status="ok", pid=server.pid, ready_s=round(res.seconds, 2), **fig, client=doc["client"],
-                window=window, notes=doc["notes"])
+    loads = []
+    for one in opts.bench.each():  # a ladder of concurrencies: each in turn, in this one launch
+        ladder = len(opts.bench.ladder) > 1
+        try:
+            doc = bench_on(host, name, python, server, log_dir, one, lambda m: say("  " + m))
+        except LoadFailed as exc:
+            say(f"  failed: {exc}")
+            return dict(base, status="failed", error=str(exc), pid=server.pid, log_tail="")
+        fig = sweep_summary.run_figures(doc)
+        acc = fig["accept_len"]
+        say(f"  {fig['tokens_per_s']:.1f} tok/s" + (f" at {one.load.concurrency} at a time" if ladder else "")
+            + (f", accept length {acc:.2f}" if acc is not None else "")
+            + (f", cycle p50 {fig['phases_p50']['cycle']:.2f} ms" if "cycle" in fig["phases_p50"] else ""))
+        # the load's window on the host's clock, as a live window keeps it: what its timing records are read within
+        window = [doc["window"]["start"], doc["window"]["end"]]
+        loads.append(dict(fig, concurrency=one.load.concurrency, client=doc["client"], window=window,
+                          notes=doc["notes"]))
+    first = dict(loads[0])
+    first.pop("concurrency")
+    run = dict(base, status="ok", pid=server.pid, ready_s=round(res.seconds, 2), **first)
+    if len(loads) > 1:
+        run["loads"] = loads
+    return run
 
 
 # How many times putting the server back reads the host again after what ran on the port changed under it.

@@ -130,7 +130,52 @@ def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, 
                      "accept length are the client's")
     if base is not None and docs[base]["status"] != "ok":
         notes.append("the baseline did not run: no speedups")
-    return {"target": target, "baseline": base, "points": docs, "best": best, "repeat": repeat, "notes": notes}
+    out = {"target": target, "baseline": base, "points": docs, "best": best, "repeat": repeat, "notes": notes}
+    by_load = _by_load(points, by_point, docs, base)
+    if by_load:
+        out["best_by_load"] = by_load
+    return out
+
+
+def _by_load(points: Sequence[Point], by_point: Mapping[str, Sequence[Mapping[str, Any]]],
+             docs: Sequence[dict[str, Any]], base: int | None) -> list[dict[str, Any]]:
+    """With a ladder of concurrencies (runs with ``loads``): each point's ``loads`` (per concurrency its tok/s
+    median and range over the runs, accept length and speedup over the baseline at the same concurrency), and the
+    best point per concurrency, ``[{"concurrency", "best"}]``; empty without a ladder."""
+    per: list[dict[int, list[Mapping[str, Any]]]] = []
+    for p in points:
+        got: dict[int, list[Mapping[str, Any]]] = {}
+        for r in by_point.get(p.key, []):
+            if r.get("status") == "ok":
+                for ld in r.get("loads") or ():
+                    if ld.get("tokens_per_s") is not None:
+                        got.setdefault(int(ld["concurrency"]), []).append(ld)
+        per.append(got)
+    ladder = sorted({c for got in per for c in got})
+    if not ladder:
+        return []
+    for d, got in zip(docs, per):
+        d["loads"] = []
+        for c in ladder:
+            lds = got.get(c) or []
+            if not lds:
+                continue
+            tps = [ld["tokens_per_s"] for ld in lds]
+            accs = [ld["accept_len"] for ld in lds if ld.get("accept_len") is not None]
+            d["loads"].append({"concurrency": c, "runs": len(lds),
+                               "tokens_per_s": {"median": _r(statistics.median(tps)), "min": _r(min(tps)),
+                                                "max": _r(max(tps))},
+                               "accept_len": _r(statistics.median(accs), 4) if accs else None, "speedup": None})
+    best = []
+    for c in ladder:
+        at = {i: ld for i, d in enumerate(docs) for ld in d.get("loads") or () if ld["concurrency"] == c}
+        b = at.get(base) if base is not None else None
+        for ld in at.values():
+            if b and b["tokens_per_s"]["median"]:
+                ld["speedup"] = _r(ld["tokens_per_s"]["median"] / b["tokens_per_s"]["median"])
+        if at:
+            best.append({"concurrency": c, "best": max(at, key=lambda i: at[i]["tokens_per_s"]["median"])})
+    return best
 
 
 def _cycle_drift(label: str, ok: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -195,12 +240,36 @@ def render_table(doc: Mapping[str, Any]) -> str:
         title = (f"sweep of {doc['target']}: {len(doc['points'])} points x {doc.get('repeat', 1)} (p50 ms per phase; "
                  "tok/s as the client saw it; * best, ~ within noise of it)")
     out = [title, tabulate(rows, headers=head, tablefmt="simple", disable_numparse=True)]
+    out += _load_tables(doc)
     for p in doc["points"]:
         if p["status"] == "failed":
             out.append(f"failed: {p['label']}: {p.get('error')}")
     for n in doc.get("notes") or []:
         out.append(f"note: {n}")
     return "\n".join(out)
+
+
+def _load_tables(doc: Mapping[str, Any]) -> list[str]:
+    """With a ladder of concurrencies: a table per concurrency (each point's tok/s, range, accept length and
+    speedup there; ``*`` the best at that concurrency). The table above is the ladder's first concurrency."""
+    from tabulate import tabulate
+
+    out = []
+    for bl in doc.get("best_by_load") or ():
+        c = bl["concurrency"]
+        rows = []
+        for i, p in enumerate(doc["points"]):
+            ld = next((x for x in p.get("loads") or () if x["concurrency"] == c), None)
+            if ld is None:
+                continue
+            t = ld["tokens_per_s"]
+            rows.append([f"{'*' if i == bl['best'] else ''}{i}", p.get("label", ""), _fmt(ld.get("accept_len"), 2),
+                         _fmt(t["median"]), f"{_fmt(t['min'])}-{_fmt(t['max'])}",
+                         f"{ld['speedup']:.3f}x" if ld.get("speedup") is not None else "-"])
+        out += ["", f"at {c} request(s) at a time (client tok/s; * the best at this concurrency):",
+                tabulate(rows, headers=["#", "point", "accept", "tok/s", "range", "speedup"], tablefmt="simple",
+                         disable_numparse=True)]
+    return out
 
 
 def _count(point: Mapping[str, Any]) -> int:

@@ -542,3 +542,57 @@ def test_ctrl_c_puts_the_server_back_and_keeps_the_runs(standins, tmp_path, loca
     r = local.run("sweep", srv.tree, *args, "--json")
     assert "resuming: " in r.stderr
     assert [p["runs"] for p in jdoc(r)["points"]] == [2, 2, 2]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# a ladder of concurrencies
+
+
+def with_concurrency(args: list[str], value: str) -> list[str]:
+    """``args`` with the value of ``--concurrency`` replaced."""
+    i = args.index("--concurrency")
+    return [*args[: i + 1], value, *args[i + 2:]]
+
+
+def test_bench_measures_each_concurrency_of_a_ladder_in_turn(standins, tmp_path, local):
+    """--concurrency 1,2: two loads on the running server, one after the other, each its own bench document (its
+    load's concurrency, its client figures), and a line per concurrency in the text."""
+    srv = spec_server(standins, tmp_path)
+    load = with_concurrency(LOAD, "2,1")  # measured in increasing order
+    doc = jdoc(local.run("bench", srv.tree, *load, "--json"))
+    assert doc["target"] == str(srv.tree / "sglang") and [d["load"]["concurrency"] for d in doc["loads"]] == [1, 2]
+    one, two = doc["loads"]
+    assert one["client"]["failed"] == two["client"]["failed"] == 0
+    assert one["client"]["requests"] == two["client"]["requests"] == 6
+    # the stand-in serves each request on its own: two at a time give about twice the tokens per second
+    assert 1.5 < two["client"]["tokens_per_s"] / one["client"]["tokens_per_s"] < 2.5
+    text = local.run("bench", srv.tree, *load).stdout
+    assert "by concurrency" in text and "   1 at a time:" in text and "   2 at a time:" in text
+
+
+def test_a_restart_sweep_measures_every_concurrency_after_each_launch(standins, tmp_path, local):
+    """--concurrency 1,2 with --baseline: one launch per point and repetition (no more than without the ladder),
+    each measured at both concurrencies; per point the figures per concurrency, the best per concurrency, the
+    sweep's id apart from the same sweep at one concurrency; report --predict's no speculation at the ladder's
+    batch sizes measured from it."""
+    srv = spec_server(standins, tmp_path)
+    apply(local, srv, tmp_path)
+    sweep = with_concurrency(SWEEP, "1,2")
+    r = local.run("sweep", srv.tree, "--grid", "speculative-num-steps=2", "--baseline", *sweep, "--json")
+    doc = jdoc(r)
+    assert r.stderr.count("starting sglang on") == 3  # two points, then the original back
+    assert [b["concurrency"] for b in doc["best_by_load"]] == [1, 2]
+    base, two = doc["points"]
+    for p in (base, two):
+        assert [ld["concurrency"] for ld in p["loads"]] == [1, 2] and all(ld["runs"] == 1 for ld in p["loads"])
+        assert p["tokens_per_s"] == p["loads"][0]["tokens_per_s"]
+    # the stand-in's designed speeds: 2 steps 273 tok/s per request against 200 without speculation
+    assert all(b["best"] == 1 for b in doc["best_by_load"])
+    assert two["loads"][1]["speedup"] > 1.1
+    assert "at 2 request(s) at a time" in local.run("sweep", srv.tree, "--grid", "speculative-num-steps=2",
+                                                    "--baseline", *sweep).stdout
+    rep = jdoc(local.run("report", srv.tree, "--predict", "--json", "--all-runs"))
+    runs = [r for r in rep["runs"] if r.get("predict_by_bs")]
+    assert runs, rep["runs"]
+    zero1 = next(p for p in runs[-1]["predict_by_bs"][0]["points"] if p["steps"] == 0)
+    assert runs[-1]["predict_by_bs"][0]["bs"] == 1 and zero1["basis"] == "measured"

@@ -223,3 +223,40 @@ def test_the_crossover_is_the_first_batch_size_from_which_no_step_count_pays():
     assert crossover([row(1, 100, 150), row(8, 100, 120), row(16, 100, 110)]) == 8
     assert crossover([row(1, 100, 100)]) == 1
     assert crossover([]) is None
+
+
+def test_a_sweeps_ladder_gives_no_speculation_at_each_concurrency(tmp_path):
+    """A sweep with --baseline over the ladder 32, 64 that also ran the records' 5 steps: no speculation at each
+    concurrency is the records' own 5-step figure there times the sweep's ratio (client over client, so the two
+    scales need not agree), basis measured; 16 is below the ladder: an estimate."""
+    from eaglepatch.report.predict_bs import baselines_of
+
+    def point(flags, loads):
+        return {"flags": flags, "status": "ok", "tokens_per_s": {"median": loads[0][1], "min": loads[0][1],
+                                                               "max": loads[0][1]},
+                "loads": [{"concurrency": c, "tokens_per_s": {"median": t, "min": t * 0.98, "max": t * 1.02}}
+                          for c, t in loads]}
+    sweep = {"baseline": 0, "load": {"concurrency": 32},
+             "points": [point({}, [(32, 8000.0), (64, 12000.0)]),
+                        point({"speculative-num-steps": "5"}, [(32, 6400.0), (64, 6000.0)])]}
+    base = baselines_of(sweep, 5)
+    assert [(b.bs, b.tokens_per_s, b.ratio) for b in base] == [(32, 8000.0, 1.25), (64, 12000.0, 2.0)]
+    assert base[0].spread == approx(0.02)
+    (out,) = for_runs(world_result(tmp_path), sweep=sweep).values()
+    rows = {r.bs: r for r in out.rows}
+    z32 = rows[32].points[0]
+    own32 = next(p for p in rows[32].points if p.steps == 5)
+    assert z32.basis == "measured" and z32.tokens_per_s == approx(1.25 * own32.tokens_per_s)
+    assert rows[16].points[0].basis == "estimate"
+
+
+def test_no_speculation_between_two_measured_batch_sizes_is_interpolated():
+    """Each cycle's time per batch linear in the batch between 32 (8,000 tok/s: 4 ms) and 64 (12,000: 5.33 ms):
+    at 48, 4.67 ms, 10,286 tok/s, its spread halfway; outside them, none."""
+    from eaglepatch.report.predict_bs import _baseline_at
+
+    pts = [BaselinePoint(32, 8000.0, 0.02), BaselinePoint(64, 12000.0, 0.04)]
+    b = _baseline_at(48, pts)
+    assert b.tokens_per_s == approx(48 / (32 / 8000 + 0.5 * (64 / 12000 - 32 / 8000))) == approx(10285.7, abs=0.1)
+    assert b.spread == approx(0.03)
+    assert _baseline_at(16, pts) is None and _baseline_at(128, pts) is None

@@ -388,3 +388,60 @@ def test_a_point_prints_its_secrets_masked_and_keeps_them_to_launch():
     assert p.to_json() == {"flags": {"api-key": "***", "speculative-num-draft-tokens": "4"}, "env": {"HF_TOKEN": "***"}}
     assert "sk-1" in p.key and "hf_x" in p.key
     assert cmdline.point_env({}, p) == {"HF_TOKEN": "hf_x"}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# a ladder of concurrencies
+
+
+def _loads(*figs):
+    return [{"concurrency": c, "tokens_per_s": t, "accept_len": a, "phases_p50": {}} for c, t, a in figs]
+
+
+def test_a_ladder_of_concurrencies_is_summarised_per_concurrency():
+    """Each launch measured 8 and 64 requests at a time: per point and concurrency the median and range over its
+    launches, speedups over the baseline at the same concurrency, and the best per concurrency (1 step at 8, no
+    speculation at 64: issue 38's turn); the first concurrency's figures stay the point's own."""
+    pts = sw.make_points(sw.parse_grid(["speculative-num-steps=1,5"]), (), True)
+    runs = [_run(pts[0], r, t8, loads=_loads((8, t8, None), (64, t64, None)))
+            for r, (t8, t64) in enumerate(((900.0, 7400.0), (940.0, 7600.0)))]
+    runs += [_run(pts[1], r, t8, 2.0, loads=_loads((8, t8, 2.0), (64, t64, 2.0)))
+             for r, (t8, t64) in enumerate(((1200.0, 4300.0), (1220.0, 4460.0)))]
+    runs += [_run(pts[2], r, t8, 3.5, loads=_loads((8, t8, 3.5), (64, t64, 3.5)))
+             for r, (t8, t64) in enumerate(((1100.0, 5200.0), (1150.0, 5300.0)))]
+    doc = sweep_summary.summarize("gpu1", pts, runs, baseline=True, repeat=2)
+    assert doc["best_by_load"] == [{"concurrency": 8, "best": 1}, {"concurrency": 64, "best": 0}]
+    base, one, five = doc["points"]
+    assert one["tokens_per_s"] == {"median": 1210.0, "min": 1200.0, "max": 1220.0}  # the first concurrency's
+    assert one["loads"] == [
+        {"concurrency": 8, "runs": 2, "tokens_per_s": {"median": 1210.0, "min": 1200.0, "max": 1220.0},
+         "accept_len": 2.0, "speedup": round(1210 / 920, 3)},
+        {"concurrency": 64, "runs": 2, "tokens_per_s": {"median": 4380.0, "min": 4300.0, "max": 4460.0},
+         "accept_len": 2.0, "speedup": round(4380 / 7500, 3)}]
+    assert base["loads"][1]["speedup"] == 1.0 and five["loads"][1]["speedup"] == round(5250 / 7500, 3)
+    text = sweep_summary.render_table(doc)
+    assert "at 64 request(s) at a time (client tok/s; * the best at this concurrency):" in text
+    at64 = text.split("at 64 request(s) at a time")[1].splitlines()
+    assert any(line.startswith("*0") and "7500.0" in line for line in at64)
+    json.dumps(doc)
+
+
+def test_a_sweep_without_a_ladder_has_no_per_load_figures():
+    pts = _points()
+    doc = sweep_summary.summarize("gpu1", pts, [_run(p, 0, 100.0 + i) for i, p in enumerate(pts)], True, 1)
+    assert "best_by_load" not in doc and all("loads" not in p for p in doc["points"])
+
+
+@pytest.mark.parametrize("text, ladder", [("4", (4,)), ("64,1,8,32", (1, 8, 32, 64)), ("8,8", (8,))])
+def test_parse_concurrency(text, ladder):
+    from eaglepatch.tuning.bench import parse_concurrency
+
+    assert parse_concurrency(text) == ladder
+
+
+@pytest.mark.parametrize("text", ["", "0", "4,x", "-1", "1.5"])
+def test_parse_concurrency_refuses(text):
+    from eaglepatch.tuning.bench import parse_concurrency
+
+    with pytest.raises(UsageError, match="--concurrency"):
+        parse_concurrency(text)
