@@ -225,11 +225,13 @@ LOAD_MATCH = 1.5
 
 def sweep_load_mismatch(sweep: dict[str, Any] | None, by_bs: Sequence[dict[str, Any]]) -> str | None:
     """Why ``sweep`` does not count for the load of the records (their decode groups by batch size), or None when
-    it does (or cannot be told: no concurrency in the sweep, no batch sizes in the records)."""
-    conc = ((sweep or {}).get("load") or {}).get("concurrency")
+    it does: the records' median decode batch within ``LOAD_MATCH`` of the sweep's concurrency, or of one of its
+    ladder's (or it cannot be told: no concurrency in the sweep, no batch sizes in the records)."""
+    load = (sweep or {}).get("load") or {}
+    ladder = [c for c in load.get("concurrency_ladder") or [load.get("concurrency")] if isinstance(c, int) and c >= 1]
     cycles = sorted(((g.get("key") or {}).get("bs"), g.get("n") or 0) for g in by_bs
                     if isinstance((g.get("key") or {}).get("bs"), int))
-    if not isinstance(conc, int) or conc < 1 or not cycles:
+    if not ladder or not cycles:
         return None
     half, seen, median = sum(n for _, n in cycles) / 2, 0, cycles[-1][0]
     for bs, n in cycles:
@@ -237,10 +239,10 @@ def sweep_load_mismatch(sweep: dict[str, Any] | None, by_bs: Sequence[dict[str, 
         if seen >= half:
             median = bs
             break
-    if conc / LOAD_MATCH <= median <= conc * LOAD_MATCH:
+    if any(c / LOAD_MATCH <= median <= c * LOAD_MATCH for c in ladder):
         return None
-    return (f"it measured {conc} request(s) at a time, and this server's decode cycles ran {median} at a time (the "
-            "median): a sweep counts only for its own load")
+    return (f"it measured {', '.join(map(str, ladder))} request(s) at a time, and this server's decode cycles ran "
+            f"{median} at a time (the median): a sweep counts only for its own load")
 
 
 def _zero_steps(spec: Any) -> bool:

@@ -2,7 +2,10 @@
 
 A decode cycle of ``bs`` requests at ``j`` draft steps (top-k 1: ``j + 1`` draft tokens) runs:
 
-* the draft: ``j`` guesses for each request, ``bs * j`` tokens;
+* the draft: ``j`` guesses for each request, ``bs * j`` tokens, in ``j`` forwards of ``bs`` tokens each: it is
+  priced as ``j`` times one forward's curve at ``bs`` tokens (a forward's fixed cost is paid per step: in the tests'
+  batching stand-in, pricing the draft's ``bs * j`` tokens on one curve put a 1-step draft at 5.5 ms where it took
+  1.05);
 * verify: the target over every draft token of every request, ``bs * (j + 1)`` tokens;
 * the draft extend: the draft over the same, ``bs * (j + 1)`` tokens;
 * the rest: everything else from one cycle's start to the next on the host clock (the cycle's untimed parts and the
@@ -18,7 +21,9 @@ in the tests' CPU world it put verify's cost at 2 draft steps and 32 requests 15
 best where 2 steps was. Below the measured tokens the price stays at the floor; above them the line goes on, which
 under-prices a forward that bends upward again (a point outside the measured tokens is ``extrapolated``, with a
 wider spread). The ``rest`` is what the cadence holds beyond the timed phases, so the curves add up to the cadence
-the records measured (``GroupStats.cadence_ms``, a client's view), not to the GPU's time alone.
+the records measured (``GroupStats.cadence_ms``, a client's view), not to the GPU's time alone; it is the
+scheduler's work per request, no forward, and is fitted as a straight line (a knee there fitted the noise of a few
+ramp-down cycles in the tests' batching stand-in: 8 ms a request past 15 requests).
 
 ``Curve.price(tokens)`` is the time; ``Curve.inside(tokens)`` says whether the token count lies in the measured
 range; ``CostModel.cycle_ms(bs, j)`` the wall time per cycle and ``CostModel.basis(bs, j)`` ``fitted`` or
@@ -38,19 +43,24 @@ PHASES = ("draft", "verify", "draft_extend", "rest")
 
 
 def tokens_of(phase: str, bs: int, steps: int) -> int:
-    """The tokens ``phase``'s forward processes in a cycle of ``bs`` requests at ``steps`` draft steps (top-k 1)."""
-    if phase == "draft":
-        return bs * steps
+    """The tokens one forward of ``phase`` processes in a cycle of ``bs`` requests at ``steps`` draft steps (top-k
+    1): the draft's each of its ``steps`` forwards (``forwards_of``), the others their one."""
     if phase in ("verify", "draft_extend"):
         return bs * (steps + 1)
     return bs
 
 
+def forwards_of(phase: str, steps: int) -> int:
+    """How many forwards of ``phase`` a cycle at ``steps`` draft steps runs: the draft one per step, the others
+    one."""
+    return steps if phase == "draft" else 1
+
+
 @dataclass(frozen=True)
 class Curve:
-    """One phase's time per cycle as ``max(floor_ms, fixed_ms + per_token_ms * tokens)``, the two meeting at
-    ``knee_tokens``; ``lo``/``hi`` the token counts measured, ``rms_ms`` the weighted residual, ``points`` how many
-    decode groups it was fitted on."""
+    """One forward's time as ``max(floor_ms, fixed_ms + per_token_ms * tokens)``, the two meeting at
+    ``knee_tokens`` (the draft's per step: its time per cycle over its steps); ``lo``/``hi`` the token counts
+    measured, ``rms_ms`` the weighted residual, ``points`` how many decode groups it was fitted on."""
 
     fixed_ms: float
     per_token_ms: float
@@ -83,14 +93,14 @@ class Curve:
                 "rms_ms": round_json(self.rms_ms), "groups": self.points}
 
 
-def roofline(obs: Sequence[tuple[float, float, float]]) -> tuple[float, float, float, float]:
+def roofline(obs: Sequence[tuple[float, float, float]], knee: bool = True) -> tuple[float, float, float, float]:
     """The roofline through ``(x, y, weight)``: ``y = c + b * max(0, x - x0)`` for the knee ``x0`` that leaves the
     least weighted residual, looked for from the smallest x up to the second largest (so that the rising part rests
     on two token counts at least), at the xs and 16 log-spaced points between each two; ``(x0, c, b, rms)``. One
-    token count: flat at its weighted mean."""
+    token count: flat at its weighted mean. ``knee=False``: a straight line (the knee at the smallest x)."""
     xs = sorted({o[0] for o in obs})
     knees = [xs[0]]
-    if len(xs) > 2:  # the measured counts below the largest two, and 16 steps (log-spaced) between each two of them
+    if knee and len(xs) > 2:  # the measured counts below the largest two, and 16 steps (log-spaced) between each two of them
         for a, b in zip(xs[: len(xs) - 2], xs[1: len(xs) - 1]):
             knees += [a * (b / a) ** (i / 16) for i in range(1, 17)] if a > 0 else [b]
     best: tuple[float, float, float, float] | None = None
@@ -152,7 +162,7 @@ class CostModel:
     def phase_ms(self, phase: str, bs: int, steps: int) -> float:
         if steps == 0 and phase in ("draft", "draft_extend"):
             return 0.0
-        return self.curves[phase].price(tokens_of(phase, bs, steps))
+        return forwards_of(phase, steps) * self.curves[phase].price(tokens_of(phase, bs, steps))
 
     def cycle_ms(self, bs: int, steps: int) -> float:
         """The wall time from one cycle's start to the next at ``bs`` requests and ``steps`` draft steps."""
@@ -186,8 +196,9 @@ def fit(observed: Iterable[Observed]) -> CostModel | None:
         return None
     curves = {}
     for phase in PHASES:
-        pts = [(float(tokens_of(phase, o.bs, o.steps)), o.per_cycle[phase], float(o.cycles)) for o in obs]
-        x0, c, b, rms = roofline(pts)
+        pts = [(float(tokens_of(phase, o.bs, o.steps)), o.per_cycle[phase] / forwards_of(phase, o.steps),
+                float(o.cycles)) for o in obs]
+        x0, c, b, rms = roofline(pts, knee=phase != "rest")
         xs = [int(x) for x, _, _ in pts]
         curves[phase] = Curve(c - b * x0, b, c, x0, min(xs), max(xs), rms, len(pts))
     return CostModel(curves, obs)

@@ -1403,14 +1403,20 @@ def _launcher(pid):
     return pid, st[1], argv
 
 
+# The launch options a run's header keeps beside the speculative ones: the largest batch the server runs (what
+# `report --predict` prices the step counts up to)
+_BATCH_FLAGS = ("--cuda-graph-max-bs", "--max-running-requests")
+
+
 def _flags_of(argv):
-    """The `--speculative-*` options of a launch command line, `{name: value}` (a bare flag: true)."""
+    """The `--speculative-*` options of a launch command line and its batch limits (`_BATCH_FLAGS`), `{name:
+    value}` (a bare flag: true)."""
     flags = {}
     i = 0
     while i < len(argv):
         a = argv[i]
         i += 1
-        if not a.startswith("--speculative-"):
+        if not a.startswith("--speculative-") and a.partition("=")[0] not in _BATCH_FLAGS:
             continue
         name, eq, value = a[2:].partition("=")
         if eq:

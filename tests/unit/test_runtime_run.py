@@ -123,6 +123,15 @@ def test_flags_are_the_speculative_options_of_the_launch():
     assert rt._flags_of(["x", "--speculative-adaptive"]) == {"speculative-adaptive": True}
 
 
+def test_flags_keep_the_batch_limits_too():
+    """What report --predict prices the batch sizes up to: --cuda-graph-max-bs and --max-running-requests, in
+    either spelling; other options are not kept."""
+    rt = load_module()
+    assert rt._flags_of(["x", "--cuda-graph-max-bs", "64", "--max-running-requests=128", "--tp", "8",
+                         "--cuda-graph-max-bs-decode", "32"]) == {"cuda-graph-max-bs": "64",
+                                                                  "max-running-requests": "128"}
+
+
 def test_secrets_are_masked_in_the_argv_written():
     rt = load_module()
     out = rt._redacted(LAUNCH + ["--hf-token=abc", "--admin-password", "--x", "--ssl-keyfile", "/k",

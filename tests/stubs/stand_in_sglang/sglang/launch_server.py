@@ -12,10 +12,13 @@ its entry method once per simulated cycle, so a patched worker writes real timin
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import json
 import os
 import pathlib
+import queue
+import random
 import signal
 import socket
 import subprocess
@@ -79,6 +82,13 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--sim-draft-ms", type=float, default=2.0)
     p.add_argument("--sim-extend-ms", type=float, default=1.0)
     p.add_argument("--sim-prefill-ms", type=float, default=2.0)
+    # real batching (see Batcher): one scheduler runs every request's cycle together, costs growing with the work
+    p.add_argument("--sim-batch", action="store_true")
+    p.add_argument("--sim-verify-per-token-ms", type=float, default=0.25)
+    p.add_argument("--sim-draft-per-token-ms", type=float, default=0.05)
+    p.add_argument("--sim-extend-per-token-ms", type=float, default=0.02)
+    p.add_argument("--sim-base-per-req-ms", type=float, default=0.05)
+    p.add_argument("--sim-between-per-req-ms", type=float, default=0.02)
     return p.parse_known_args(argv)
 
 
@@ -219,6 +229,150 @@ def server_args_line(args: argparse.Namespace) -> str:
     return "server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in fields) + ")"
 
 
+class BatchCost:
+    """With ``--sim-batch``: what one cycle of ``bs`` requests costs (seconds), growing with the tokens each forward
+    processes, as a GPU's forward does (a floor while memory-bound, then per token):
+
+    - verify: ``max(--sim-verify-ms, --sim-verify-per-token-ms x bs x (K + 1))``;
+    - the draft: ``K x (--sim-draft-ms / 2 + --sim-draft-per-token-ms x bs)``, a forward per step;
+    - the draft extend: ``--sim-extend-ms + --sim-extend-per-token-ms x bs x (K + 1)``;
+    - without speculation, a plain decode: ``max(--sim-base-ms, --sim-base-per-req-ms x bs)``, cheaper than verify
+      at one token per request;
+    - the scheduler's time before each decode cycle: ``--sim-between-ms + --sim-between-per-req-ms x bs``.
+    """
+
+    def __init__(self, args: argparse.Namespace, speed: Speed):
+        self.a, self.speed = args, speed
+
+    def _s(self, ms: float) -> float:
+        return ms * 0.001 * self.speed.slow
+
+    def verify(self, bs: int, k: int) -> float:
+        return self._s(max(self.a.sim_verify_ms, self.a.sim_verify_per_token_ms * bs * (k + 1)))
+
+    def draft(self, bs: int, k: int) -> float:
+        return self._s(k * (self.a.sim_draft_ms / 2 + self.a.sim_draft_per_token_ms * bs))
+
+    def extend(self, bs: int, k: int) -> float:
+        return self._s(self.a.sim_extend_ms + self.a.sim_extend_per_token_ms * bs * (k + 1))
+
+    def plain(self, bs: int) -> float:
+        return self._s(max(self.a.sim_base_ms, self.a.sim_base_per_req_ms * bs))
+
+    def between(self, bs: int) -> float:
+        return self._s(self.a.sim_between_ms + self.a.sim_between_per_req_ms * bs)
+
+
+# With --sim-batch the draft's guesses pass by prompt and by position: a request whose prompt hashes even passes
+# its first guess at 0.8, odd at 0.5, and each later position at 0.9 times the one before (a chain: the first miss
+# ends it). Seeded by the request's prompt and its cycle, so a load is the same each time it is sent.
+PASS_RATES = (0.8, 0.5)
+PASS_DECAY = 0.9
+
+
+class _Running:
+    """A request in the scheduler's batch: its key (``"<prompt>:<request number>"``: the prompt sets its pass rate,
+    the number tells repeats apart), the tokens it wants and has, its decode cycles so far; ``events`` gets
+    ``(tokens, cycles)`` after each of its cycles, ``None`` when it is done."""
+
+    def __init__(self, key: str, n: int, prefill_s: float):
+        self.key, self.n, self.prefill_s = key, n, prefill_s
+        self.done, self.cycles = 0, 0
+        self.events: "queue.Queue[tuple[int, int] | None]" = queue.Queue()
+
+
+class Batcher:
+    """``--sim-batch``: one scheduler thread, as sglang's, with continuous batching: each turn it runs one prefill
+    cycle of every request that arrived (an extend batch), else one decode cycle of every running request (a decode
+    batch of them all, through the worker's entry method with ``len(batch.reqs)`` requests and their per-request
+    accepted drafts), priced by ``BatchCost``, the scheduler's own time before each decode cycle. A request leaves
+    the batch once it has its tokens."""
+
+    def __init__(self, state: "State"):
+        self.state = state
+        self.cost = BatchCost(state.args, state.speed)
+        self.cond = threading.Condition()
+        self.arrived: list[_Running] = []
+        self.running: list[_Running] = []
+        threading.Thread(target=self._loop, name="scheduler", daemon=True).start()
+
+    def generate(self, key: str, prefill_s: float, n: int, emit) -> tuple[int, int]:
+        """One request: ``emit(done, cycles)`` after its prefill (the first token) and once it has its ``n`` tokens
+        (a stream of two events, as sglang's ``--stream-interval`` above the output length sends: an event per
+        token for every request of a large batch would make the stand-in's own threads, not its simulated GPU, set
+        its pace); returns (tokens, decode cycles)."""
+        r = _Running(key, n, prefill_s)
+        with self.cond:
+            self.arrived.append(r)
+            self.cond.notify_all()
+        last = None
+        while True:
+            ev = r.events.get()
+            if ev is None:
+                if last is not None and last[0] > 1:
+                    emit(*last)
+                return r.done, r.cycles
+            if ev[0] == 1:
+                emit(*ev)
+            last = ev
+
+    def _tokens(self, r: _Running, k: int) -> int:
+        rng = random.Random(f"{r.key}:{r.cycles}")
+        rate = PASS_RATES[int(r.key.split(":", 1)[0], 16) % 2]
+        n = 1
+        while n <= k and rng.random() < rate * PASS_DECAY ** (n - 1):
+            n += 1
+        return n
+
+    def _loop(self) -> None:
+        speed = self.state.speed
+        while True:
+            with self.cond:
+                while not self.arrived and not self.running:
+                    self.cond.wait()
+                new, self.arrived = self.arrived, []
+            if new:
+                run_cycle(self.state, True, len(new), sum(r.prefill_s for r in new))
+                for r in new:
+                    r.done = 1
+                    r.events.put((r.done, r.cycles))
+                    if r.done >= r.n:
+                        r.events.put(None)
+                    else:
+                        self.running.append(r)
+                continue
+            batch, bs, k = self.running, len(self.running), speed.steps
+            time.sleep(self.cost.between(bs))
+            t0 = time.monotonic()
+            if speed.spec:
+                produced = [self._tokens(r, k) for r in batch]
+                seconds = self.cost.draft(bs, k) + self.cost.verify(bs, k) + self.cost.extend(bs, k)
+                engine = self.state.engine
+                if engine is not None:
+                    b = _Batch(False, 0)
+                    b.reqs = [None] * bs
+                    b.drafts = [p - 1 for p in produced]
+                    b.phase_s = (self.cost.draft(bs, k), self.cost.verify(bs, k), self.cost.extend(bs, k))
+                    engine(b)
+            else:
+                produced = [1] * bs
+                seconds = self.cost.plain(bs)
+            left = seconds - (time.monotonic() - t0)
+            if left > 0:
+                time.sleep(left)
+            still = []
+            for r, p in zip(batch, produced):
+                r.done += min(p, r.n - r.done)
+                r.cycles += 1
+                self.state.decode_log.cycle(p)
+                r.events.put((r.done, r.cycles))
+                if r.done >= r.n:
+                    r.events.put(None)
+                else:
+                    still.append(r)
+            self.running = still
+
+
 def make_engine(speed: Speed):
     """The tree's ``EAGLEWorker`` with simulated phases (each sleeps its share of the cycle), or None when the
     tree has none or speculation is off. Whatever the worker's entry method does, the cycle takes its full time
@@ -242,15 +396,18 @@ def make_engine(speed: Speed):
             return None
 
         def draft(self, batch):
-            time.sleep(speed.draft_s)
+            time.sleep(batch.phase_s[0] if hasattr(batch, "phase_s") else speed.draft_s)
             return None
 
         def verify(self, batch, spec_info=None):
-            time.sleep(speed.verify_s)
-            return None, _VerifyOut(batch.produced - 1), None
+            time.sleep(batch.phase_s[1] if hasattr(batch, "phase_s") else speed.verify_s)
+            out = _VerifyOut(batch.produced - 1)
+            if hasattr(batch, "drafts"):  # a batch of several requests (--sim-batch): each one's accepted drafts
+                out.accept_length_per_req_cpu = list(batch.drafts)
+            return None, out, None
 
         def forward_draft_extend_after_decode(self, batch):
-            time.sleep(speed.extend_s)
+            time.sleep(batch.phase_s[2] if hasattr(batch, "phase_s") else speed.extend_s)
 
     worker = SimWorker()
     entry = getattr(worker, "forward_batch_generation", None)
@@ -282,6 +439,7 @@ class State:
         self.requests = 0
         self.lock = threading.Lock()
         self.imported = False  # the worker modules are imported (the "model" is loaded)
+        self.batcher: Batcher | None = None  # --sim-batch: the scheduler, once the worker is imported
 
     @property
     def ready(self) -> bool:
@@ -401,11 +559,21 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 meta = {"id": name or f"stand-in-{rid}", "prompt_tokens": prompt_tokens, "completion_tokens": done,
                         "e2e_latency": time.monotonic() - t}
                 if speed.accept is not None:  # the V2 worker's steps change at run time: what its cycles gave
-                    meta["spec_accept_length"] = done / cycles if state.v2 is not None and cycles else speed.accept
+                    meta["spec_accept_length"] = (done / cycles if (state.v2 is not None or state.batcher is not None)
+                                                  and cycles else speed.accept)
                     meta["spec_verify_ct"] = cycles
                 return {"text": " tok" * done, "meta_info": meta}
 
             state.decode_log.request(1)
+            if state.batcher is not None:
+                key = f"{prompt_key(item)}:{rid}"  # the prompt decides the pass rates; rid tells repeats apart
+                try:
+                    done, cycles = state.batcher.generate(
+                        key, speed.prefill_s(prompt_tokens), n,
+                        lambda done, cycles: emit(doc(done, cycles)) if emit else None)
+                    return doc(done, cycles)
+                finally:
+                    state.decode_log.request(-1)
             if state.v2 is not None:
                 try:
                     return run_v2_request(state, _Req(name or f"stand-in-{rid}"), speed.prefill_s(prompt_tokens),
@@ -579,6 +747,11 @@ def run_v2_request(state: "State", req: _Req, prefill_s: float, n: int, emit, do
     return doc(done, cycles)
 
 
+def prompt_key(item: object) -> str:
+    """A request's prompt as a key (its token ids or its text)."""
+    return hashlib.sha256(json.dumps(item, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def run_cycle(state: "State", extend: bool, produced: int, seconds: float) -> None:
     """One simulated forward step that takes ``seconds``: through the worker's entry method when there is one
     (its phases sleep their parts), the rest slept after it; a decode cycle is preceded by the scheduler's own work
@@ -652,6 +825,8 @@ def main(argv: list[str] | None = None) -> int:
         import_workers()
         state.v2 = make_v2(args, state.speed)
         state.engine = None if state.v2 is not None else make_engine(state.speed)
+        if args.sim_batch and state.v2 is None:
+            state.batcher = Batcher(state)
         state.imported = True
     except BaseException:
         traceback.print_exc()
