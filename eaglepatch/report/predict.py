@@ -65,6 +65,9 @@ _MODEL_ERROR = 0.25  # the share of a modelled change in cadence taken as its un
 # to 27% faster than it (seven comparisons: a host-bound and a GPU-bound model, one and four requests at a time;
 # the three GPU-bound ones 16-27% faster: verify does more than a plain forward).
 _ESTIMATE_SPREAD = 0.3
+# A baseline measured by one launch (a range of 0) still carries what launches of one setting differ by: 2-5% on
+# a GPU-bound server (H200: every restart sweep kept in docs/gpu/), more on a host-bound one; the floor is the least
+LAUNCH_SPREAD = 0.02
 # A group of fewer decode cycles predicts nothing where a user reads it (report, bench, doctor): on the H200 a
 # server that had answered only its health checks (5-17 cycles, the first of them a second of warm-up) read "no
 # speculation would be 122-352% faster".
@@ -105,7 +108,7 @@ def baseline_from_sweep(sweep: dict[str, Any] | None, steps: int | None) -> Base
         return None
     tps = pts[b]["tokens_per_s"]
     med = float(tps["median"])
-    spread = (float(tps.get("max") or med) - float(tps.get("min") or med)) / 2 / med
+    spread = max((float(tps.get("max") or med) - float(tps.get("min") or med)) / 2 / med, LAUNCH_SPREAD)
     ratio = None
     for p in pts:
         t = p.get("tokens_per_s") or {}

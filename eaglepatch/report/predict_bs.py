@@ -33,8 +33,8 @@ from typing import Any, Sequence
 
 from eaglepatch.report import costs
 from eaglepatch.report.model import Acceptance, GroupStats, ReportResult
-from eaglepatch.report.predict import (Point, Shape, _int, _profile, _window_spread, baseline_from_sweep,
-                                       default_steps, shape_of)
+from eaglepatch.report.predict import (LAUNCH_SPREAD, Point, Shape, _int, _profile, _window_spread,
+                                       baseline_from_sweep, default_steps, shape_of)
 
 # What the no-speculation estimate has missed by (relative, its tok/s under the measured one), by batch size:
 # 21-27% at 1-4 requests (H200, seven comparisons), 46% at 32 and 67% at 64 requests (H100, a Llama-3-8B-shaped
@@ -287,7 +287,7 @@ def baselines_of(sweep: dict[str, Any] | None, steps: int) -> list[BaselinePoint
         med = t.get("median")
         if not med:
             continue
-        spread = ((t.get("max") or med) - (t.get("min") or med)) / 2 / med
+        spread = max(((t.get("max") or med) - (t.get("min") or med)) / 2 / med, LAUNCH_SPREAD)
         mine = next((x for x in (at_k or {}).get("loads") or () if x["concurrency"] == ld["concurrency"]), None)
         ratio = med / mine["tokens_per_s"]["median"] if mine and (mine.get("tokens_per_s") or {}).get("median") \
             else None

@@ -40,9 +40,12 @@ class BenchOptions:
             raise UsageError("--log-wait cannot be negative")
 
     def each(self) -> list["BenchOptions"]:
-        """One BenchOptions per concurrency of the ladder (the load's alone without one)."""
-        return [dataclasses.replace(self, load=dataclasses.replace(self.load, concurrency=c), ladder=())
-                for c in self.ladder] if len(self.ladder) > 1 else [self]
+        """One BenchOptions per concurrency of the ladder (the load's alone without one); each sends at least
+        twice its concurrency in requests, so that its batch fills up (``--requests 32`` at 64 at a time would
+        never have 64 in flight)."""
+        return [dataclasses.replace(self, load=dataclasses.replace(
+            self.load, concurrency=c, requests=max(self.load.requests, 2 * c)), ladder=())
+            for c in self.ladder] if len(self.ladder) > 1 else [self]
 
     def load_json(self) -> dict[str, Any]:
         """The load as a sweep keeps it (what makes two sweeps' figures comparable): ``LoadSpec.to_json``, and the

@@ -262,3 +262,17 @@ def test_no_speculation_between_two_measured_batch_sizes_is_interpolated():
     assert b.tokens_per_s == approx(48 / (32 / 8000 + 0.5 * (64 / 12000 - 32 / 8000))) == approx(10285.7, abs=0.1)
     assert b.spread == approx(0.03)
     assert _baseline_at(16, pts) is None and _baseline_at(128, pts) is None
+
+
+def test_a_baseline_from_one_launch_never_reads_0_percent():
+    """One launch per point (min = max): the baseline's spread is the launch-to-launch floor (2%), not 0."""
+    from eaglepatch.report.predict import LAUNCH_SPREAD, baseline_from_sweep
+    from eaglepatch.report.predict_bs import baselines_of
+
+    one = {"median": 4264.0, "min": 4264.0, "max": 4264.0}
+    sweep = {"baseline": 0, "load": {"concurrency": 32},
+             "points": [{"flags": {}, "status": "ok", "tokens_per_s": one,
+                         "loads": [{"concurrency": 32, "tokens_per_s": one}]}]}
+    assert LAUNCH_SPREAD == 0.02
+    assert baseline_from_sweep(sweep, 5).spread == 0.02
+    assert [b.spread for b in baselines_of(sweep, 5)] == [0.02]

@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Production concurrency on the GPU-bound server (sglang 0.5.16, the shape of Llama-3-8B, a draft of known
+acceptance P_BIG): one launch per phase, each loaded by ``eaglepatch bench --concurrency LADDER`` (every concurrency
+in turn, in the one launch), as a user measures a server over a ladder of loads.
+
+Run by benchmarks/gpu/ladder_story.sh on the GPU machine. Phases (``PHASES``, in order), each its own launch with
+CUDA graphs up to MAX_BS:
+
+* ``s5`` (``s<K>``): EAGLE3 at K draft steps, top-k 1, patched (``apply --no-restart`` before the launch, ``revert
+  --no-restart`` after): its timing records span every batch size of the ladder; ``report --predict --json`` of
+  them (every batch size's best step count from this one run) is kept;
+* ``b0``: no speculation, unpatched: the baseline at each concurrency.
+
+Everything goes to ``$OUT/ladder_story.json`` (each bench document, the report). ``benchmarks/gpu/ladder_tables.py``
+puts the phases of one or more calls together: the prediction from the K-step run with the baseline's ladder
+against what the other launches measured. Env: OUT, T0, BUDGET, PHASES (s5,b0), P_BIG (0.7), LADDER (1,8,32,64),
+MAX_BS (64), REQ (32), MAX_NEW (128), WARMUP (8).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import story_lib as S  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+PHASES = [p for p in os.environ.get("PHASES", "s5,b0").split(",") if p]
+P_BIG = float(os.environ.get("P_BIG", "0.7"))
+LADDER = os.environ.get("LADDER", "1,8,32,64")
+MAX_BS = int(os.environ.get("MAX_BS", "64"))
+REQ = int(os.environ.get("REQ", "32"))
+MAX_NEW = int(os.environ.get("MAX_NEW", "128"))
+WARMUP = int(os.environ.get("WARMUP", "8"))
+MDIR = "/tmp/known_big"
+NEED = 150  # seconds a launch and its ladder take at least
+
+
+def make() -> None:
+    if os.path.exists(f"{MDIR}/known.json"):
+        return
+    t = time.time()
+    r = subprocess.run([S.PY, str(HERE / "make_known_models.py"), "--out", MDIR, "--p", str(P_BIG), "--check",
+                        "--shape", "llama8b"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(S.SITE)))
+    print(r.stdout[-1500:], flush=True)
+    S.story["model"] = {"seconds": round(time.time() - t, 1), "rc": r.returncode, "out_tail": r.stdout[-800:]}
+    if r.returncode:
+        raise SystemExit("make_known_models failed")
+
+
+def run_phase(phase: str) -> None:
+    if S.left() < NEED:
+        S.log(f"{phase}: SKIPPED, {S.left():.0f} s left")
+        S.story["launches"].append({"name": phase, "status": "skipped"})
+        return
+    steps = int(phase[1:])
+    patched = phase.startswith("s")
+    if patched:
+        rc, _, _ = S.ep("apply", S.TARGET, "--no-restart", "--log-dir", S.LOG_DIR, "--json")
+        if rc:
+            raise SystemExit("apply failed")
+    argv = [S.PY, "-m", "sglang.launch_server", "--model-path", f"{MDIR}/target", *S.spec_flags(MDIR, steps),
+            *S.COMMON, "--cuda-graph-max-bs", str(MAX_BS)]
+    srv = S.Server(phase, argv)
+    srv.rec.update(steps=steps, patched=patched)
+    try:
+        if not srv.up(max(60.0, S.left() - 60)):
+            return
+        rc, out, _ = S.ep("bench", S.TARGET, "--concurrency", LADDER, "--requests", str(REQ), "--max-new-tokens",
+                          str(MAX_NEW), "--input-len", "64", "--warmup", str(WARMUP), "--log-wait", "3", "--json",
+                          timeout=max(30.0, S.left() - 20))
+        if rc == 0:
+            doc = json.loads(out)
+            srv.rec["loads"] = doc.get("loads") or [doc]
+            for d in srv.rec["loads"]:
+                S.log(f"{phase} at {d['load']['concurrency']}: client {d['client']['tokens_per_s']} tok/s, accept "
+                      f"{d['client'].get('accept_len')}")
+        if patched and S.left() > 20:
+            rc, out, _ = S.ep("report", S.LOG_DIR, "--predict", "--json", timeout=max(20.0, S.left() - 10))
+            if rc == 0:
+                srv.rec["report"] = json.loads(out)
+    finally:
+        srv.down()
+        if patched:
+            S.ep("revert", S.TARGET, "--no-restart", "--json")
+
+
+def main() -> int:
+    S.OUT.mkdir(parents=True, exist_ok=True)
+    S.story.update(phases=PHASES, ladder=LADDER, p=P_BIG, max_bs=MAX_BS, req=REQ, max_new=MAX_NEW)
+    make()
+    for phase in PHASES:
+        run_phase(phase)
+        S.save("ladder_story")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    finally:
+        S.save("ladder_story")
