@@ -420,6 +420,48 @@ def section_runtime(run: dict, summary: list) -> str:
     return "\n".join(out)
 
 
+# The batch sizes of section 4's second table: one request, production's 64 and 256, and 512 (beyond 256 the
+# runtime writes the histogram form of ``accepts``)
+RUNTIME_BATCHES = (1, 64, 256, 512)
+
+
+def run_runtime_by_bs(quick: bool) -> dict:
+    """bench_runtime at each of RUNTIME_BATCHES (the same counts as section 4's own run)."""
+    return {bs: run_bench("bench_runtime.py", ["--timer", "cpu", "--bs", str(bs), "--cycles",
+                                               "20000" if quick else "100000", "--repeats", "3" if quick else "5",
+                                               "--json"]) for bs in RUNTIME_BATCHES}
+
+
+def section_runtime_by_bs(runs: dict, summary: list) -> str:
+    """The runtime's host time per timed cycle against the batch: each request's accepted tokens are read,
+    serialised and written (up to 256 as the ``accepts`` list, above as ``accept_hist``)."""
+    out = ["### The runtime's host time per cycle against the batch size", "",
+           "The same benchmark at 1, 64, 256 and 512 requests per cycle (`--bs N`): the per-request counts are "
+           "what grows with the batch (read from the `accept_lens` list, kept in the record as `accepts`, "
+           "serialised and written; above 256 requests as the histogram `accept_hist`). Target: under 20 us per "
+           "cycle at every batch size (a decode cycle of 64-256 requests takes tens of milliseconds).", ""]
+    rows = []
+    worst = 0.0
+    for bs, run in sorted(runs.items()):
+        if "error" in run:
+            rows.append([str(bs), "failed", "", ""])
+            worst = float("inf")
+            continue
+        r = run["result"]
+        worst = max(worst, r["overhead_us_per_cycle"])
+        rows.append([str(bs), f"{r['overhead_us_per_cycle']:.2f} us", f"{r['bare_us_per_cycle']:.3f} us",
+                     f"{r['records_written']:,}"])
+    first = next((r for r in runs.values() if "command" in r), None)
+    if first is not None:
+        out += [f"Command: `{first['command']}` (one run per batch size, `--bs` changed).", ""]
+    out += [table(["requests per cycle", "overhead per timed cycle", "bare call", "records written"], rows), ""]
+    ok = worst < 20
+    summary.append(["runtime host overhead per timed cycle, 1-512 requests (cpu timer)",
+                    "failed" if worst == float("inf") else f"up to {worst:.2f} us", "", "(absolute target)",
+                    "< 20 us", verdict(ok)])
+    return "\n".join(out)
+
+
 # The runtime before the record carried ``accepts`` (issue 22): the parent of the commit that added it.
 BEFORE_ACCEPTS = "98343ce^"
 
@@ -812,6 +854,7 @@ def main(argv: list[str] | None = None) -> int:
         "runtime": run_bench("bench_runtime.py", ["--timer", "cpu", "--cycles", "20000" if q else "200000",
                                                   "--repeats", "3" if q else "5", "--json"]),
         "accepts": run_accepts_pair(q),
+        "runtime_by_bs": run_runtime_by_bs(q),
         "load": run_bench("bench_load.py", ["--rounds", "2" if q else "5"]),
         "fetch": run_bench("bench_fetch.py", ["--quick"] if q else ["--size-mb", "1024"]),
     }
@@ -819,7 +862,8 @@ def main(argv: list[str] | None = None) -> int:
     summary: list[list] = []
     sections = [section_transform(runs["transform"], summary), section_ssh(runs["ssh"], summary),
                 section_report(runs["report"], summary),
-                section_runtime(runs["runtime"], summary) + "\n" + section_accepts(runs["accepts"]),
+                section_runtime(runs["runtime"], summary) + "\n" + section_accepts(runs["accepts"]) + "\n"
+                + section_runtime_by_bs(runs["runtime_by_bs"], summary),
                 section_gpu(summary), section_load(runs["load"], summary),
                 section_fetch(runs["fetch"], summary)]
     head = [
@@ -857,7 +901,8 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(doc.rstrip() + "\n")
     print(f"run_all: wrote {out} in {total:.0f} s", file=sys.stderr)
-    return 1 if any("error" in r for r in runs.values()) else 0
+    return 1 if any("error" in r for r in runs.values() if isinstance(r, dict) and "error" in r) or any(
+        "error" in r for r in runs["runtime_by_bs"].values()) else 0
 
 
 if __name__ == "__main__":
