@@ -120,16 +120,24 @@ def test_a_live_sweep_measures_every_step_count_in_one_launch_and_puts_the_serve
     # the emitted config: the release's format, the launch flags that deploy it, and a server launched with them
     # 3 steps measured best of the grid (3.2 tokens in a 13 ms cycle); the acceptance model of the 7-step windows
     # adds 2 steps, which the grid skipped and which is the stand-in's true best (3 tokens in 11 ms)
-    # Above the batch size measured (the stand-in batches one by one), the cost curve prices each batch size; no
-    # speculation is only estimated there, and no step count beats the estimate beyond its spread (30% and more),
-    # so the measured tier is not stretched over them: [0] from 2, each tier's basis said, in the sidecar too
+    # Above the batch size measured (the stand-in batches one by one), the cost curve prices each batch size from
+    # 2 up to 256 (its flags do not say its largest batch), so the measured tier is not stretched over them: every
+    # tier above 1 is the curve's, its candidates the grid's step counts (or [0]), its basis said, in the sidecar
+    # too; by the largest batches no step count beats the no-speculation estimate's spread (70%): [0]
     emitted = doc["adaptive_config"]
-    assert json.loads(emit.read_text()) == emitted["config"] == {"1": {"candidate_steps": [2, 3]},
-                                                                 "2": {"candidate_steps": [0]}}
+    config = json.loads(emit.read_text())
+    assert config == emitted["config"] and config["1"] == {"candidate_steps": [2, 3]}
     assert emitted["tier_basis"]["1"] == "measured"
-    assert emitted["tier_basis"]["2"].endswith("curve, no speculation estimated")
+    upper = [k for k in config if k != "1"]
+    assert upper and min(int(k) for k in upper) == 2, config
+    for k in upper:
+        assert set(config[k]["candidate_steps"]) <= {0, 1, 3, 7}, config
+        assert "curve" in emitted["tier_basis"][k], emitted["tier_basis"]
+    assert config[max(upper, key=int)] == {"candidate_steps": [0]}, config
     side = json.loads(Path(emitted["basis_path"]).read_text())
-    assert side["tiers"]["2"] == {"candidate_steps": [0], "basis": emitted["tier_basis"]["2"]}
+    assert {k: v["candidate_steps"] for k, v in side["tiers"].items()} == {k: v["candidate_steps"]
+                                                                          for k, v in config.items()}
+    assert side["tiers"]["1"]["basis"] == "measured"
     assert side["curve"]["max_bs"] == 256 and side["curve"]["predict_by_bs"][0]["bs"] == 1
     basis = {m["steps"]: m["basis"] for m in emitted["measures"] if m["bs"] == 1}  # the stand-in batches one by one
     assert basis == {0: "measured", 1: "measured", 2: "profile", 3: "measured", 4: "profile", 5: "profile",
