@@ -276,3 +276,28 @@ def test_a_baseline_from_one_launch_never_reads_0_percent():
     assert LAUNCH_SPREAD == 0.02
     assert baseline_from_sweep(sweep, 5).spread == 0.02
     assert [b.spread for b in baselines_of(sweep, 5)] == [0.02]
+
+
+def test_the_chart_draws_tok_s_against_the_batch_size(tmp_path):
+    """report --predict --chart: under the groups, per run with predict_by_bs, a line per step count against the
+    batch size (a label each, "1 step", "no speculation"), the measured points filled and the crossover marked;
+    a document without predict_by_bs has no such panel."""
+    from eaglepatch.report.chart.draw import to_svg
+    from eaglepatch.report.chart.predict import predict_scene
+
+    res = world_result(tmp_path)
+    base = [BaselinePoint(bs, true_tps(bs, 0), 0.02) for bs in (32, 64)]
+    out = predict_by_bs([(dict(g.key)["bs"], 5, g) for g in res.groups if g.mode == "decode"], max_bs=64,
+                        baseline=base)
+    doc = {"sources": ["w.jsonl"], "groups": [], "runs": [dict(id="r1", **out.to_json())]}
+    sc = predict_scene(doc)
+    texts = sc.texts()
+    assert "best step count per batch size (run r1)" in texts
+    assert {"1 step", "2 steps", "8 steps", "no speculation"} <= set(texts)
+    assert "speculation stops paying: 64" in texts
+    tips = [it[1].get("tip") or "" for it in sc.items if it[0] == "rect"]
+    assert any(t.startswith("measured: 5 steps at 32 requests") for t in tips)
+    assert any(t.startswith("measured: 0 steps at 64 requests") for t in tips)
+    svg = to_svg(sc).decode()
+    assert "requests a cycle (batch size)" in svg
+    assert "best step count per batch size" not in predict_scene({"groups": [], "runs": [{"id": "r"}]}).texts()

@@ -11,10 +11,14 @@ row of two panels:
   points of a sweep of the same server when one is given (diamonds, with their min-max whiskers);
 * right, the acceptance profile: for each position ``i`` the share of request-cycles that produced at least ``i``
   tokens, as bars, each labelled with its share and, from the second on, the per-position rate.
+
+Then, per run with ``predict_by_bs``, tok/s against the batch size: a line per step count, no speculation in black
+(dashed where estimated), measured points filled, the crossover marked.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, Sequence
 
 from eaglepatch.report.chart.draw import (
@@ -156,6 +160,66 @@ def _profile_panel(sc: Scene, x0: float, y0: float, g: Mapping[str, Any]) -> Non
             size=11, color=INK, anchor="middle")
 
 
+# a line per step count in the by-batch-size panel (0, no speculation, in INK)
+STEP_COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7", "#9c755f", "#bab0ac")
+BS_H = 260.0
+
+
+def _by_bs_panel(sc: Scene, x0: float, y0: float, width_all: float, run: Mapping[str, Any]) -> None:
+    """tok/s against the batch size (a log2 axis), a line per step count, no speculation in black (dashed where
+    estimated), measured points filled, the crossover marked."""
+    rows = run.get("predict_by_bs") or []
+    lines: dict[int, list[tuple[int, Mapping[str, Any]]]] = {}
+    for r in rows:
+        for p in r["points"]:
+            lines.setdefault(p["steps"], []).append((r["bs"], p))
+    tops = [p["tokens_per_s"] for r in rows for p in r["points"]]
+    ticks = nice_ticks(max(tops + [1.0]) * 1.08)
+    vmax = ticks[-1]
+    tick_w = max(text_width(fmt_tick(v, ticks), 10.5) for v in ticks)
+    left = x0 + 18 + 8 + tick_w + 8
+    width = width_all - (left - x0) - 90
+    top, height = y0 + 8, BS_H
+    draw_axis(sc, left, top, width, height, ticks, "tok/s (the records' wall rate)", left - tick_w - 22)
+    bss = sorted({r["bs"] for r in rows})
+    lo, hi = math.log2(bss[0]), math.log2(max(bss[-1], bss[0] * 2))
+
+    def X(b: float) -> float:
+        return left + 12 + (width - 24) * (math.log2(b) - lo) / (hi - lo)
+
+    def Y(v: float) -> float:
+        return top + height - height * min(v, vmax) / vmax
+
+    for b in bss:
+        if b in (bss[0], bss[-1]) or b & (b - 1) == 0:
+            sc.text(X(b), top + height + 15, str(b), size=10.5, color=MUTED, anchor="middle")
+    sc.text(left + width / 2, top + height + 32, "requests a cycle (batch size)", size=11, color=INK, anchor="middle")
+    labels = []
+    for k, pts in sorted(lines.items()):
+        color = INK if k == 0 else STEP_COLORS[(k - 1) % len(STEP_COLORS)]
+        for (b1, p1), (b2, p2) in zip(pts, pts[1:]):
+            est = k == 0 and (p1["basis"] == "estimate" or p2["basis"] == "estimate")
+            sc.line(X(b1), Y(p1["tokens_per_s"]), X(b2), Y(p2["tokens_per_s"]), color, 1.6,
+                    dash=(5, 4) if est else None)
+        for b, p in pts:
+            if p["basis"] == "measured":
+                sc.rect(X(b) - 3.5, Y(p["tokens_per_s"]) - 3.5, 7, 7, color,
+                        tip=f"measured: {k} steps at {b} requests, {fmt_tps(p['tokens_per_s'])} tok/s")
+        b, p = pts[-1]
+        labels.append([Y(p["tokens_per_s"]) + 4, X(b) + 8,
+                       "no speculation" if k == 0 else f"{k} step{'s' if k > 1 else ''}", color])
+    labels.sort()
+    for a, b in zip(labels, labels[1:]):  # each label at least a line below the one above it
+        b[0] = max(b[0], a[0] + 12)
+    for ly, lx, text, color in labels:
+        sc.text(lx, ly, text, size=10, color=color, halo=True)
+    cross = run.get("crossover_bs")
+    if cross:
+        x = X(cross)
+        sc.line(x, top, x, top + height, BEST, 1.2, dash=(3, 3))
+        sc.text(x + 4, top + 12, f"speculation stops paying: {cross}", size=10.5, color=BEST, bold=True, halo=True)
+
+
 def predict_scene(doc: Mapping[str, Any], sweep: Mapping[str, Any] | None = None) -> Scene:
     """Lay out the chart of a ``report --predict --json`` document (one row per decode group with a prediction),
     with the points of ``sweep`` (a ``sweep --json`` object) where given."""
@@ -179,6 +243,14 @@ def predict_scene(doc: Mapping[str, Any], sweep: Mapping[str, Any] | None = None
         _profile_panel(sc, margin + LEFT_W + 20, y + 6, g)
         y += 6 + 8 + PANEL_H + 40
         y = draw_notes(sc, margin, W - 2 * margin, [n for n in g.get("predict_notes") or []][:2], y)
+    for run in [r for r in doc.get("runs") or [] if r.get("predict_by_bs")] + (
+            [doc] if doc.get("predict_by_bs") else []):
+        y += 30
+        sc.text(margin, y, f"best step count per batch size{' (run ' + str(run['id']) + ')' if run.get('id') else ''}",
+                size=13, color=INK, bold=True)
+        _by_bs_panel(sc, margin, y + 6, W - 2 * margin, run)
+        y += 6 + 8 + BS_H + 40
+        y = draw_notes(sc, margin, W - 2 * margin, list(run.get("predict_by_bs_notes") or [])[:2], y)
     sc.line(margin, y + 12, W - margin, y + 12, AXIS, 0.5)
     sc.h = y + 22
     return sc
