@@ -347,6 +347,10 @@ def sweep(
                                          "(default 32: a fresh server's first requests run slower); with --live, "
                                          "before the windows (default 4)."),
     seed: int = SeedOpt, log_wait: float = LogWaitOpt,
+    objective: str = typer.Option("throughput", "--objective", help="What best means: throughput (the most tok/s) "
+                                  "or latency (the least time per output token, p50)."),
+    max_tpot_ms: Optional[float] = typer.Option(None, "--max-tpot-ms", help="A point whose p90 time per output "
+                                                "token exceeds MS is never best."),
     *, c: Connect,
 ) -> None:
     """Restart the server once per point of a grid of launch flags, bench each, one table with the speedup over
@@ -368,6 +372,7 @@ def sweep(
 
         warmup = WarmupOpt.default if live else LAUNCH_WARMUP
     bench_opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait)
+    goal = sw.Objective(objective, max_tpot_ms)  # bad input: exit 2 before the target is touched
     if live:
         from eaglepatch.tuning import drive_live
 
@@ -379,7 +384,7 @@ def sweep(
                                  "server; --rounds repeats them): sweep without --live for it")
         opts: Any = drive_live.LiveOptions(
             grid=tuple(grid), rounds=3 if rounds is None else rounds, window=20.0 if window is None else window,
-            emit=emit_adaptive_config, fresh=fresh, timeout=timeout, bench=bench_opts)
+            emit=emit_adaptive_config, fresh=fresh, timeout=timeout, bench=bench_opts, objective=goal)
         opts.steps()  # bad input: exit 2 before the target is touched
         run: Callable[[Any], Any] = lambda t: drive_live.live_sweep(t, c, opts, say)
     else:
@@ -389,7 +394,7 @@ def sweep(
                 raise UsageError(f"{flag} goes with --live")
         opts = tuning.SweepOptions(
             grid=tuple(grid), env=tuple(env), allow=tuple(allow_flag), baseline=baseline, repeat=repeat,
-            keep_best=keep_best, fresh=fresh, timeout=timeout, bench=bench_opts)
+            keep_best=keep_best, fresh=fresh, timeout=timeout, bench=bench_opts, objective=goal)
         opts.points()  # bad input: exit 2 before the target is touched
         run = lambda t: tuning.sweep(t, c, opts, say)  # noqa: E731
     if chart is not None:

@@ -239,6 +239,8 @@ def render_bench(doc: dict[str, Any]) -> str:
         f"  TTFT ms:    p50 {_ms(cl['ttft_ms'])}  p90 {_ms(cl['ttft_ms'], 'p90')}  max {_ms(cl['ttft_ms'], 'max')}",
         f"  latency ms: p50 {_ms(cl['latency_ms'])}  p90 {_ms(cl['latency_ms'], 'p90')}  "
         f"max {_ms(cl['latency_ms'], 'max')}",
+        f"  time per output token ms: p50 {_ms(cl.get('tpot_ms'))}  p90 {_ms(cl.get('tpot_ms'), 'p90')}  "
+        f"p99 {_ms(cl.get('tpot_ms'), 'p99')}",
         f"  accept length (server): {cl['accept_len'] if cl['accept_len'] is not None else '-'}",
     ]
     sa = cl.get("server_acceptance")

@@ -48,6 +48,14 @@ class SweepOptions:
     fresh: bool = False
     timeout: float = 900.0
     bench: BenchOptions = BenchOptions()
+    objective: Any = None  # sweep_summary.Objective: what best means (None: the most tok/s)
+
+    def summarize(self, name: str, points: Any, runs: Any) -> dict[str, Any]:
+        """``sweep_summary.summarize`` of these runs with this sweep's baseline, repeat and objective."""
+        from eaglepatch.tuning import sweep_summary
+
+        return sweep_summary.summarize(name, points, runs, self.baseline, self.repeat,
+                                       **({"objective": self.objective} if self.objective is not None else {}))
 
     def points(self, flags: Any = None) -> tuple[Any, Any, list[Any]]:
         """(flag axes, env axes, points), the flag names checked against ``flags`` (what the target's sglang
@@ -192,7 +200,7 @@ def sweep(spec: TargetSpec, c: Connect, opts: SweepOptions, say: Say) -> dict[st
         if state.header is not None and state.restore is not None and not _pending(state, points, plan):
             # finished, and the server was put back: the table again, and nothing on the host is touched
             say(f"{name}: this sweep is complete ({state.path}): nothing was started; --fresh runs it again")
-            summary = sweep_summary.summarize(name, points, state.runs, opts.baseline, opts.repeat)
+            summary = opts.summarize(name, points, state.runs)
             summary.update(state_file=state.path, restore=dict(state.restore, restarted=False))
             return summary
         server = launch_of(facts, c.facts.server_ports)
@@ -318,7 +326,7 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
             failpoint("sweep:after-run")
     except BaseException as exc:  # Ctrl-C, a lost connection, a bug: put the server back, then report it
         interrupted = exc
-    summary = sweep_summary.summarize(name, points, state.runs, opts.baseline, opts.repeat)
+    summary = opts.summarize(name, points, state.runs)
     target_launch, why = original, "the original command line"
     if opts.keep_best and interrupted is None:
         if summary["best"] is not None:

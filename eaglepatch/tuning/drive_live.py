@@ -72,6 +72,7 @@ class LiveOptions:
     fresh: bool = False
     timeout: float = 900.0
     bench: BenchOptions = BenchOptions()
+    objective: Any = None  # sweep_summary.Objective: what best means (None: the most tok/s)
 
     def steps(self) -> tuple[int, ...]:
         """The step counts; raises UsageError for bad input (before any target is touched)."""
@@ -534,7 +535,8 @@ def _merged_runs(state: Any) -> list[dict[str, Any]]:
 def _finish(name: str, release: ad.AdaptiveRelease, steps: Sequence[int], state: Any, opts: LiveOptions,
             restore: dict[str, Any], say: Say) -> dict[str, Any]:
     """The summary; with ``--emit-adaptive-config`` the config file written and described."""
-    doc = lv.summarize(name, steps, _merged_runs(state), opts.rounds, len(state.launched()), opts.window)
+    doc = lv.summarize(name, steps, _merged_runs(state), opts.rounds, len(state.launched()), opts.window,
+                       **({"objective": opts.objective} if opts.objective is not None else {}))
     doc.update(state_file=state.path, restore=restore, release=release.to_json())
     if opts.emit is not None:
         by_bs: dict[int, dict[int, list[float]]] = {}

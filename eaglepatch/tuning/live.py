@@ -169,14 +169,15 @@ def bs_predictions(groups: Sequence[Mapping[str, Any]], steps: int, min_cycles: 
 
 
 def summarize(target: str, steps: Sequence[int], runs: Sequence[Mapping[str, Any]], rounds: int, launches: int,
-              window_s: float) -> dict[str, Any]:
+              window_s: float, objective: sweep_summary.Objective = sweep_summary.Objective()) -> dict[str, Any]:
     """The ``sweep --live --json`` object: ``sweep``'s summary of the windows (each window a run of its point),
     plus ``live``, ``launches``, ``rounds``, ``window_s``, and per point ``steps``, ``windows`` (how many
     measured it; ``runs`` says the same), ``accept_len_log`` (the median over its windows of the timing log's accept
     length, when patched), ``spread`` ((max - min) / median of its windows' tok/s), ``window_tokens_per_s`` (in the order
     measured) and ``cycles`` (its pinned and other decode cycles, when patched)."""
     points = points_of(steps)
-    doc = sweep_summary.summarize(target, points, runs, baseline=False, repeat=rounds, each_a_launch=False)
+    doc = sweep_summary.summarize(target, points, runs, baseline=False, repeat=rounds, each_a_launch=False,
+                                  objective=objective)
     by_point: dict[str, list[Mapping[str, Any]]] = {}
     for r in runs:
         by_point.setdefault(r["point"], []).append(r)

@@ -192,6 +192,12 @@ class LoadResult:
             left -= n
         return {"samples": samples, "at_least": at_least}
 
+    def tpots(self) -> list[float]:
+        """Each streamed request's time per output token after the first (seconds): (latency - TTFT) / (tokens -
+        1), for the requests of two tokens or more."""
+        return [(r.latency - r.ttft) / (r.completion_tokens - 1) for r in self.ok
+                if r.ttft is not None and r.completion_tokens > 1]
+
     def errors(self) -> list[str]:
         seen: list[str] = []
         for r in self.results:
@@ -213,6 +219,7 @@ class LoadResult:
             "ttft_ms": _dist(ttfts) if self.streamed else None,
             "server_ttft_ms": _dist([r.server_ttft for r in ok if r.server_ttft is not None]),
             "latency_ms": _dist([r.latency for r in ok]),
+            "tpot_ms": _dist(self.tpots()) if self.streamed else None,
             "accept_len": None if acc is None else round(acc, 4),
             "server_acceptance": self.server_acceptance,
             "streamed": self.streamed,

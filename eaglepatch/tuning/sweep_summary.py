@@ -5,6 +5,7 @@ p50 of each phase, the speedup over the baseline and which points are within noi
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import statistics
@@ -22,8 +23,10 @@ CYCLE_DRIFT = 1.1
 
 def run_figures(bench: Mapping[str, Any]) -> dict[str, Any]:
     """What the summary needs of one bench (``eaglepatch.tuning.bench.bench_on``): client tok/s, accept length
-    (the server's own, from the responses, else the timing log's), p50 of the decode phases and cycle."""
+    (the server's own, from the responses, else the timing log's), p50 of the decode phases and cycle, and the
+    client's time per output token (p50 and p90, ms; None when the server did not stream)."""
     client = bench.get("client") or {}
+    tpot = client.get("tpot_ms") or {}
     timings = bench.get("timings") or {}
     # the newest run's decode group (a window that spans a restart has one per run, oldest first)
     decode = ([g for g in timings.get("groups") or [] if g.get("mode") == "decode"] or [None])[-1]
@@ -38,19 +41,63 @@ def run_figures(bench: Mapping[str, Any]) -> dict[str, Any]:
         if acc is None:
             acc = decode.get("accept_len")
     return {"tokens_per_s": client.get("tokens_per_s"), "accept_len": acc, "phases_p50": phases,
-            "records": (timings or {}).get("records")}
+            "records": (timings or {}).get("records"), "tpot_p50_ms": tpot.get("p50"), "tpot_p90_ms": tpot.get("p90")}
 
 
 def _r(x: float | None, nd: int = 3) -> float | None:
     return None if x is None else round(x, nd)
 
 
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """What "best" means (``--objective``, ``--max-tpot-ms``): the most tok/s (``throughput``) or the least time per
+    output token at p50 (``latency``); a point whose p90 time per output token exceeds ``max_tpot_ms`` is never
+    best."""
+
+    kind: str = "throughput"
+    max_tpot_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        from eaglepatch.errors import UsageError
+
+        if self.kind not in ("throughput", "latency"):
+            raise UsageError(f"--objective must be throughput or latency, not {self.kind!r}")
+        if self.max_tpot_ms is not None and not self.max_tpot_ms > 0:
+            raise UsageError("--max-tpot-ms must be a positive number of milliseconds")
+
+    def allowed(self, fig: Mapping[str, Any]) -> bool:
+        """Whether a point (its ``tpot_ms`` figures) may be best; one without a TPOT (no streaming) may, unknown."""
+        p90 = (fig.get("tpot_ms") or {}).get("p90")
+        return self.max_tpot_ms is None or p90 is None or p90 <= self.max_tpot_ms
+
+    def best(self, figs: Mapping[int, Mapping[str, Any]]) -> int | None:
+        """The best of ``figs`` (index -> a point's or a load's figures) by this objective, or None."""
+        ok = {i: f for i, f in figs.items() if self.allowed(f)}
+        if not ok:
+            return None
+        if self.kind == "latency":
+            with_t = {i: f for i, f in ok.items() if (f.get("tpot_ms") or {}).get("p50") is not None}
+            if with_t:
+                return min(with_t, key=lambda i: with_t[i]["tpot_ms"]["p50"])
+        return max(ok, key=lambda i: ok[i]["tokens_per_s"]["median"])
+
+
+def _tpot(rs: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
+    """The median over runs of their client TPOT p50 and p90 (ms), or None when none streamed."""
+    p50 = [r["tpot_p50_ms"] for r in rs if r.get("tpot_p50_ms") is not None]
+    p90 = [r["tpot_p90_ms"] for r in rs if r.get("tpot_p90_ms") is not None]
+    if not p50 or not p90:
+        return None
+    return {"p50": _r(statistics.median(p50)), "p90": _r(statistics.median(p90))}
+
+
 def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, Any]], baseline: bool,
-              repeat: int, each_a_launch: bool = True) -> dict[str, Any]:
+              repeat: int, each_a_launch: bool = True, objective: Objective = Objective()) -> dict[str, Any]:
     """The ``sweep --json`` object of docs/contract.md, plus per point ``label``, ``within_noise`` (its tok/s range
-    overlaps the best point's: it may be as good), ``failed_runs``, and for a failed point ``log_tail``; and
-    top-level ``repeat`` and ``notes``. ``each_a_launch``: each run is a launch of its own (a restart sweep), so runs of
-    one point whose decode cycles differ say the machine's speed moved between launches (a note)."""
+    overlaps the best point's: it may be as good), ``failed_runs``, ``tpot_ms`` (the client's time per output token,
+    p50 and p90), and for a failed point ``log_tail``; and top-level ``repeat`` and ``notes``. ``each_a_launch``:
+    each run is a launch of its own (a restart sweep), so runs of one point whose decode cycles differ say the
+    machine's speed moved between launches (a note). ``objective``: what best means."""
     by_point: dict[str, list[Mapping[str, Any]]] = {}
     for r in runs:
         by_point.setdefault(r["point"], []).append(r)
@@ -74,6 +121,7 @@ def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, 
                 "accept_len": _r(statistics.median(accs), 4) if accs else None,
                 "phases_p50": {n: _r(statistics.median([r["phases_p50"][n] for r in ok
                                                         if n in (r.get("phases_p50") or {})]), 4) for n in names},
+                "tpot_ms": _tpot(ok),
             })
             if each_a_launch:
                 drift += _cycle_drift(p.label, ok)
@@ -96,8 +144,14 @@ def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, 
         if base_tps and d["status"] == "ok":
             d["speedup"] = _r(d["tokens_per_s"]["median"] / base_tps)
     oks = [i for i, d in enumerate(docs) if d["status"] == "ok"]
-    best = max(oks, key=lambda i: docs[i]["tokens_per_s"]["median"]) if oks else None
+    best = objective.best({i: docs[i] for i in oks})
     notes: list[str] = []
+    over = [docs[i]["label"] for i in oks if not objective.allowed(docs[i])]
+    if over:
+        notes.append(f"over --max-tpot-ms {objective.max_tpot_ms:g} (p90 time per output token), never best: "
+                     + ", ".join(over))
+    if objective.kind == "latency":
+        notes.append("--objective latency: the best point has the least time per output token (p50)")
     for i, d in enumerate(docs):
         if d["status"] != "ok":
             continue
@@ -131,14 +185,14 @@ def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, 
     if base is not None and docs[base]["status"] != "ok":
         notes.append("the baseline did not run: no speedups")
     out = {"target": target, "baseline": base, "points": docs, "best": best, "repeat": repeat, "notes": notes}
-    by_load = _by_load(points, by_point, docs, base)
+    by_load = _by_load(points, by_point, docs, base, objective)
     if by_load:
         out["best_by_load"] = by_load
     return out
 
 
 def _by_load(points: Sequence[Point], by_point: Mapping[str, Sequence[Mapping[str, Any]]],
-             docs: Sequence[dict[str, Any]], base: int | None) -> list[dict[str, Any]]:
+             docs: Sequence[dict[str, Any]], base: int | None, objective: Objective) -> list[dict[str, Any]]:
     """With a ladder of concurrencies (runs with ``loads``): each point's ``loads`` (per concurrency its tok/s
     median and range over the runs, accept length and speedup over the baseline at the same concurrency), and the
     best point per concurrency, ``[{"concurrency", "best"}]``; empty without a ladder."""
@@ -165,7 +219,8 @@ def _by_load(points: Sequence[Point], by_point: Mapping[str, Sequence[Mapping[st
             d["loads"].append({"concurrency": c, "runs": len(lds),
                                "tokens_per_s": {"median": _r(statistics.median(tps)), "min": _r(min(tps)),
                                                 "max": _r(max(tps))},
-                               "accept_len": _r(statistics.median(accs), 4) if accs else None, "speedup": None})
+                               "accept_len": _r(statistics.median(accs), 4) if accs else None, "speedup": None,
+                               "tpot_ms": _tpot(lds)})
     best = []
     for c in ladder:
         at = {i: ld for i, d in enumerate(docs) for ld in d.get("loads") or () if ld["concurrency"] == c}
@@ -174,7 +229,7 @@ def _by_load(points: Sequence[Point], by_point: Mapping[str, Sequence[Mapping[st
             if b and b["tokens_per_s"]["median"]:
                 ld["speedup"] = _r(ld["tokens_per_s"]["median"] / b["tokens_per_s"]["median"])
         if at:
-            best.append({"concurrency": c, "best": max(at, key=lambda i: at[i]["tokens_per_s"]["median"])})
+            best.append({"concurrency": c, "best": objective.best(at)})
     return best
 
 

@@ -591,6 +591,13 @@ def test_a_restart_sweep_measures_every_concurrency_after_each_launch(standins, 
     assert two["loads"][1]["speedup"] > 1.1
     assert "at 2 request(s) at a time" in local.run("sweep", srv.tree, "--grid", "speculative-num-steps=2",
                                                     "--baseline", *sweep).stdout
+    # the client's time per output token is kept per point and load; the finished sweep again, with a TPOT cap
+    # no point meets: nothing restarts, nothing is best, and the note says why
+    assert two["tpot_ms"]["p50"] > 0 and two["loads"][1]["tpot_ms"]["p90"] >= two["loads"][1]["tpot_ms"]["p50"]
+    capped = jdoc(local.run("sweep", srv.tree, "--grid", "speculative-num-steps=2", "--baseline", *sweep,
+                            "--max-tpot-ms", "0.001", "--json"))
+    assert capped["best"] is None and all(b["best"] is None for b in capped["best_by_load"])
+    assert any(n.startswith("over --max-tpot-ms 0.001") for n in capped["notes"])
     rep = jdoc(local.run("report", srv.tree, "--predict", "--json", "--all-runs"))
     runs = [r for r in rep["runs"] if r.get("predict_by_bs")]
     assert runs, rep["runs"]

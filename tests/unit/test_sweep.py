@@ -375,9 +375,13 @@ def test_run_figures_from_a_bench_document():
                                                "draft_extend": {"p50": 0.5}},
                   "cycle_ms": {"p50": 3.6}, "accept_len": 2.5}]}}
     assert sweep_summary.run_figures(bench) == {"tokens_per_s": 100.0, "accept_len": 2.5, "records": 10,
-                                     "phases_p50": {"draft": 1.0, "verify": 2.0, "draft_extend": 0.5, "cycle": 3.6}}
-    assert sweep_summary.run_figures({"client": {"tokens_per_s": 5.0, "accept_len": 3.0}, "timings": None}) == {
-        "tokens_per_s": 5.0, "accept_len": 3.0, "phases_p50": {}, "records": None}
+                                     "phases_p50": {"draft": 1.0, "verify": 2.0, "draft_extend": 0.5, "cycle": 3.6},
+                                     "tpot_p50_ms": None, "tpot_p90_ms": None}
+    streamed = {"client": {"tokens_per_s": 5.0, "accept_len": 3.0, "tpot_ms": {"p50": 7.5, "p90": 9.0}},
+                "timings": None}
+    assert sweep_summary.run_figures(streamed) == {
+        "tokens_per_s": 5.0, "accept_len": 3.0, "phases_p50": {}, "records": None, "tpot_p50_ms": 7.5,
+        "tpot_p90_ms": 9.0}
 
 
 def test_a_point_prints_its_secrets_masked_and_keeps_them_to_launch():
@@ -415,9 +419,9 @@ def test_a_ladder_of_concurrencies_is_summarised_per_concurrency():
     assert one["tokens_per_s"] == {"median": 1210.0, "min": 1200.0, "max": 1220.0}  # the first concurrency's
     assert one["loads"] == [
         {"concurrency": 8, "runs": 2, "tokens_per_s": {"median": 1210.0, "min": 1200.0, "max": 1220.0},
-         "accept_len": 2.0, "speedup": round(1210 / 920, 3)},
+         "accept_len": 2.0, "speedup": round(1210 / 920, 3), "tpot_ms": None},
         {"concurrency": 64, "runs": 2, "tokens_per_s": {"median": 4380.0, "min": 4300.0, "max": 4460.0},
-         "accept_len": 2.0, "speedup": round(4380 / 7500, 3)}]
+         "accept_len": 2.0, "speedup": round(4380 / 7500, 3), "tpot_ms": None}]
     assert base["loads"][1]["speedup"] == 1.0 and five["loads"][1]["speedup"] == round(5250 / 7500, 3)
     text = sweep_summary.render_table(doc)
     assert "at 64 request(s) at a time (client tok/s; * the best at this concurrency):" in text
@@ -445,3 +449,32 @@ def test_parse_concurrency_refuses(text):
 
     with pytest.raises(UsageError, match="--concurrency"):
         parse_concurrency(text)
+
+
+def test_max_tpot_ms_and_the_latency_objective_decide_the_best():
+    """Three points: 2 steps the most tok/s but p90 time per output token 30 ms; 1 step 25 ms; no speculation 12
+    ms. --max-tpot-ms 20: 2 and 1 steps are never best (said), no speculation is; --objective latency: the least
+    p50 TPOT; a point that did not stream (no TPOT) may still be best; the same rule per concurrency."""
+    pts = sw.make_points(sw.parse_grid(["speculative-num-steps=1,2"]), (), True)
+
+    def run(p, tps, p50, p90):
+        return _run(p, 0, tps, tpot_p50_ms=p50, tpot_p90_ms=p90,
+                    loads=[{"concurrency": 8, "tokens_per_s": tps, "accept_len": None, "tpot_p50_ms": p50,
+                            "tpot_p90_ms": p90}, {"concurrency": 16, "tokens_per_s": tps, "accept_len": None,
+                                                  "tpot_p50_ms": p50, "tpot_p90_ms": p90}])
+    runs = [run(pts[0], 900.0, 10.0, 12.0), run(pts[1], 1000.0, 20.0, 25.0), run(pts[2], 1100.0, 22.0, 30.0)]
+    assert sweep_summary.summarize("t", pts, runs, True, 1)["best"] == 2
+    capped = sweep_summary.summarize("t", pts, runs, True, 1, objective=sweep_summary.Objective(max_tpot_ms=20))
+    assert capped["best"] == 0 and capped["points"][2]["tpot_ms"] == {"p50": 22.0, "p90": 30.0}
+    assert any("over --max-tpot-ms 20" in n and "speculative-num-steps=1" in n and "speculative-num-steps=2" in n
+               for n in capped["notes"])
+    assert [b["best"] for b in capped["best_by_load"]] == [0, 0]
+    lat = sweep_summary.summarize("t", pts, runs, True, 1, objective=sweep_summary.Objective("latency"))
+    assert lat["best"] == 0
+    unknown = [_run(pts[0], 0, 900.0), _run(pts[1], 0, 1000.0), _run(pts[2], 0, 1100.0)]
+    assert sweep_summary.summarize("t", pts, unknown, True, 1,
+                                   objective=sweep_summary.Objective(max_tpot_ms=20))["best"] == 2
+    with pytest.raises(UsageError, match="--objective"):
+        sweep_summary.Objective("fastest")
+    with pytest.raises(UsageError, match="--max-tpot-ms"):
+        sweep_summary.Objective(max_tpot_ms=0)
