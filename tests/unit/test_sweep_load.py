@@ -136,6 +136,9 @@ def test_streamed_load_measures_tokens_ttft_latency_and_accept_length(server):
     assert 4 <= doc["ttft_ms"]["p50"] and 18 <= doc["latency_ms"]["p50"]
     assert doc["accept_len"] == 2.0  # 8 tokens / 4 verify steps: spec_verify_ct wins over spec_accept_length
     assert res.start <= res.end and set(doc["ttft_ms"]) == {"mean", "p50", "p90", "p99", "max"}
+    # time per output token: each request's (latency - TTFT) / 7 tokens after the first
+    assert res.tpots() == [pytest.approx((r.latency - r.ttft) / 7) for r in res.ok]
+    assert 0 < doc["tpot_ms"]["p50"] <= doc["tpot_ms"]["p90"] <= doc["tpot_ms"]["max"]
 
 
 @pytest.mark.parametrize("server", ["chunked"], indirect=True)
@@ -164,6 +167,7 @@ def test_a_server_that_does_not_stream_has_no_ttft(server):
     res = run_load(server.url, LoadSpec(requests=3, concurrency=1, input_len=2, max_new_tokens=4, warmup=0))
     doc = res.to_json()
     assert (doc["output_tokens"], doc["streamed"], doc["ttft_ms"], doc["accept_len"]) == (12, False, None, None)
+    assert doc["tpot_ms"] is None  # no first token seen apart: no time per output token after it
 
 
 @pytest.mark.parametrize("server", ["flaky"], indirect=True)
