@@ -18,14 +18,10 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import sys
-import time
-from pathlib import Path
 
 import story_lib as S  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
 PHASES = [p for p in os.environ.get("PHASES", "u,e,u").split(",") if p]
 STEPS = int(os.environ.get("STEPS", "3"))
 P_BIG = float(os.environ.get("P_BIG", "0.8"))
@@ -38,16 +34,9 @@ NEED = 100  # seconds a warm launch and its windows take at least
 
 
 def make() -> None:
-    if os.path.exists(f"{MDIR}/known.json"):
-        return
-    t = time.time()
-    r = subprocess.run([S.PY, str(HERE / "make_known_models.py"), "--out", MDIR, "--p", str(P_BIG), "--check",
-                        "--shape", "llama8b"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       env=dict(os.environ, PYTHONPATH=str(S.SITE)))
-    print(r.stdout[-1500:], flush=True)
-    S.story["model"] = {"seconds": round(time.time() - t, 1), "rc": r.returncode, "out_tail": r.stdout[-800:]}
-    if r.returncode:
-        raise SystemExit("make_known_models failed")
+    made = S.make_known(MDIR, P_BIG, "llama8b")
+    if made is not None:
+        S.story["model"] = made
 
 
 def window(b: dict | None) -> dict | None:

@@ -21,14 +21,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import time
-from pathlib import Path
 
 import story_lib as S  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
 PHASES = [p for p in os.environ.get("PHASES", "s5,b0").split(",") if p]
 P_BIG = float(os.environ.get("P_BIG", "0.7"))
 LADDER = os.environ.get("LADDER", "1,8,32,64")
@@ -41,16 +37,9 @@ NEED = 150  # seconds a launch and its ladder take at least
 
 
 def make() -> None:
-    if os.path.exists(f"{MDIR}/known.json"):
-        return
-    t = time.time()
-    r = subprocess.run([S.PY, str(HERE / "make_known_models.py"), "--out", MDIR, "--p", str(P_BIG), "--check",
-                        "--shape", "llama8b"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       env=dict(os.environ, PYTHONPATH=str(S.SITE)))
-    print(r.stdout[-1500:], flush=True)
-    S.story["model"] = {"seconds": round(time.time() - t, 1), "rc": r.returncode, "out_tail": r.stdout[-800:]}
-    if r.returncode:
-        raise SystemExit("make_known_models failed")
+    made = S.make_known(MDIR, P_BIG, "llama8b")
+    if made is not None:
+        S.story["model"] = made
 
 
 def run_phase(phase: str) -> None:

@@ -158,6 +158,22 @@ def decode_group(b: dict | None) -> dict | None:
     return next((g for g in groups if g["mode"] == "decode"), None)
 
 
+def make_known(mdir: str, p: float, shape: str) -> dict | None:
+    """The models of known acceptance ``p`` (benchmarks/gpu/make_known_models.py, ``--shape``) in ``mdir``, made
+    unless there; what making them took (``{"seconds", "rc", "out_tail"}``), None when they were there. Exits when
+    they could not be made."""
+    if os.path.exists(f"{mdir}/known.json"):
+        return None
+    t = time.time()
+    r = subprocess.run([PY, str(Path(__file__).resolve().parent / "make_known_models.py"), "--out", mdir, "--p",
+                        str(p), "--check", "--shape", shape], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, env=dict(os.environ, PYTHONPATH=str(SITE)))
+    print(r.stdout[-1500:], flush=True)
+    if r.returncode:
+        raise SystemExit(f"make_known_models ({shape}, p {p}) failed")
+    return {"seconds": round(time.time() - t, 1), "rc": r.returncode, "out_tail": r.stdout[-800:]}
+
+
 def save(name: str) -> None:
     story["elapsed_s"] = round(time.time() - T0, 1)
     (OUT / f"{name}.json").write_text(json.dumps(story, indent=1))

@@ -178,7 +178,7 @@ class _Owned:
 
 
 def sweep(spec: TargetSpec, c: Connect, opts: SweepOptions, say: Say) -> dict[str, Any]:
-    from eaglepatch.tuning import cmdline, sweep_state, sweep_summary
+    from eaglepatch.tuning import cmdline, sweep_state
     from eaglepatch.tuning import sweep as sw
     from eaglepatch.hostside.launchers import launcher_args_index
     from eaglepatch.server.process import LaunchSpec
@@ -289,7 +289,6 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
                launches: list[Any], original: Any, opts: SweepOptions, notes: list[str], say: Say, *,
                env_names: Sequence[str], plan: Sequence[tuple[int, int]], owned: _Owned,
                refused: dict[str, str]) -> dict[str, Any]:
-    from eaglepatch.tuning import sweep_summary
     from eaglepatch.server.restart import RestartOptions
 
     ropts = RestartOptions(timeout=opts.timeout, poll_interval=0.5)

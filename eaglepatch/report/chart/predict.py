@@ -73,19 +73,27 @@ def _sweep_points(sweep: Mapping[str, Any] | None) -> list[tuple[int, float, flo
     return out
 
 
+def _plot_area(sc: Scene, x0: float, y0: float, top_value: float, width_all: float, right: float, height: float,
+               title: str) -> tuple[float, float, float, float, float]:
+    """A panel's axis from 0 to at least ``top_value``, its tick labels and title at the left of ``x0``, ``right``
+    pixels kept free on the right; ``(left, width, top, height, vmax)`` of its plot area."""
+    ticks = nice_ticks(top_value)
+    tick_w = max(text_width(fmt_tick(v, ticks), 10.5) for v in ticks)
+    left = x0 + 18 + 8 + tick_w + 8
+    width = width_all - (left - x0) - right
+    top = y0 + 8
+    draw_axis(sc, left, top, width, height, ticks, title, left - tick_w - 22)
+    return left, width, top, height, ticks[-1]
+
+
 def _tps_panel(sc: Scene, x0: float, y0: float, g: Mapping[str, Any], sweep: list[tuple[int, float, float, float]]
                ) -> None:
     pts = g.get("predict") or []
     spec = [p for p in pts if p["steps"] > 0]
     zero = next((p for p in pts if p["steps"] == 0), None)
     tops = [p["tokens_per_s"] * (1 + (p.get("spread") or 0)) for p in pts] + [m for _s, _m, _lo, m in sweep]
-    ticks = nice_ticks(max(tops + [1.0]) * 1.12)
-    vmax = ticks[-1]
-    tick_w = max(text_width(fmt_tick(v, ticks), 10.5) for v in ticks)
-    left = x0 + 18 + 8 + tick_w + 8
-    width = LEFT_W - (left - x0) - 10
-    top, height = y0 + 8, PANEL_H
-    draw_axis(sc, left, top, width, height, ticks, "tok/s (predicted)", left - tick_w - 22)
+    left, width, top, height, vmax = _plot_area(sc, x0, y0, max(tops + [1.0]) * 1.12, LEFT_W, 10, PANEL_H,
+                                                "tok/s (predicted)")
     steps = sorted({p["steps"] for p in pts} | {s for s, *_ in sweep})
     smin, smax = min(steps), max(steps)
     span = max(smax - smin, 1)
@@ -174,13 +182,8 @@ def _by_bs_panel(sc: Scene, x0: float, y0: float, width_all: float, run: Mapping
         for p in r["points"]:
             lines.setdefault(p["steps"], []).append((r["bs"], p))
     tops = [p["tokens_per_s"] for r in rows for p in r["points"]]
-    ticks = nice_ticks(max(tops + [1.0]) * 1.08)
-    vmax = ticks[-1]
-    tick_w = max(text_width(fmt_tick(v, ticks), 10.5) for v in ticks)
-    left = x0 + 18 + 8 + tick_w + 8
-    width = width_all - (left - x0) - 90
-    top, height = y0 + 8, BS_H
-    draw_axis(sc, left, top, width, height, ticks, "tok/s (the records' wall rate)", left - tick_w - 22)
+    left, width, top, height, vmax = _plot_area(sc, x0, y0, max(tops + [1.0]) * 1.08, width_all, 90, BS_H,
+                                                "tok/s (the records' wall rate)")
     bss = sorted({r["bs"] for r in rows})
     lo, hi = math.log2(bss[0]), math.log2(max(bss[-1], bss[0] * 2))
 
