@@ -9,7 +9,9 @@ CUDA graphs up to MAX_BS:
 * ``s5`` (``s<K>``): EAGLE3 at K draft steps, top-k 1, patched (``apply --no-restart`` before the launch, ``revert
   --no-restart`` after): its timing records span every batch size of the ladder; ``report --predict --json`` of
   them (every batch size's best step count from this one run) is kept;
-* ``b0``: no speculation, unpatched: the baseline at each concurrency.
+* ``b0``: no speculation, unpatched: the baseline at each concurrency;
+* ``d5`` (``d<K>``): the user's path through eaglepatch alone (``run_doctor``): a sweep with ``--baseline`` over the
+  ladder, the put-back server loaded over it, then doctor and ``report --predict`` with that sweep.
 
 Everything goes to ``$OUT/ladder_story.json`` (each bench document, the report). ``benchmarks/gpu/ladder_tables.py``
 puts the phases of one or more calls together: the prediction from the K-step run with the baseline's ladder
@@ -42,11 +44,46 @@ def make() -> None:
         S.story["model"] = made
 
 
+def run_doctor(phase: str) -> None:
+    """``d<K>``: the user's path, all through eaglepatch: the K-step server patched and launched; ``eaglepatch sweep
+    --grid speculative-num-steps=K --baseline --concurrency LADDER`` (a launch without speculation and one at K,
+    each loaded at every concurrency; the original put back); the put-back server loaded over the same ladder;
+    then ``doctor --json`` and ``report --predict --json`` with that sweep kept on the machine."""
+    steps = int(phase[1:])
+    rc, _, _ = S.ep("apply", S.TARGET, "--no-restart", "--log-dir", S.LOG_DIR, "--json")
+    if rc:
+        raise SystemExit("apply failed")
+    argv = [S.PY, "-m", "sglang.launch_server", "--model-path", f"{MDIR}/target", *S.spec_flags(MDIR, steps),
+            *S.COMMON, "--cuda-graph-max-bs", str(MAX_BS)]
+    srv = S.Server(phase, argv)
+    srv.rec.update(steps=steps, patched=True)
+    try:
+        if not srv.up(max(60.0, S.left() - 60)):
+            return
+        load = ["--concurrency", LADDER, "--requests", str(REQ), "--max-new-tokens", str(MAX_NEW), "--input-len",
+                "64", "--warmup", str(WARMUP)]
+        for name, args in (("sweep", ["sweep", S.TARGET, "--grid", f"speculative-num-steps={steps}", "--baseline",
+                                      *load, "--timeout", "300", "--json"]),
+                           ("bench", ["bench", S.TARGET, *load, "--log-wait", "3", "--json"]),
+                           ("doctor", ["doctor", S.TARGET, "--json"]),
+                           ("report", ["report", S.TARGET, "--predict", "--json"])):
+            if S.left() < 15:
+                break
+            rc, out, _ = S.ep(*args, timeout=max(15.0, S.left() - 10))
+            if rc == 0:
+                srv.rec[name] = json.loads(out)
+    finally:
+        srv.down()
+        S.ep("revert", S.TARGET, "--no-restart", "--json")
+
+
 def run_phase(phase: str) -> None:
     if S.left() < NEED:
         S.log(f"{phase}: SKIPPED, {S.left():.0f} s left")
         S.story["launches"].append({"name": phase, "status": "skipped"})
         return
+    if phase.startswith("d"):
+        return run_doctor(phase)
     steps = int(phase[1:])
     patched = phase.startswith("s")
     if patched:
