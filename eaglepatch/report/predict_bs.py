@@ -110,7 +110,8 @@ class ByBs:
 
 
 def ladder(measured: Sequence[int], max_bs: int) -> list[int]:
-    """The batch sizes to price: every measured one, the powers of two up to ``max_bs``, and ``max_bs``."""
+    """The batch sizes to price: every measured one (a decode group of at least ``MIN_GROUP_CYCLES`` cycles), the
+    powers of two up to ``max_bs``, and ``max_bs``."""
     out = set(b for b in measured if b >= 1)
     p = 1
     while p <= max_bs:
@@ -193,10 +194,11 @@ def predict_by_bs(groups: Sequence[tuple[int, int, GroupStats]], *, max_bs: int 
 
     def at(bs: int, j: int) -> Point:
         g = own.get((bs, j))
-        if g is not None:
+        if g is not None:  # the run's own cycles: as uncertain as another launch would read them, at least
             cad = g.cadence_ms or 0.0
             tps = bs * (g.accept_len or 0.0) / cad * 1000.0
-            return Point(j, j + 1, g.accept_len or 0.0, cad, 0.0, tps, _window_spread(g), "measured")
+            return Point(j, j + 1, g.accept_len or 0.0, cad, 0.0, tps, max(_window_spread(g), LAUNCH_SPREAD),
+                         "measured")
         a_j = prof.accept_len(j)
         cad = model.cycle_ms(bs, j)
         tps = bs * a_j / cad * 1000.0 if cad > 0 else 0.0
@@ -206,7 +208,7 @@ def predict_by_bs(groups: Sequence[tuple[int, int, GroupStats]], *, max_bs: int 
     baseline = [b if b.ratio is None else BaselinePoint(b.bs, b.ratio * at(b.bs, k).tokens_per_s, b.spread)
                 for b in baseline]
     rows = []
-    for bs in ladder(measured, max_bs):
+    for bs in ladder(sorted({b for b, _ in own}), max_bs):
         pts: list[Point] = []
         for j in (list(steps) if steps is not None else default_steps(k)):
             pts.append(_zero(model, bs, baseline) if j == 0 else at(bs, j))
