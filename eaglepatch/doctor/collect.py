@@ -155,8 +155,12 @@ def server_facts(name: str, version: str | None, srv: Any, got: dict[str, Any], 
     elif folder is None:
         sources["timing_log"] = f"unavailable: {log_note or 'no log folder'}"
     else:
+        # the largest batch the server runs, as it derived it (sglang lowers --max-running-requests for speculation
+        # and to its memory: 48 on the H100 testbed launched with --cuda-graph-max-bs 64)
+        mrr = (kw.get("server_info") or {}).get("max_running_requests")
+        model_flags = dict(flags, **{"max-running-requests": str(mrr)}) if isinstance(mrr, int) and mrr > 0 else flags
         rec = load_records(folder, {srv.pid, *srv.children},
-                           None if srv.start is None else {(srv.pid, srv.start)}, kw["sweep"], flags)
+                           None if srv.start is None else {(srv.pid, srv.start)}, kw["sweep"], model_flags)
         if rec.get("sweep_other_load"):  # a sweep counts only for the load it ran: not evidence for this server's
             sources["sweep"] = f"{kw['sweep']['path']}: not used: {rec['sweep_other_load']}"
             kw["sweep"] = None

@@ -33,8 +33,8 @@ from typing import Any, Sequence
 
 from eaglepatch.report import costs
 from eaglepatch.report.model import Acceptance, GroupStats, ReportResult
-from eaglepatch.report.predict import (LAUNCH_SPREAD, Point, Shape, _int, _profile, _window_spread,
-                                       baseline_from_sweep, default_steps, shape_of)
+from eaglepatch.report.predict import (LAUNCH_SPREAD, Point, _int, _profile, _window_spread, baseline_from_sweep,
+                                       default_steps, shape_of)
 
 # What the no-speculation estimate has missed by (relative, its tok/s under the measured one), by batch size:
 # 21-27% at 1-4 requests (H200, seven comparisons), 46% at 32 and 67% at 64 requests (H100, a Llama-3-8B-shaped
@@ -173,7 +173,8 @@ def predict_by_bs(groups: Sequence[tuple[int, int, GroupStats]], *, max_bs: int 
                   steps: Sequence[int] | None = None, baseline: Sequence[BaselinePoint] = ()) -> ByBs:
     """See the module docstring. ``groups``: ``(bs, steps, group)`` for every decode group of one run (top-k 1);
     ``max_bs``: the largest batch the server runs (``--max-running-requests`` / ``--cuda-graph-max-bs``), None:
-    ``UNKNOWN_MAX_BS`` or the largest measured rounded up to a power of two, whichever is larger; ``baseline``: no speculation measured at the same load."""
+    ``UNKNOWN_MAX_BS`` or the largest measured rounded up to a power of two, whichever is larger; ``baseline``: no
+    speculation measured at the same load."""
     obs = [o for bs, k, g in groups if (o := costs.observe(g, bs, k)) is not None]
     if not obs:
         return ByBs(why="no decode cycles with accepted tokens: no cost to fit")
@@ -251,22 +252,20 @@ def server_max_bs(flags: dict[str, Any]) -> int | None:
 def for_runs(result: ReportResult, *, steps: Sequence[int] | None = None, sweep: dict[str, Any] | None = None,
              flags: dict[str, Any] | None = None) -> dict[str | None, ByBs]:
     """``predict_by_bs`` for each run of ``result`` (aggregated ``by="bs"``), keyed by run id: its top-k 1 decode
-    groups, its launch flags (``flags`` for runs whose header has none) for the largest batch, and a sweep's
-    baseline (``sweep``) at the sweep's concurrency when the sweep ran one."""
+    groups, its launch flags for the largest batch (the run header's, with ``flags`` beside them: the server's
+    own, e.g. the ``max-running-requests`` sglang derived, which a header does not hold; ``flags`` alone give the
+    step count of runs whose header has none), and a sweep's baseline (``sweep``) at its concurrencies."""
     runs = {r.id: r.flags_dict() for r in result.runs}
     by_run: dict[str | None, list[tuple[int, int, GroupStats]]] = {}
-    shapes: dict[str | None, Shape] = {}
     for g in result.groups:
         bs = _int(dict(g.key).get("bs"))
-        fl = runs.get(g.run) or flags or {}
-        sh = shape_of(g, fl)
+        sh = shape_of(g, runs.get(g.run) or flags or {})
         if g.mode != "decode" or bs is None or not sh.steps or sh.topk not in (None, 1):
             continue
         by_run.setdefault(g.run, []).append((bs, sh.steps, g))
-        shapes.setdefault(g.run, sh)
     out: dict[str | None, ByBs] = {}
     for run, groups in by_run.items():
-        fl = runs.get(run) or flags or {}
+        fl = {**(flags or {}), **runs.get(run, {})}  # the header's flags, beside what the caller knows of the server
         k = max(s for _, s, _ in groups)
         out[run] = predict_by_bs(groups, max_bs=server_max_bs(fl), steps=steps, baseline=baselines_of(sweep, k))
     return out

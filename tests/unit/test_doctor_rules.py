@@ -705,3 +705,27 @@ def test_speculation_slower_from_a_batch_size_on_needs_no_speculation_measured_t
     assert "--emit-adaptive-config" in found.next and "speculative-num-steps=0,2" in found.next
     assert "no speculation 6000 tok/s (±2%, measured), the best step count 2 4800 tok/s" in found.evidence[0]["text"]
     assert R.speculation_slower(dataclasses.replace(facts("EAGLE3"), model=_by_bs_model("estimate"))) is None
+
+
+def test_doctor_prices_up_to_the_batch_limit_the_server_derived(tmp_path, monkeypatch):
+    """sglang lowers --max-running-requests for a speculative launch (48 on the H100 testbed launched with
+    --cuda-graph-max-bs 64): the server's /server_info says so, and doctor's model by batch size prices up to that
+    limit, not the command line's 64; without it in /server_info, up to the flag's 64."""
+    from eaglepatch.doctor.collect import server_facts
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no sweep kept
+    for bs in (1, 4, 16):
+        write_records(tmp_path / "logs", 4242, bs=bs, accept=2.0, t0=1.7e9 + bs, phases={
+            "draft": 0.5 + 0.01 * bs, "verify": 2.0 + 0.05 * bs, "draft_extend": 0.4})
+    argv = [*ARGV, "--cuda-graph-max-bs", "64"]
+    srv = SimpleNamespace(pid=4242, port=30000, argv=argv, env={}, children=(), start=None)
+
+    def model(server_info: dict | None) -> dict:
+        got = {"server_info": {"doc": server_info, "endpoint": "/server_info"} if server_info else {}}
+        f, _ = server_facts("gpu1", "0.5.16", srv, got, {"error": "none"}, "patched", "/tmp/eaglepatch",
+                            str(tmp_path / "logs"), None, True)
+        return f.model["by_bs"]
+
+    assert model({"max_running_requests": 48})["max_bs"] == 48
+    assert model({"max_running_requests": 48})["predict_by_bs"][-1]["bs"] == 48
+    assert model(None)["max_bs"] == 64

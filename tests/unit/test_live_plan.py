@@ -281,9 +281,11 @@ def test_a_windows_figures_come_from_its_pinned_group():
              "accept_len": 1.6, "cycle_ms": {"p50": 5.0}}
     fig = lv.window_figures(client, {"groups": [group, other], "records": 49}, {"pinned": 40, "other": 9}, 3)
     assert fig == {"tokens_per_s": 120.0, "accept_len": 2.5, "phases_p50": {"verify": 3.0, "cycle": 7.5},
-                   "records": 49, "accept_len_log": 2.4, "cycles": {"pinned": 40, "other": 9}}
+                   "records": 49, "accept_len_log": 2.4, "cycles": {"pinned": 40, "other": 9},
+                   "tpot_p50_ms": None, "tpot_p90_ms": None}
     assert lv.window_figures(client, None, None, 3) == {"tokens_per_s": 120.0, "accept_len": 2.5, "phases_p50": {},
-                                                       "records": None, "accept_len_log": None}
+                                                       "records": None, "accept_len_log": None,
+                                                       "tpot_p50_ms": None, "tpot_p90_ms": None}
 
 
 def test_a_batch_size_of_10_cycles_counts_and_the_servers_own_tok_s_stands_in_for_the_wall():
