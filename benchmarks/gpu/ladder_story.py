@@ -44,19 +44,27 @@ def make() -> None:
         S.story["model"] = made
 
 
+def server(phase: str, steps: int, patched: bool) -> S.Server:
+    """The launch of a phase at ``steps`` draft steps (0: none), CUDA graphs up to MAX_BS, the install patched
+    first (``apply --no-restart``) when ``patched``; not started yet."""
+    if patched:
+        rc, _, _ = S.ep("apply", S.TARGET, "--no-restart", "--log-dir", S.LOG_DIR, "--json")
+        if rc:
+            raise SystemExit("apply failed")
+    argv = [S.PY, "-m", "sglang.launch_server", "--model-path", f"{MDIR}/target", *S.spec_flags(MDIR, steps),
+            *S.COMMON, "--cuda-graph-max-bs", str(MAX_BS)]
+    srv = S.Server(phase, argv)
+    srv.rec.update(steps=steps, patched=patched)
+    return srv
+
+
 def run_doctor(phase: str) -> None:
     """``d<K>``: the user's path, all through eaglepatch: the K-step server patched and launched; ``eaglepatch sweep
     --grid speculative-num-steps=K --baseline --concurrency LADDER`` (a launch without speculation and one at K,
     each loaded at every concurrency; the original put back); the put-back server loaded over the same ladder;
     then ``doctor --json`` and ``report --predict --json`` with that sweep kept on the machine."""
     steps = int(phase[1:])
-    rc, _, _ = S.ep("apply", S.TARGET, "--no-restart", "--log-dir", S.LOG_DIR, "--json")
-    if rc:
-        raise SystemExit("apply failed")
-    argv = [S.PY, "-m", "sglang.launch_server", "--model-path", f"{MDIR}/target", *S.spec_flags(MDIR, steps),
-            *S.COMMON, "--cuda-graph-max-bs", str(MAX_BS)]
-    srv = S.Server(phase, argv)
-    srv.rec.update(steps=steps, patched=True)
+    srv = server(phase, steps, patched=True)
     try:
         if not srv.up(max(60.0, S.left() - 60)):
             return
@@ -86,14 +94,7 @@ def run_phase(phase: str) -> None:
         return run_doctor(phase)
     steps = int(phase[1:])
     patched = phase.startswith("s")
-    if patched:
-        rc, _, _ = S.ep("apply", S.TARGET, "--no-restart", "--log-dir", S.LOG_DIR, "--json")
-        if rc:
-            raise SystemExit("apply failed")
-    argv = [S.PY, "-m", "sglang.launch_server", "--model-path", f"{MDIR}/target", *S.spec_flags(MDIR, steps),
-            *S.COMMON, "--cuda-graph-max-bs", str(MAX_BS)]
-    srv = S.Server(phase, argv)
-    srv.rec.update(steps=steps, patched=patched)
+    srv = server(phase, steps, patched)
     try:
         if not srv.up(max(60.0, S.left() - 60)):
             return
