@@ -135,10 +135,6 @@ class Observed:
     cycles: int
     per_cycle: dict[str, float]
 
-    @property
-    def cadence_ms(self) -> float:
-        return sum(self.per_cycle.values())
-
 
 def observe(g: GroupStats, bs: int, steps: int) -> Observed | None:
     """A decode group's figures, or None when it has no cadence (no accepted tokens) or no cycles."""
@@ -154,10 +150,9 @@ def observe(g: GroupStats, bs: int, steps: int) -> Observed | None:
 
 @dataclass(frozen=True)
 class CostModel:
-    """A curve per phase (``PHASES``), fitted on ``observed``."""
+    """A curve per phase (``PHASES``)."""
 
     curves: dict[str, Curve]
-    observed: tuple[Observed, ...]
 
     def phase_ms(self, phase: str, bs: int, steps: int) -> float:
         if steps == 0 and phase in ("draft", "draft_extend"):
@@ -201,4 +196,4 @@ def fit(observed: Iterable[Observed]) -> CostModel | None:
         x0, c, b, rms = roofline(pts, knee=phase != "rest")
         xs = [int(x) for x, _, _ in pts]
         curves[phase] = Curve(c - b * x0, b, c, x0, min(xs), max(xs), rms, len(pts))
-    return CostModel(curves, obs)
+    return CostModel(curves)

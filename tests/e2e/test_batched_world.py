@@ -14,22 +14,17 @@ truth the model is held to: a sweep of the step counts over the same ladder.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from safety import H  # the stand-in's harness, loaded once for the e2e suite
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 
-_spec = importlib.util.spec_from_file_location(
-    "standin_harness", Path(__file__).resolve().parents[1] / "stubs" / "stand_in_sglang" / "standin_harness.py"
-)
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)  # type: ignore[union-attr]
 
 PY = sys.executable
 ARGS = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "5", "--speculative-eagle-topk", "1",

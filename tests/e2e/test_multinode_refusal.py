@@ -12,21 +12,17 @@ as it accepts any flag it does not know.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from safety import H  # the stand-in's harness, loaded once for the e2e suite
+
 from cli_helpers import LocalVia, SSHVia
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
-_spec = importlib.util.spec_from_file_location(
-    "standin_harness", Path(__file__).resolve().parents[1] / "stubs" / "stand_in_sglang" / "standin_harness.py"
-)
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)  # type: ignore[union-attr]
 
 ADDR = "127.0.0.1:29731"
 
