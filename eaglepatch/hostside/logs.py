@@ -22,6 +22,8 @@ _FALLBACK_NAME = re.compile(r"^eaglepatch-[A-Za-z0-9_]+$")
 # Bytes of log data in one answer at most; the client asks again for the rest (its memory stays bounded).
 LOG_BATCH = 8 << 20  # a fetch holds some three batches on either side (the read, its frame, the next); 8 MB fetched
 # a 256 MB log over loopback SSH 6% faster than 4 MB (fewer rounds), with room to spare under 200 MB
+# Bytes read at a time when looking for the end of a line longer than a batch (never more than the batch itself).
+_SCAN = 1 << 20
 # Files with bytes in one answer at most (each is an attachment: the client takes at most 1,024 of them, its
 # ``hosts.agent.MAX_BLOBS``; a folder of many small logs comes in several answers).
 MAX_LOG_FILES = 1000
@@ -179,6 +181,23 @@ def _fallback_dirs(owners, temps):
     return found
 
 
+def _line_end(f, start, size, piece):
+    """Where the line that goes on at ``start`` of ``f`` ends (just past its newline), looked for up to ``size`` in
+    pieces of at most ``piece`` bytes (the line itself is never held); None when it has no newline before ``size``
+    (the runtime is still writing it)."""
+    f.seek(start)
+    pos = start
+    while pos < size:
+        chunk = f.read(min(piece, size - pos))
+        if not chunk:
+            return None
+        at = chunk.find(b"\n")
+        if at >= 0:
+            return pos + at + 1
+        pos += len(chunk)
+    return None
+
+
 def op_logs(payload):
     """New bytes of the timing logs, read by the runtime's own rules (real folders and regular files of this user
     or the servers' users, no links followed, nothing others may write), from every folder the runtime writes to:
@@ -190,6 +209,12 @@ def op_logs(payload):
     read, and each refused with why; ``sizes`` the size of each file of ``names``. The bytes come as the answer's
     attachments (``__blobs__``: the agent sends them as raw frames after the JSON), one per entry of ``files``
     (``size`` says how many bytes), the files in the order of ``names``.
+
+    A line longer than a whole batch (no newline in ``budget`` bytes: no answer could ever hold it) is skipped, not
+    sent: its entry has no bytes (``size`` 0) and says ``skipped``, ``{"offset": where the line begins, "length":
+    its bytes, newline included}``, and the file goes on after it (the client counts it as a line that did not
+    parse, as the report of a local file does). Its end is looked for in bounded pieces, never holding the line;
+    one with no newline yet (still being written) waits for it, as any last line without one.
 
     ``fetch`` (an id) keeps what this answer sent, so that the next request may be ``{"continue": id}`` alone:
     the same request from where this one ended, sent by the client before it has handled this answer. A fetch
@@ -207,7 +232,7 @@ def op_logs(payload):
     pids = [int(p) for p in payload.get("pids") or ()]
     have = dict(payload.get("have") or {})
     owners = _log_owners(pids)
-    budget = int(payload.get("budget") or LOG_BATCH)
+    budget = limit = int(payload.get("budget") or LOG_BATCH)
     log_dir = os.path.normpath(payload["log_dir"])
     candidates = [(log_dir, "configured")]
     candidates += [(d, "open") for d in _dirs_in_use(pids)]
@@ -247,6 +272,20 @@ def op_logs(payload):
                 data = f.read(min(size - off, budget))
                 # Only whole lines: a record being written now is fetched next time.
                 cut = data.rfind(b"\n") + 1
+                if cut == 0 and len(data) >= limit and len(data) < size - off:
+                    # A whole batch without a newline, and more bytes follow: a line no answer can hold. Skipped to
+                    # its end (else the file's offset never moves again), once the runtime has written its newline.
+                    data = None
+                    end = _line_end(f, off + limit, size, min(_SCAN, limit))
+                    if end is None:
+                        continue  # still being written: looked for again by the next fetch
+                    files.append({"dir": path, "name": name, "offset": off, "size": 0,
+                                  "skipped": {"offset": off, "length": end - off}})
+                    blobs.append(b"")
+                    have[key] = end
+                    if end < size:
+                        more = True  # the records after it come with the next answer
+                    continue
                 if len(data) < size - off:
                     more = True  # the budget ended inside this file
                 if cut == 0:

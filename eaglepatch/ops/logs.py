@@ -131,9 +131,11 @@ def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say,
     side writes the one before; each batch's bytes are raw frames after its JSON (no base64). Everything in an
     answer is the host's word (docs/safety.md): a file name is a plain basename of the log pattern, an offset is 0 or
     the size of the copy here, the bytes are the attachment of their entry, as many as it says; anything else raises
-    ``BadAnswer`` before a byte of that answer is written. Raises ``UsageError`` when the host has no log it may
-    read. ``watch`` is told which files the fetch will bring, then of each batch written and of each file that
-    will get no more."""
+    ``BadAnswer`` before a byte of that answer is written. A line the host skipped (longer than a batch: no answer
+    can hold it) gets a line of as many bytes here that does not parse (``_write_skipped``: the copy keeps the
+    host's offsets), which the report counts among its skipped lines, as it counts such a line of a local file.
+    Raises ``UsageError`` when the host has no log it may read. ``watch`` is told which files the fetch will bring,
+    then of each batch written and of each file that will get no more."""
     dest = _cache_dest(name, log_dir)
     dest.mkdir(parents=True, exist_ok=True, mode=0o700)
     for old in dest.glob("*.jsonl"):  # the flat layout of earlier versions: fetched again into subfolders
@@ -164,7 +166,7 @@ def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say,
                 say(f"note: {name}: not reading {shown(d['path'])}: {shown(d['refused'])}")
         listed = state["listed"] = _check_names(name, res.get("names"), accepted)
         hosted = _check_sizes(name, res.get("sizes"), listed)
-        writes = _check_files(name, res.get("files"), res.get("__blobs__"), listed, known)
+        writes = _check_files(name, res.get("files"), res.get("__blobs__"), listed, known, hosted)
         for host_dir in listed:
             sub = _cache_folder(dest, host_dir)
             if host_dir not in known:
@@ -197,18 +199,26 @@ def fetch_logs_from(host: Host, name: str, python: str, log_dir: str, say: Say,
                         watch.complete(str(_cache_folder(dest, key[0]) / key[1]))
             gone_past[0] = max(gone_past[0], before)
 
-        for j, (host_dir, file_name, offset, data, size) in enumerate(writes):
+        for j, (host_dir, file_name, offset, data, size, skipped) in enumerate(writes):
             passed(at.get((host_dir, file_name), 0))
             path = _cache_folder(dest, host_dir) / file_name
             _write_log(path, offset, data)
+            end = offset + size
+            if skipped:
+                # a line longer than a batch, which the host did not send: a line here of as many bytes (the cache
+                # keeps the host's offsets) that does not parse, so that the report counts it as a skipped line
+                _write_skipped(path, end, skipped)
+                say(f"note: {name}: a line of {skipped} bytes at byte {end} of {shown(host_dir)}/{file_name} is "
+                    "longer than a fetch's batch: not fetched, counted as a skipped line")
+                end += skipped
             sizes = known[host_dir][1]
             before = sizes.get(file_name, 0)
-            sizes[file_name] = offset + size
+            sizes[file_name] = end
             state["fetched"] += size
-            state["files"] += 1
+            state["files"] += 1 if size else 0
             if watch is not None:
-                watch.wrote(str(path), offset + size, offset == 0 and before > 0)
-                if j + 1 < len(writes) or upto.get((host_dir, file_name)) == offset + size:
+                watch.wrote(str(path), end, offset == 0 and before > 0)
+                if j + 1 < len(writes) or upto.get((host_dir, file_name)) == end:
                     passed(at.get((host_dir, file_name), -1) + 1)
 
     fetch_id = secrets.token_hex(8)
@@ -302,12 +312,14 @@ def _forecast(dest: pathlib.Path, listed: dict[str, list[str]], hosted: dict[str
 
 
 def _check_files(name: str, files: Any, blobs: Any, listed: dict[str, list[str]],
-                 known: dict[str, tuple[pathlib.Path, dict[str, int]]]
-                 ) -> list[tuple[str, str, int, list[bytes], int]]:
-    """(host folder, name, offset, its bytes as pieces, how many) of each file in the answer, every one checked
-    first: a file the answer lists in a folder it read (``listed``), once, its offset 0 or the size of the copy
-    here, its bytes the attachment of the same place in the answer (``size`` of them; an attachment is a list of
-    pieces, as the agent reads it, or bytes)."""
+                 known: dict[str, tuple[pathlib.Path, dict[str, int]]], hosted: dict[str, list[int]] | None = None
+                 ) -> list[tuple[str, str, int, list[bytes], int, int]]:
+    """(host folder, name, offset, its bytes as pieces, how many, the bytes of the line skipped after them or 0) of
+    each file in the answer, every one checked first: a file the answer lists in a folder it read (``listed``),
+    once, its offset 0 or the size of the copy here, its bytes the attachment of the same place in the answer
+    (``size`` of them; an attachment is a list of pieces, as the agent reads it, or bytes); a line it skipped
+    (``skipped``: longer than a batch) right after those bytes, within the file's size that the answer says
+    (``hosted``)."""
     if not isinstance(files, list):
         raise _refuse(name, "no list of files")
     blobs = [] if blobs is None else blobs
@@ -332,7 +344,21 @@ def _check_files(name: str, files: Any, blobs: Any, listed: dict[str, list[str]]
         if not (isinstance(pieces, list) and all(isinstance(p, bytes) for p in pieces)) or (
                 f.get("size") != sum(map(len, pieces))):
             raise _refuse(name, f"bytes of {file_name} that are not the {shown(repr(f.get('size'))[:40])} it says")
-        out.append((f["dir"], file_name, offset, pieces, f["size"]))
+        skipped = 0
+        if f.get("skipped") is not None:
+            s = f["skipped"]
+            at, length = (s.get("offset"), s.get("length")) if isinstance(s, dict) else (None, None)
+            whole = isinstance(at, int) and not isinstance(at, bool) and isinstance(length, int) and not isinstance(
+                length, bool)
+            hosted_size = None
+            if whole and hosted and f["dir"] in hosted:
+                hosted_size = hosted[f["dir"]][listed[f["dir"]].index(file_name)]
+            if not whole or at != offset + f["size"] or length < 1 or (
+                    hosted_size is not None and at + length > hosted_size):
+                raise _refuse(name, f"a skipped line of {file_name} that is not one right after its bytes "
+                                    f"({shown(repr(s)[:200])})")
+            skipped = length
+        out.append((f["dir"], file_name, offset, pieces, f["size"], skipped))
     return out
 
 
@@ -342,6 +368,21 @@ def _write_log(path: pathlib.Path, offset: int, pieces: list[bytes]) -> None:
     fd = os.open(path, flags, 0o600)
     with os.fdopen(fd, "wb") as fh:
         fh.writelines(pieces)
+
+
+def _write_skipped(path: pathlib.Path, at: int, length: int) -> None:
+    """Put in the cache, at ``at`` (where the copy ends), a line of ``length`` bytes (newline included) standing
+    for one the host skipped: a note that is no JSON, then a hole (no disk used where the file system makes holes,
+    read as NUL bytes), then the newline; the report counts it as one line that did not parse."""
+    note = (b"eaglepatch fetch: a line of %d bytes at byte %d of the host's file, longer than a fetch's batch, was "
+            b"not fetched" % (length, at))[: length - 1]
+    fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        os.pwrite(fd, note, at)
+        os.ftruncate(fd, at + length - 1)
+        os.pwrite(fd, b"\n", at + length - 1)
+    finally:
+        os.close(fd)
 
 
 # a timing log's name: <host>-<pid>-rank<r>.jsonl
