@@ -22,8 +22,8 @@ failpoint("startup:imports")  # the tests' Ctrl-C during start-up: typer is in, 
 
 from eaglepatch import __version__
 from eaglepatch.cli_options import (
-    ConcurrencyOpt, CsvOpt, InputLenOpt, JsonOpt, LogWaitOpt, MaxNewOpt, ReadyTimeoutOpt, RecipeOpt, RequestsOpt,
-    RestartCmdOpt, SeedOpt, UnitOpt, WarmupOpt, connected,
+    ConcurrencyOpt, CsvOpt, InputLenOpt, JsonOpt, LogWaitOpt, MaxNewOpt, ReadyTimeoutOpt, RecipeOpt, RequestRateOpt,
+    RequestsOpt, RestartCmdOpt, SeedOpt, UnitOpt, WarmupOpt, connected,
 )
 from eaglepatch.cli_output import finish, for_each_target, say, terminal_text
 from eaglepatch.errors import ExitCode, UsageError
@@ -280,14 +280,16 @@ def report(
 
 
 def _bench_options(requests: int, concurrency: str, input_len: int, max_new_tokens: int, warmup: int, seed: int,
-                   log_wait: float) -> Any:
+                   log_wait: float, request_rate: str | None = None) -> Any:
     from eaglepatch.tuning.load import LoadSpec
-    from eaglepatch.tuning.bench import BenchOptions, parse_concurrency
+    from eaglepatch.tuning.bench import BenchOptions, parse_concurrency, parse_request_rate
 
     ladder = parse_concurrency(concurrency)
+    rates = parse_request_rate(request_rate) if request_rate is not None else ()
     load = LoadSpec(requests=requests, concurrency=ladder[0], input_len=input_len, max_new_tokens=max_new_tokens,
-                    warmup=warmup, seed=seed)
-    return BenchOptions(load=load, log_wait=log_wait, ladder=ladder if len(ladder) > 1 else ())
+                    warmup=warmup, seed=seed, request_rate=rates[0] if rates else None)
+    return BenchOptions(load=load, log_wait=log_wait, ladder=ladder if len(ladder) > 1 else (),
+                        rates=rates if len(rates) > 1 else ())
 
 
 @app.command()
@@ -296,20 +298,22 @@ def bench(
     target: str = typer.Argument(..., help="SSH destination or local path."),
     requests: int = RequestsOpt, concurrency: str = ConcurrencyOpt, input_len: int = InputLenOpt,
     max_new_tokens: int = MaxNewOpt, warmup: int = WarmupOpt, seed: int = SeedOpt, log_wait: float = LogWaitOpt,
+    request_rate: Optional[str] = RequestRateOpt,
     json_out: bool = JsonOpt,
     *, c: Connect,
 ) -> None:
-    """A fixed, seeded load on the running server (through the SSH connection): client tok/s, TTFT, latency,
-    accept length, and the timing report of the same window.
+    """A fixed, seeded load on the running server (through the SSH connection): client tok/s, TTFT, time per output
+    token, inter-token latency, latency, accept length, and the timing report of the same window.
 
     \b
     Examples:
       eaglepatch bench root@gpu-host --requests 64 --concurrency 8
       eaglepatch bench root@gpu-host --requests 256 --concurrency 1,8,32,64
+      eaglepatch bench root@gpu-host --requests 256 --request-rate 2,8,32 --concurrency 64
     """
     from eaglepatch.tuning import bench as tuning_bench
 
-    opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait)
+    opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait, request_rate)
     finish(for_each_target([target], c, lambda t: tuning_bench.bench(t, c, opts, say)), json_out,
            tuning_bench.render_bench)
 
@@ -347,6 +351,7 @@ def sweep(
                                          "(default 32: a fresh server's first requests run slower); with --live, "
                                          "before the windows (default 4)."),
     seed: int = SeedOpt, log_wait: float = LogWaitOpt,
+    request_rate: Optional[str] = RequestRateOpt,
     objective: str = typer.Option("throughput", "--objective", help="What best means: throughput (the most tok/s) "
                                   "or latency (the least time per output token, p50)."),
     max_tpot_ms: Optional[float] = typer.Option(None, "--max-tpot-ms", help="A point whose p90 time per output "
@@ -371,14 +376,18 @@ def sweep(
         from eaglepatch.tuning.load import LAUNCH_WARMUP
 
         warmup = WarmupOpt.default if live else LAUNCH_WARMUP
-    bench_opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait)
+    bench_opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait,
+                                request_rate)
     goal = sw.Objective(objective, max_tpot_ms)  # bad input: exit 2 before the target is touched
     if live:
         from eaglepatch.tuning import drive_live
 
+        if request_rate is not None:
+            raise UsageError("--request-rate does not go with --live (its windows are closed loops, each slot sending "
+                             "its next request as its last ends, for --window seconds): sweep without --live for an "
+                             "open loop")
         for flag, given in (("--baseline", baseline), ("--keep-best", keep_best), ("--env", bool(env)),
-                            ("--repeat", repeat != 1), ("--allow-flag", bool(allow_flag)),
-                            ("a --concurrency list", len(bench_opts.ladder) > 1)):
+                            ("--repeat", repeat != 1), ("--allow-flag", bool(allow_flag))):
             if given:
                 raise UsageError(f"{flag} does not go with --live (its points are step counts inside one "
                                  "server; --rounds repeats them): sweep without --live for it")

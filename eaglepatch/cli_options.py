@@ -34,7 +34,11 @@ ServerPortOpt = typer.Option([], "--server-port", help="Act only on the install'
 
 RequestsOpt = typer.Option(32, "--requests", help="Measured requests.")
 ConcurrencyOpt = typer.Option("4", "--concurrency", help="Requests in flight at a time, or a list measured in turn "
-                              "(1,8,32,64): bench one load each, a sweep each of them after each launch.")
+                              "(1,8,32,64): bench one load each, a sweep each of them after each launch, a live "
+                              "sweep each of them at each step count in its one launch.")
+RequestRateOpt = typer.Option(None, "--request-rate", help="An open loop: requests arrive at R per second "
+                              "(Poisson, seeded), --concurrency then caps what is in flight; or a list measured in "
+                              "turn (2,8,32), as a --concurrency list is. Default: a closed loop.")
 InputLenOpt = typer.Option(128, "--input-len", help="Prompt tokens per request (seeded random token ids).")
 MaxNewOpt = typer.Option(128, "--max-new-tokens", help="Output tokens per request (ignore_eos).")
 WarmupOpt = typer.Option(4, "--warmup", help="Unmeasured requests first.")

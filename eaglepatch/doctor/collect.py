@@ -232,6 +232,9 @@ def sweep_load_mismatch(sweep: dict[str, Any] | None, by_bs: Sequence[dict[str, 
     it does: the records' median decode batch within ``LOAD_MATCH`` of the sweep's concurrency, or of one of its
     ladder's (or it cannot be told: no concurrency in the sweep, no batch sizes in the records)."""
     load = (sweep or {}).get("load") or {}
+    if load.get("request_rate") is not None:
+        return (f"it ran an open loop ({load['request_rate']:g} requests/s, at most {load.get('concurrency')} in "
+                "flight), whose batch sizes it does not keep: a sweep with --concurrency at this server's load counts")
     ladder = [c for c in load.get("concurrency_ladder") or [load.get("concurrency")] if isinstance(c, int) and c >= 1]
     cycles = sorted(((g.get("key") or {}).get("bs"), g.get("n") or 0) for g in by_bs
                     if isinstance((g.get("key") or {}).get("bs"), int))

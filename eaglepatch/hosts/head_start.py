@@ -38,7 +38,8 @@ COMMANDS = frozenset({"show", "diff", "apply", "revert", "status", "restart", "r
 VALUED = frozenset({
     "--allow-flag", "--by", "--chart", "--concurrency", "--connect-timeout", "--emit-adaptive-config", "--env",
     "--every", "--grid", "--identity", "--input-len", "--jump", "--log-dir", "--log-wait", "--max-new-tokens",
-    "--max-tpot-ms", "--mode", "--objective", "--port", "--python", "--recipe", "--repeat", "--requests", "--restart-cmd", "--rounds", "--run",
+    "--max-tpot-ms", "--mode", "--objective", "--port", "--python", "--recipe", "--repeat", "--request-rate",
+    "--requests", "--restart-cmd", "--rounds", "--run",
     "--seed", "--server-port", "--sglang-path", "--since", "--skip", "--steps", "--systemd-unit", "--timeout",
     "--trace", "--warmup", "--window", "-J", "-i", "-p"})
 FLAGS = frozenset({

@@ -282,8 +282,12 @@ def baselines_of(sweep: dict[str, Any] | None, steps: int) -> list[BaselinePoint
     base = pts[sweep["baseline"]]
     at_k = next((p for p in pts if p.get("status") == "ok" and str((p.get("flags") or {}).get(
         "speculative-num-steps")) == str(steps)), None)
+    if (sweep.get("load") or {}).get("request_rate") is not None:
+        return []  # an open loop: its --concurrency is a cap, not the batch size its figures were measured at
     out = []
     for ld in base.get("loads") or ():
+        if ld.get("request_rate") is not None:
+            continue
         t = ld.get("tokens_per_s") or {}
         med = t.get("median")
         if not med:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import math
 import os
 import time
 from typing import Any, Callable, Sequence
@@ -28,31 +29,43 @@ Say = Callable[[str], None]
 @dataclasses.dataclass(frozen=True)
 class BenchOptions:
     """The load, and how long to wait after it for the server's timing records (``--log-wait``); ``ladder``: the
-    concurrencies measured in turn (``--concurrency 1,8,32,64``), the load's own first; empty: the load's alone."""
+    concurrencies measured in turn (``--concurrency 1,8,32,64``), the load's own first; empty: the load's alone.
+    ``rates``: the request rates measured in turn (``--request-rate 2,8,32``: open loops), the load's own first;
+    one ladder or the other, never both."""
 
     load: LoadSpec = LoadSpec()
     log_wait: float = 4.5
     request_timeout: float = 600.0
     ladder: tuple[int, ...] = ()
+    rates: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.log_wait < 0:
             raise UsageError("--log-wait cannot be negative")
+        if len(self.ladder) > 1 and len(self.rates) > 1:
+            raise UsageError("--concurrency and --request-rate are both lists: measure one axis at a time (a list "
+                             "of concurrencies at one request rate, or a list of request rates at one concurrency)")
 
     def each(self) -> list["BenchOptions"]:
-        """One BenchOptions per concurrency of the ladder (the load's alone without one); each sends at least
-        twice its concurrency in requests, so that its batch fills up (``--requests 32`` at 64 at a time would
-        never have 64 in flight)."""
+        """One BenchOptions per concurrency of the ladder, or per request rate of ``rates`` (the load's alone
+        without either). Each concurrency sends at least twice its concurrency in requests, so that its batch fills
+        up (``--requests 32`` at 64 at a time would never have 64 in flight); each rate sends ``--requests``
+        arrivals."""
+        if len(self.rates) > 1:
+            return [dataclasses.replace(self, load=dataclasses.replace(self.load, request_rate=r), rates=())
+                    for r in self.rates]
         return [dataclasses.replace(self, load=dataclasses.replace(
             self.load, concurrency=c, requests=max(self.load.requests, 2 * c)), ladder=())
             for c in self.ladder] if len(self.ladder) > 1 else [self]
 
     def load_json(self) -> dict[str, Any]:
         """The load as a sweep keeps it (what makes two sweeps' figures comparable): ``LoadSpec.to_json``, and the
-        ladder when there is one."""
+        ladder (of concurrencies, or of request rates) when there is one."""
         doc = self.load.to_json()
         if len(self.ladder) > 1:
             doc["concurrency_ladder"] = list(self.ladder)
+        if len(self.rates) > 1:
+            doc["request_rate_ladder"] = list(self.rates)
         return doc
 
 
@@ -66,6 +79,22 @@ def parse_concurrency(text: str) -> tuple[int, ...]:
     if not values or any(v < 1 for v in values):
         raise UsageError(f"--concurrency {text!r}: give requests in flight as a whole number from 1, or a list "
                          "like 1,8,32,64")
+    return tuple(sorted(set(values)))
+
+
+def parse_request_rate(text: str) -> tuple[float, ...]:
+    """``--request-rate``: ``8`` (requests per second, Poisson arrivals), or a ladder ``2,8,32`` (positive finite
+    numbers, each once, in increasing order as measured). Raises UsageError."""
+    values = []
+    for x in str(text).split(","):
+        try:
+            v = float(x)
+        except ValueError:
+            v = math.nan
+        if not math.isfinite(v) or v <= 0:
+            raise UsageError(f"--request-rate must be a positive number of requests per second, not {x.strip()!r}"
+                             + (f" (in {text!r})" if "," in str(text) else ""))
+        values.append(v)
     return tuple(sorted(set(values)))
 
 
@@ -154,10 +183,18 @@ def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | Non
         notes.append("the server did not stream: time to first token is unknown (null)")
     if lr.failed:
         notes.append(f"{lr.failed} of {len(lr.results)} requests failed: {'; '.join(lr.errors())}")
+    waited = lr.waits()
+    if waited and waited["requests"]:
+        notes.append(f"{waited['requests']} of {len(lr.results)} arrivals found {opts.load.concurrency} requests in "
+                     f"flight and waited for a slot ({waited['seconds']:.2f} s in all): at "
+                     f"{opts.load.request_rate:g} requests/s the cap --concurrency {opts.load.concurrency} held them "
+                     "back, and the load was that much less an open loop (raise --concurrency to send each at its "
+                     "arrival)")
     return {
         "target": name,
         "server": {"pid": server.pid, "argv": list(server.argv)},
-        "load": opts.load.to_json(),
+        # request_rate: null for a closed loop (LoadSpec.to_json leaves it out then, for sweeps' identities)
+        "load": dict(opts.load.to_json(), request_rate=opts.load.request_rate),
         "window": {"start": round(window[0], 4), "end": round(window[1], 4), "seconds": round(lr.seconds, 4),
                    "clock_offset_s": round(offset, 4), "clock_uncertainty_s": round(unc, 4)},
         "client": lr.to_json(),
@@ -212,6 +249,8 @@ def bench(spec: TargetSpec, c: Connect, opts: BenchOptions, say: Say) -> dict[st
         for one in opts.each():
             if len(opts.ladder) > 1:
                 say(f"{t.spec.name}: {one.load.concurrency} request(s) at a time")
+            elif len(opts.rates) > 1:
+                say(f"{t.spec.name}: {one.load.request_rate:g} request(s) per second")
             docs.append(bench_on(t.host, t.spec.name, facts.python, server, patched_log_dir(facts), one, say))
         return docs[0] if len(docs) == 1 else {"target": t.spec.name, "loads": docs}
 
@@ -222,27 +261,44 @@ def _ms(d: dict[str, Any] | None, key: str = "p50") -> str:
 
 def render_bench(doc: dict[str, Any]) -> str:
     """bench's text: the client's figures, the timing report of the same window and its prediction; one after the
-    other for a ladder of concurrencies, then a line per concurrency."""
+    other for a ladder of concurrencies (or of request rates), then a line per concurrency (per rate)."""
     if "loads" in doc:
         parts = [render_bench(d) for d in doc["loads"]]
-        rows = [f"  {d['load']['concurrency']:>4} at a time: {d['client']['tokens_per_s']} output tokens/s (client)"
-                for d in doc["loads"]]
-        return "\n\n".join(parts) + f"\n\n{doc['target']}: by concurrency\n" + "\n".join(rows)
+        by_rate = len({d["load"].get("request_rate") for d in doc["loads"]}) > 1
+        if by_rate:
+            rows = [f"  {d['load']['request_rate']:>6g} requests/s: {d['client']['tokens_per_s']} output tokens/s "
+                    f"(client), time per output token p50 {_ms(d['client'].get('tpot_ms'))} ms"
+                    for d in doc["loads"]]
+        else:
+            rows = [f"  {d['load']['concurrency']:>4} at a time: {d['client']['tokens_per_s']} output tokens/s "
+                    "(client)" for d in doc["loads"]]
+        return ("\n\n".join(parts) + f"\n\n{doc['target']}: by {'request rate' if by_rate else 'concurrency'}\n"
+                + "\n".join(rows))
     from eaglepatch import report as rep
 
     cl = doc["client"]
     load = doc["load"]
+    rate = load.get("request_rate")
+    how = (f"arriving at {rate:g}/s (Poisson), at most {load['concurrency']} in flight" if rate is not None
+           else f"{load['concurrency']} at a time")
     out = [
-        f"{doc['target']}: {cl['requests']} requests ({load['concurrency']} at a time, {load['input_len']} tokens in, "
+        f"{doc['target']}: {cl['requests']} requests ({how}, {load['input_len']} tokens in, "
         f"{load['max_new_tokens']} out) in {cl['seconds']:.2f} s; {cl['failed']} failed",
         f"  output tokens/s: {cl['tokens_per_s'] if cl['tokens_per_s'] is not None else '-'}",
-        f"  TTFT ms:    p50 {_ms(cl['ttft_ms'])}  p90 {_ms(cl['ttft_ms'], 'p90')}  max {_ms(cl['ttft_ms'], 'max')}",
+        f"  TTFT ms:    p50 {_ms(cl['ttft_ms'])}  p90 {_ms(cl['ttft_ms'], 'p90')}  p99 {_ms(cl['ttft_ms'], 'p99')}  "
+        f"max {_ms(cl['ttft_ms'], 'max')}",
         f"  latency ms: p50 {_ms(cl['latency_ms'])}  p90 {_ms(cl['latency_ms'], 'p90')}  "
         f"max {_ms(cl['latency_ms'], 'max')}",
         f"  time per output token ms: p50 {_ms(cl.get('tpot_ms'))}  p90 {_ms(cl.get('tpot_ms'), 'p90')}  "
         f"p99 {_ms(cl.get('tpot_ms'), 'p99')}",
+        f"  inter-token latency ms (between streamed chunks): p50 {_ms(cl.get('itl_ms'))}  "
+        f"p90 {_ms(cl.get('itl_ms'), 'p90')}  p99 {_ms(cl.get('itl_ms'), 'p99')}",
         f"  accept length (server): {cl['accept_len'] if cl['accept_len'] is not None else '-'}",
     ]
+    waited = cl.get("waited")
+    if waited is not None:
+        out.append(f"  waited for a slot: {waited['requests']} of {cl['requests']} arrivals, {waited['seconds']:.2f} s "
+                   f"in all (longest {waited['max_ms']:.1f} ms)")
     sa = cl.get("server_acceptance")
     if sa:
         shares = "  ".join(f"{i + 1}: {x:.2f}" for i, x in enumerate(sa["at_least"]))

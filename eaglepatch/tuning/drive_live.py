@@ -54,6 +54,7 @@ from eaglepatch.tuning.drive import (
     server_flags,
     sweep_locks,
 )
+from eaglepatch.tuning.live_finish import CURVE, curve_of, summary, window_key
 from eaglepatch.tuning.load import LoadFailed, run_load, run_window
 
 ANSWER_TIMEOUT_S = 20.0  # for every rank's runtime to answer the lease (it looks every 0.5 s)
@@ -154,19 +155,19 @@ def live_sweep(spec: TargetSpec, c: Connect, opts: LiveOptions, say: Say) -> dic
                               "server): eaglepatch apply TARGET first")
         flags = server_flags(host, python, facts.package_dir, facts.version, say)
         release = ad.check_live_grid(_read_release(host, python, facts), steps)
-        load = opts.bench.load
-        ident = lv.live_id(name, steps, opts.rounds, opts.window, load.to_json())
+        ladder = _ladder(opts)
+        ident = lv.live_id(name, steps, opts.rounds, opts.window, opts.bench.load_json())
         state = sweep_state.StateFile(sweep_state.state_path(name, "live-" + ident))
         if opts.fresh and state.header is not None:
             say(f"--fresh: starting over (forgetting {len(state.runs)} saved window(s) in {state.path})")
             state.remove()
         points = lv.points_of(steps)
-        plan = lv.plan_windows(len(points), opts.rounds, ident)
-        done = state.done()
-        if state.header is not None and state.restore is not None and all((points[i].key, r) in done
-                                                                          for r, i in plan):
+        plan = lv.plan_windows(len(points), opts.rounds, ident, len(ladder))
+        done = _done(state, ladder)
+        if state.header is not None and state.restore is not None and all((points[i].key, r, ladder[j]) in done
+                                                                          for r, j, i in plan):
             say(f"{name}: this live sweep is complete ({state.path}): nothing was started; --fresh runs it again")
-            return _finish(name, release, steps, state, opts, dict(state.restore, restarted=False), say)
+            return summary(name, release, steps, state, opts, dict(state.restore, restarted=False), say)
         server = launch_of(facts, c.facts.server_ports)
         if server is not None:  # before anything changes: one node of a multi-node server is never restarted alone
             nodes.check([server], [server], "sweep --live", name, several=False)
@@ -189,7 +190,7 @@ def live_sweep(spec: TargetSpec, c: Connect, opts: LiveOptions, say: Say) -> dic
             raise Unsupported(f"{name}: sweep --live: {why}: sweep without --live (a launch per point)")
         if state.header is None:
             tiers = _running_tiers(host, python, server, values, release)
-            reuse = tiers is not None and ad.covers(tiers, steps, load.concurrency)
+            reuse = tiers is not None and ad.covers(tiers, steps, max(ladder))
         config_path = os.path.join(log_dir, f"adaptive-{ident}.json")
         live_launch = None if reuse else dataclasses.replace(
             original, argv=lv.live_argv(original.argv, args_index, steps, config_path, flags))
@@ -198,7 +199,7 @@ def live_sweep(spec: TargetSpec, c: Connect, opts: LiveOptions, say: Say) -> dic
             if state.header is None:
                 state.write_header(dict(header_of(name, facts, original, args_index, server), live=True,
                                         steps=list(steps), rounds=opts.rounds, window=opts.window,
-                                        load=load.to_json(), reuse=reuse, config_path=config_path, tp=_tp(values)))
+                                        load=opts.bench.load_json(), reuse=reuse, config_path=config_path, tp=_tp(values)))
             owned = _Owned(host, python, facts.package_dir, state, [live_launch] if live_launch else [], original,
                            [], c.facts.server_ports)
             run = _LiveRun(host, name, python, log_dir, state, points, steps, opts, owned, say,
@@ -251,17 +252,20 @@ class _LiveRun:
             time.sleep(0.25)
 
     # -- the sweep -----------------------------------------------------------------------------------------
-    def go(self, plan: Sequence[tuple[int, int]], original: Any, live_launch: Any, config_path: str,
+    def go(self, plan: Sequence[tuple[int, int, int]], original: Any, live_launch: Any, config_path: str,
            release: ad.AdaptiveRelease) -> dict[str, Any]:
         from eaglepatch.server.restart import RestartOptions
 
         ropts = RestartOptions(timeout=self.opts.timeout, poll_interval=0.5)
-        done = self.state.done()
-        pending = [(r, i) for r, i in plan if (self.points[i].key, r) not in done]
+        ladder = _ladder(self.opts)
+        done = _done(self.state, ladder)
+        pending = [(r, j, i) for r, j, i in plan if (self.points[i].key, r, ladder[j]) not in done]
         if done:
             self.say(f"resuming: {len(plan) - len(pending)} of {len(plan)} window(s) already done ({self.state.path})")
         else:
-            self.say(f"live sweep: {len(self.points)} point(s) x {self.opts.rounds} round(s) of "
+            at = (f" at each of {len(ladder)} concurrencies ({', '.join(map(str, ladder))} requests at a time)"
+                  if len(ladder) > 1 else "")
+            self.say(f"live sweep: {len(self.points)} point(s){at} x {self.opts.rounds} round(s) of "
                      f"{self.opts.window:g} s windows, in one server; results saved as they complete in "
                      f"{self.state.path}")
         interrupted: BaseException | None = None
@@ -292,7 +296,7 @@ class _LiveRun:
             raise interrupted
         if restore.get("ready"):
             self.state.add_restore(restore)
-        return _finish(self.name, release, self.steps, self.state, self.opts, restore, self.say)
+        return summary(self.name, release, self.steps, self.state, self.opts, restore, self.say)
 
     def launch(self, original: Any, live_launch: Any, config_path: str, release: ad.AdaptiveRelease,
                ropts: Any) -> Any:
@@ -324,9 +328,10 @@ class _LiveRun:
                                   "sweep started from: run it with --fresh")
         return current
 
-    def measure(self, server: Any, pending: Sequence[tuple[int, int]], total: int) -> None:
+    def measure(self, server: Any, pending: Sequence[tuple[int, int, int]], total: int) -> None:
         """The lease, the warm-up, every rank's answer, then each pending window, saved as it ends."""
         load = self.opts.bench.load
+        ladder = _ladder(self.opts)
         offset, unc = clock_offset(self.host, self.python)
         probe = getattr(self.host, "probe_tunnel", None)
         why = probe(server.probe_host, server.port) if probe is not None else None
@@ -346,19 +351,21 @@ class _LiveRun:
             self.answers(server)
             failpoint("live:after-lease")
             self.warm_states(url, server)
-            for n, (r, i) in enumerate(pending, 1):
-                p, s = self.points[i], self.steps[i]
-                w = r * len(self.points) + i
-                self.say(f"run {total - len(pending) + n}/{total}: window of point #{i} ({p.label}), round "
-                         f"{r + 1}/{self.opts.rounds}")
+            for n, (r, j, i) in enumerate(pending, 1):
+                p, s, c = self.points[i], self.steps[i], ladder[j]
+                w = lv.window_number(r, j, i, len(ladder), len(self.points))
+                self.say(f"run {total - len(pending) + n}/{total}: window of point #{i} ({p.label})"
+                         + (f" at {c} at a time" if len(ladder) > 1 else "") + f", round {r + 1}/{self.opts.rounds}")
                 self.lease()
                 # the window is widened by the host clock's uncertainty on both sides: a pause of twice that keeps
                 # the last cycles of the window before out of it
                 time.sleep(2 * unc + 0.05)
                 base = {"point": p.key, "index": i, "rep": r, "steps": s, "t": round(time.time(), 3),
                         "pid": server.pid, "pids": sorted({server.pid, *server.children})}
+                if len(ladder) > 1:
+                    base["concurrency"] = c
                 try:
-                    lr = self.pinned(url, server, self.opts.window, s, w)
+                    lr = self.pinned(url, server, self.opts.window, s, w, c)
                 except LoadFailed as exc:
                     self.say(f"  failed: {exc}")
                     self.state.add_run(dict(base, status="failed", error=str(exc)))
@@ -380,16 +387,21 @@ class _LiveRun:
         read 1-2.5% under its others (the launch's own state, which the warm-up ran, did not); with it the
         points' windows spread 0.3-3.1% in two runs. Not measured: these requests fall outside every window."""
         seconds = warm_seconds(self.opts.window)
-        self.say(f"warm-up of each state: {seconds:g} s of the load pinned at each step count")
-        base = self.opts.rounds * len(self.points)  # window numbers past the sweep's own
+        ladder = _ladder(self.opts)
+        top = max(ladder)  # the largest batches: every state's kernels for them run before a window needs them
+        self.say(f"warm-up of each state: {seconds:g} s of the load pinned at each step count"
+                 + (f", {top} at a time" if len(ladder) > 1 else ""))
+        base = self.opts.rounds * len(self.points) * len(ladder)  # window numbers past the sweep's own
         for i, s in enumerate(self.steps):
             self.lease()
-            self.pinned(url, server, seconds, s, base + i)
+            self.pinned(url, server, seconds, s, base + i, top)
 
-    def pinned(self, url: str, server: Any, seconds: float, steps: int, w: int) -> Any:
-        """``seconds`` of the load pinned at ``steps``, as window number ``w``: request ids that name the step count
-        (``live.rid_prefix``) and prompts of its own (no window finds another's in the prefix cache)."""
-        return run_window(url, self.opts.bench.load, seconds, lv.rid_prefix(self.token, steps, w),
+    def pinned(self, url: str, server: Any, seconds: float, steps: int, w: int, concurrency: int) -> Any:
+        """``seconds`` of the load pinned at ``steps``, as window number ``w``, ``concurrency`` requests at a time:
+        request ids that name the step count (``live.rid_prefix``) and prompts of its own (no window finds
+        another's in the prefix cache)."""
+        load = dataclasses.replace(self.opts.bench.load, concurrency=concurrency)
+        return run_window(url, load, seconds, lv.rid_prefix(self.token, steps, w),
                           offset=10_000_000 * (w + 1), api_key=server.api_key,
                           timeout=self.opts.bench.request_timeout)
 
@@ -397,9 +409,8 @@ class _LiveRun:
         """Each window's figures from the timing records, read once (for the windows that lack them)."""
         from eaglepatch import report as rep
 
-        have = {(d["point"], d["rep"]) for d in self.state.timings}
-        todo = [r for r in self.state.runs if r.get("status") == "ok" and r.get("window")
-                and (r["point"], r["rep"]) not in have]
+        have = {window_key(d) for d in self.state.timings}
+        todo = [r for r in self.state.runs if r.get("status") == "ok" and r.get("window") and window_key(r) not in have]
         if not todo:
             return
         wait = self.opts.bench.log_wait
@@ -418,6 +429,8 @@ class _LiveRun:
             records = list(_records(files, lo, hi))
             doc: dict[str, Any] = {"point": r["point"], "rep": r["rep"], "steps": r["steps"],
                                    "cycles": lv.count_cycles(records, r["steps"])}
+            if "concurrency" in r:
+                doc["concurrency"] = r["concurrency"]
             if files and records:
                 one = rep.aggregate(files, t_min=lo, t_max=hi).to_json()
                 per_bs_res = rep.aggregate(files, by="bs", t_min=lo, t_max=hi)
@@ -455,6 +468,17 @@ class _LiveRun:
             return {"ready": False, "message": f"could not put the server back: {exc}"}
 
 
+def _ladder(opts: LiveOptions) -> tuple[int, ...]:
+    """The concurrencies each point is measured at: ``--concurrency``'s ladder, or the load's own alone."""
+    return tuple(opts.bench.ladder) if len(opts.bench.ladder) > 1 else (opts.bench.load.concurrency,)
+
+
+def _done(state: Any, ladder: Sequence[int]) -> set[tuple[str, int, int]]:
+    """The (point, round, concurrency) of every window saved (a window saved without a ladder: the load's own)."""
+    return {(r["point"], int(r["rep"]), int(r.get("concurrency", ladder[0]))) for r in state.runs
+            if "point" in r and "rep" in r}
+
+
 def warm_seconds(window: float) -> float:
     """How long each state is warmed up before the first round: a quarter of a window, at least 2 s (or the whole
     window, when shorter)."""
@@ -475,111 +499,3 @@ def _records(files: Sequence[str], lo: float, hi: float) -> Any:
                 t = d.get("t") if isinstance(d, dict) else None
                 if isinstance(t, (int, float)) and lo <= t <= hi:
                     yield d
-
-
-CURVE = "curve"  # the state's timings entry that holds the cost curve's best step counts per batch size
-
-
-def curve_of(files: Sequence[str]) -> dict[str, Any] | None:
-    """``report --predict``'s best step counts per batch size (``predict_by_bs`` and its notes) over every decode
-    cycle of the live sweep's launch (each pinned step count a point of the cost fit), or None without records."""
-    from eaglepatch import report as rep
-    from eaglepatch.report.predict_bs import for_runs
-
-    if not files:
-        return None
-    res = rep.aggregate(files, by="bs")
-    per = for_runs(res)
-    if not per:
-        return None
-    newest = res.runs[-1].id if res.runs else None
-    return (per.get(newest) or next(iter(per.values()))).to_json()
-
-
-def _emit_tiers(measures: Sequence[Any], curve: dict[str, Any] | None, steps: Sequence[int],
-                notes: list[str]) -> tuple[dict[int, tuple[int, ...]], dict[int, str]]:
-    """The candidates per tier from the measurements, extended over the batch sizes above the largest measured by
-    the cost curve (``ad.curve_tiers``); without a curve, ``[0]`` above it, said in ``notes``: the top measured
-    tier is never stretched over batch sizes nobody measured."""
-    tiers = ad.choose_tiers(measures)
-    top = max(m.bs for m in measures if m.basis == "measured")
-    rows = (curve or {}).get("predict_by_bs") or []
-    if rows:
-        return ad.curve_tiers(tiers, rows, top, steps)
-    notes.append(f"--emit-adaptive-config: no timing records to price batch sizes above {top} (the largest "
-                 f"measured): no speculation from {top + 1}")
-    basis = {k: "measured" for k in tiers}
-    if tiers[max(tiers)] != (0,):
-        tiers[top + 1] = (0,)
-        basis[top + 1] = "not measured: no speculation"
-    return tiers, basis
-
-
-def _merged_runs(state: Any) -> list[dict[str, Any]]:
-    """The saved windows, each with its figures from the timing logs when read."""
-    extra = {(d["point"], d["rep"]): d for d in state.timings}
-    out = []
-    for r in state.runs:
-        d = dict(r)
-        t = extra.get((r.get("point"), r.get("rep")))
-        if t is not None:
-            d["phases_p50"] = t.get("phases_p50") or {}
-            d["cycles"] = t.get("cycles")
-            d["accept_len_log"] = t.get("accept_len_log")
-            if d.get("accept_len") is None:
-                d["accept_len"] = t.get("accept_len_log")
-        out.append(d)
-    return out
-
-
-def _finish(name: str, release: ad.AdaptiveRelease, steps: Sequence[int], state: Any, opts: LiveOptions,
-            restore: dict[str, Any], say: Say) -> dict[str, Any]:
-    """The summary; with ``--emit-adaptive-config`` the config file written and described."""
-    doc = lv.summarize(name, steps, _merged_runs(state), opts.rounds, len(state.launched()), opts.window,
-                       **({"objective": opts.objective} if opts.objective is not None else {}))
-    doc.update(state_file=state.path, restore=restore, release=release.to_json())
-    if opts.emit is not None:
-        by_bs: dict[int, dict[int, list[float]]] = {}
-        for t in state.timings:
-            for bs, tps in (t.get("by_bs") or {}).items():
-                by_bs.setdefault(int(t["steps"]), {}).setdefault(int(bs), []).append(tps)
-        predicted: dict[int, dict[int, list[list[Any]]]] = {}
-        for t in state.timings:
-            for bs, figs in (t.get("predicted_by_bs") or {}).items():
-                for j, fig in figs.items():
-                    predicted.setdefault(int(bs), {}).setdefault(int(j), []).append(fig)
-        measures = ad.measures_of(doc["points"], by_bs, opts.bench.load.concurrency, predicted)
-        curves = [t["curve"] for t in state.timings if t.get("point") == CURVE and t.get("curve")]
-        try:
-            tiers, basis = _emit_tiers(measures, curves[-1] if curves else None, steps, doc["notes"])
-            emitted = ad.emitted(release, tiers, opts.emit)
-        except (UsageError, Unsupported) as exc:  # nothing measured, or candidates the release cannot run
-            doc["notes"].append(f"--emit-adaptive-config: {exc}: nothing written")
-            return doc
-        with open(opts.emit, "w", encoding="utf-8") as f:
-            f.write(ad.dumps(emitted["config"]))
-        emitted["tier_basis"] = {str(k): v for k, v in sorted(basis.items())}
-        emitted["basis_path"] = opts.emit + ".basis.json"
-        with open(emitted["basis_path"], "w", encoding="utf-8") as f:
-            f.write(ad.dumps({"tiers": {str(k): {"candidate_steps": list(v), "basis": basis.get(k, "measured")}
-                                        for k, v in sorted(tiers.items())},
-                              "curve": curves[-1] if curves else None}))
-        emitted["basis"] = sorted({m.basis for m in measures})
-        emitted["measures"] = [dataclasses.asdict(m) for m in measures]
-        chosen_predicted = [(m.bs, m.steps) for m in measures
-                            if m.basis != "measured" and m.steps in tiers[ad.tier_for(tiers, m.bs)]]
-        if chosen_predicted:
-            doc["notes"].append("--emit-adaptive-config: candidates from the acceptance model, not measured: "
-                                + ", ".join(f"{s} steps at batch size {b}" for b, s in chosen_predicted)
-                                + " (the largest step count's records predicted them)")
-        doc["adaptive_config"] = emitted
-        if "static_flags" in emitted:  # one candidate everywhere: the static launch does it
-            say(f"adaptive config written to {opts.emit} (tiers {emitted['tiers']}), but it holds one candidate: "
-                + (f"launch with {' '.join(emitted['static_flags'])} instead (no --speculative-adaptive)"
-                   if emitted["static_flags"] else "launch without speculation instead") + "; check it with "
-                "eaglepatch bench TARGET")
-        else:
-            say(f"adaptive config written to {opts.emit} (tiers {emitted['tiers']}); deploy it with "
-                f"{' '.join(emitted['launch_flags'])}; check it with eaglepatch bench TARGET against the best "
-                "static point")
-    return doc

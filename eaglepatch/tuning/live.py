@@ -47,22 +47,34 @@ def points_of(steps: Sequence[int]) -> list[sw.Point]:
 
 def live_id(target: str, steps: Sequence[int], rounds: int, window_s: float, load: Mapping[str, Any]) -> str:
     """The identity of a live sweep (its state file): the target, the step counts, the rounds, the window, the
-    load. Never equal to a restart sweep's."""
+    load (with its concurrency ladder, when there is one). Never equal to a restart sweep's."""
     doc = {"target": target, "live": list(steps), "rounds": rounds, "window": window_s, "load": dict(load)}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def plan_windows(n_points: int, rounds: int, seed: str) -> list[tuple[int, int]]:
-    """(round, point index) of every window: each round measures every point once, in an order shuffled per round
-    from ``seed`` (the same sweep always has the same order)."""
+def plan_windows(n_points: int, rounds: int, seed: str, n_loads: int = 1) -> list[tuple[int, int, int]]:
+    """(round, load index, point index) of every window: each round measures every point once at every
+    concurrency of the ladder (``n_loads`` of them; one without a ladder), the (load, point) pairs in an order
+    shuffled per round from ``seed`` (the same sweep always has the same order)."""
     if rounds < 1:
         raise UsageError(f"--rounds must be 1 or more, not {rounds}")
     out = []
     for r in range(rounds):
-        order = list(range(n_points))
-        random.Random(f"{seed}:{r}").shuffle(order)
-        out += [(r, i) for i in order]
+        if n_loads == 1:  # the order before ladders existed: a sweep saved then resumes as planned
+            order = list(range(n_points))
+            random.Random(f"{seed}:{r}").shuffle(order)
+            out += [(r, 0, i) for i in order]
+            continue
+        pairs = [(j, i) for j in range(n_loads) for i in range(n_points)]
+        random.Random(f"{seed}:{r}").shuffle(pairs)
+        out += [(r, j, i) for j, i in pairs]
     return out
+
+
+def window_number(rnd: int, load: int, point: int, n_loads: int, n_points: int) -> int:
+    """A window's number (its request ids and its prompts' offset): unique over the sweep's windows, and, without
+    a ladder, what it was before ladders existed (round x points + point)."""
+    return (rnd * n_loads + load) * n_points + point
 
 
 def live_argv(argv: Sequence[str], args_index: int, steps: Sequence[int], config_path: str,
@@ -169,12 +181,33 @@ def bs_predictions(groups: Sequence[Mapping[str, Any]], steps: int, min_cycles: 
 
 
 def summarize(target: str, steps: Sequence[int], runs: Sequence[Mapping[str, Any]], rounds: int, launches: int,
-              window_s: float, objective: sweep_summary.Objective = sweep_summary.Objective()) -> dict[str, Any]:
+              window_s: float, objective: sweep_summary.Objective = sweep_summary.Objective(),
+              ladder: Sequence[int] = ()) -> dict[str, Any]:
     """The ``sweep --live --json`` object: ``sweep``'s summary of the windows (each window a run of its point),
     plus ``live``, ``launches``, ``rounds``, ``window_s``, and per point ``steps``, ``windows`` (how many
     measured it; ``runs`` says the same), ``accept_len_log`` (the median over its windows of the timing log's accept
     length, when patched), ``spread`` ((max - min) / median of its windows' tok/s), ``window_tokens_per_s`` (in the order
-    measured) and ``cycles`` (its pinned and other decode cycles, when patched)."""
+    measured) and ``cycles`` (its pinned and other decode cycles, when patched).
+
+    With a ``ladder`` of concurrencies (each window's ``concurrency``), those figures are the ladder's first
+    concurrency's, as a restart sweep's are; each point's ``loads`` and ``best_by_load`` hold every concurrency (as
+    ``sweep --concurrency`` does), and ``concurrency_ladder`` the ladder."""
+    if len(ladder) > 1:
+        doc = summarize(target, steps, [r for r in runs if r.get("concurrency") == ladder[0]], rounds, launches,
+                        window_s, objective)
+        points = points_of(steps)
+        by_point: dict[str, list[Mapping[str, Any]]] = {}
+        for r in runs:  # each window one run of one load, so that a point's loads spread over its windows
+            if r.get("concurrency") in ladder:
+                by_point.setdefault(r["point"], []).append({"status": r.get("status"), "loads": [{
+                    "concurrency": r["concurrency"], "tokens_per_s": r.get("tokens_per_s"),
+                    "accept_len": r.get("accept_len"), "tpot_p50_ms": r.get("tpot_p50_ms"),
+                    "tpot_p90_ms": r.get("tpot_p90_ms")}]})
+        best = sweep_summary.loads_of(points, by_point, doc["points"], None, objective)
+        if best:
+            doc["best_by_load"] = best
+        doc["concurrency_ladder"] = list(ladder)
+        return doc
     points = points_of(steps)
     doc = sweep_summary.summarize(target, points, runs, baseline=False, repeat=rounds, each_a_launch=False,
                                   objective=objective)

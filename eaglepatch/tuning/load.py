@@ -6,26 +6,31 @@ generator (the same seed gives the same prompts, so two runs see the same work) 
 token is seen. A server that does not stream (a plain JSON answer) still counts; its TTFT is then null.
 
 Measured per request: latency (send to last byte), TTFT (send to the first streamed chunk that carries output),
-``completion_tokens`` and ``spec_accept_length`` / ``spec_verify_ct`` from ``meta_info``. Overall: output tokens
-per second = all completion tokens / the wall time from the first request sent to the last answer read.
-``warmup`` requests go first (same shape, other prompts) and count for nothing.
+the inter-token latencies (the gaps between successive streamed chunks that carry new output: with speculative
+decoding one chunk may carry several tokens, and the gap is still one, as sglang's and vLLM's ``bench_serving``
+count it), ``completion_tokens`` and ``spec_accept_length`` / ``spec_verify_ct`` from ``meta_info``. Overall:
+output tokens per second = all completion tokens / the wall time from the first request sent to the last answer
+read. ``warmup`` requests go first (same shape, other prompts) and count for nothing.
+
+Closed loop (the default): ``concurrency`` requests in flight, each slot sending its next as soon as its last is
+answered. Open loop (``request_rate``): the measured requests arrive as a Poisson process at that many requests per
+second (seeded exponential gaps: the same seed gives the same schedule), each sent at its arrival unless
+``concurrency`` are in flight already; it then waits for a slot (those waits are counted and reported). The warm-up
+stays a closed loop.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import http.client
-import json
 import math
 import random
-import socket
 import threading
 import time
-import urllib.parse
 from typing import Any, Callable, Sequence
 
 from eaglepatch.errors import Unsupported, UsageError
+from eaglepatch.tuning.load_http import RequestResult, _Client
 
 # token ids drawn for prompts: low ids exist in every vocabulary, and 0-9 (often special tokens) are avoided
 _TOKEN_LO, _TOKEN_HI = 10, 1000
@@ -64,7 +69,9 @@ class LoadFailed(Unsupported):
 @dataclasses.dataclass(frozen=True)
 class LoadSpec:
     """The load: ``requests`` measured requests, ``concurrency`` at a time, each ``input_len`` prompt tokens and
-    ``max_new_tokens`` output tokens, after ``warmup`` unmeasured ones. Raises UsageError for values out of range."""
+    ``max_new_tokens`` output tokens, after ``warmup`` unmeasured ones. ``request_rate``: an open loop, Poisson
+    arrivals at that many requests per second (``concurrency`` then caps what is in flight); None: a closed loop.
+    Raises UsageError for values out of range."""
 
     requests: int = 32
     concurrency: int = 4
@@ -72,6 +79,7 @@ class LoadSpec:
     max_new_tokens: int = 128
     warmup: int = 4
     seed: int = 0
+    request_rate: float | None = None
 
     def __post_init__(self) -> None:
         for name, low in (("requests", 1), ("concurrency", 1), ("input_len", 1), ("max_new_tokens", 1),
@@ -79,9 +87,32 @@ class LoadSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise UsageError(f"--{name.replace('_', '-')} must be a whole number >= {low}, not {value!r}")
+        rate = self.request_rate
+        if rate is not None and (not isinstance(rate, (int, float)) or isinstance(rate, bool)
+                                 or not math.isfinite(rate) or rate <= 0):
+            raise UsageError(f"--request-rate must be a positive number of requests per second, not {rate!r}")
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The load's fields; ``request_rate`` only when set, so that a closed loop's is what it was before open
+        loops existed (a sweep's identity, and its saved state file, are keyed on it)."""
+        doc = dataclasses.asdict(self)
+        if self.request_rate is None:
+            del doc["request_rate"]
+        return doc
+
+    def arrivals(self, n: int) -> list[float]:
+        """The open loop's schedule: ``n`` arrival times in seconds after the first (which is at 0), the gaps drawn
+        from an exponential distribution of mean ``1 / request_rate`` (a Poisson process) by a generator seeded
+        with ``seed`` alone: the same seed gives the same schedule, and another rate the same one scaled."""
+        if self.request_rate is None:
+            raise ValueError("a closed loop has no arrival schedule")
+        rng = random.Random(f"eaglepatch-rate:{self.seed}")
+        out, t = [], 0.0
+        for i in range(n):
+            if i:
+                t += rng.expovariate(self.request_rate)
+            out.append(t)
+        return out
 
     def prompts(self, n: int, offset: int = 0) -> list[list[int]]:
         """``n`` prompts of ``input_len`` token ids; prompt ``i`` depends only on the seed and ``offset + i``."""
@@ -90,25 +121,6 @@ class LoadSpec:
             rng = random.Random(f"eaglepatch-load:{self.seed}:{i}")
             out.append([rng.randrange(_TOKEN_LO, _TOKEN_HI) for _ in range(self.input_len)])
         return out
-
-
-@dataclasses.dataclass(frozen=True)
-class RequestResult:
-    """One request: ``ok`` or ``error``; times in seconds (``ttft`` None without streaming)."""
-
-    ok: bool
-    start: float
-    latency: float
-    ttft: float | None = None
-    completion_tokens: int = 0
-    accept_len: float | None = None
-    verify_ct: int | None = None
-    error: str | None = None
-    streamed: bool = False
-    server_ttft: float | None = None  # the server's own view of the first token (its meta_info.e2e_latency)
-    # the server's own count of verify steps by drafts accepted (meta_info.spec_correct_drafts_histogram: index =
-    # correct drafts, bonus token not counted)
-    draft_hist: tuple[int, ...] | None = None
 
 
 def _dist(values: Sequence[float]) -> dict[str, float] | None:
@@ -192,6 +204,20 @@ class LoadResult:
             left -= n
         return {"samples": samples, "at_least": at_least}
 
+    def itls(self) -> list[float]:
+        """Every streamed request's inter-token latencies (seconds): the gaps between the successive chunks that
+        carried new output, all requests together. A chunk that carries several tokens (speculative decoding
+        accepted drafts) is one gap, as sglang's and vLLM's bench_serving count it."""
+        return [g for r in self.ok for g in r.itls]
+
+    def waits(self) -> dict[str, Any] | None:
+        """An open loop's waits for a slot: ``{"requests"}`` that arrived while ``concurrency`` were in flight and
+        waited, ``"seconds"`` they waited in all, ``"max_ms"`` the longest; None for a closed loop."""
+        if self.spec.request_rate is None:
+            return None
+        q = [r.queued for r in self.results if r.queued > 0]
+        return {"requests": len(q), "seconds": round(sum(q), 4), "max_ms": round(max(q) * 1000, 3) if q else 0.0}
+
     def tpots(self) -> list[float]:
         """Each streamed request's time per output token after the first (seconds): (latency - TTFT) / (tokens -
         1), for the requests of two tokens or more."""
@@ -210,7 +236,7 @@ class LoadResult:
         ttfts = [r.ttft for r in ok if r.ttft is not None]
         acc = self.accept_len
         tps = self.tokens_per_s
-        return {
+        doc: dict[str, Any] = {
             "requests": len(self.results),
             "failed": self.failed,
             "output_tokens": self.output_tokens,
@@ -220,157 +246,16 @@ class LoadResult:
             "server_ttft_ms": _dist([r.server_ttft for r in ok if r.server_ttft is not None]),
             "latency_ms": _dist([r.latency for r in ok]),
             "tpot_ms": _dist(self.tpots()) if self.streamed else None,
+            "itl_ms": _dist(self.itls()) if self.streamed else None,
             "accept_len": None if acc is None else round(acc, 4),
             "server_acceptance": self.server_acceptance,
             "streamed": self.streamed,
             "errors": self.errors(),
         }
-
-
-class _Client:
-    """POSTs to one server, one persistent HTTP/1.1 connection per thread (a concurrency slot): through an SSH
-    forward, a new connection is a new SSH channel (a round trip), so each slot opens its connection once, before
-    its clock starts, and every request is timed from the moment it is written on an open connection. A server
-    that closes the connection after an answer gets a new one, opened again before the next request's clock.
-
-    Each request goes out in one write on a TCP_NODELAY socket: http.client writes a request's head and body
-    separately, and through a forward Nagle's algorithm and a delayed ACK then hold the body back by up to 40 ms
-    (measured: TTFT 86 ms through loopback SSH against 42 ms locally, one request at a time). No proxies (the
-    target is a loopback address or a tunnel)."""
-
-    def __init__(self, base_url: str, api_key: str | None, timeout: float):
-        parts = urllib.parse.urlsplit(base_url)
-        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
-        self.path = (parts.path.rstrip("/") or "") + "/generate"
-        self.url = base_url.rstrip("/") + "/generate"
-        netloc = f"[{self.host}]" if ":" in self.host else self.host
-        self.head = (f"POST {self.path} HTTP/1.1\r\nHost: {netloc}:{self.port}\r\n"
-                     "Content-Type: application/json\r\nConnection: keep-alive\r\n"
-                     + (f"Authorization: Bearer {api_key}\r\n" if api_key else ""))
-        self.timeout = timeout
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._all: list[socket.socket] = []
-        self.connects = 0  # connections opened
-
-    def _sock(self) -> socket.socket:
-        sock = getattr(self._local, "sock", None)
-        if sock is None:
-            sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._local.sock = sock
-            with self._lock:
-                self._all.append(sock)
-                self.connects += 1
-        return sock
-
-    def _drop(self) -> None:
-        sock = getattr(self._local, "sock", None)
-        self._local.sock = None
-        if sock is not None:
-            sock.close()
-
-    def close(self) -> None:
-        with self._lock:
-            socks, self._all = self._all, []
-        for s in socks:
-            s.close()
-
-    def generate(self, ids: list[int], max_new_tokens: int, stream: bool, clock: Callable[[], float],
-                 rid: str | None = None) -> RequestResult:
-        """One request (``rid``: its request id, sglang's ``"rid"``; the server makes one when None)."""
-        doc: dict[str, Any] = {
-            "input_ids": ids,
-            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True},
-            "stream": stream,
-        }
-        if rid is not None:
-            doc["rid"] = rid
-        body = json.dumps(doc).encode()
-        request = (self.head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-        try:
-            sock = self._sock()  # opened (when it must be) before the clock starts
-        except OSError as exc:
-            return RequestResult(False, clock(), 0.0, error=f"{type(exc).__name__}: {exc}")
-        t0 = clock()
-        try:
-            sock.sendall(request)
-            resp = http.client.HTTPResponse(sock, method="POST")
-            try:
-                resp.begin()
-                if resp.status >= 400:
-                    detail = resp.read()[:200].decode("utf-8", "replace").strip()
-                    result = RequestResult(False, t0, clock() - t0,
-                                           error=f"HTTP {resp.status}: {detail or resp.reason}")
-                elif stream and "event-stream" in (resp.getheader("Content-Type") or ""):
-                    result = self._read_stream(resp, t0, clock)
-                else:
-                    data = resp.read()
-                    latency = clock() - t0
-                    doc = json.loads(data)
-                    if isinstance(doc, list):
-                        doc = doc[0] if doc else {}
-                    result = _finish(doc, t0, latency, None, streamed=False)
-                resp.read()  # the rest of the answer: the connection is reused only once it is read whole
-                if resp.will_close:
-                    self._drop()
-            finally:
-                resp.close()
-            return result
-        except (OSError, ValueError, http.client.HTTPException) as exc:
-            self._drop()
-            return RequestResult(False, t0, clock() - t0, error=f"{type(exc).__name__}: {exc}")
-
-    def _read_stream(self, resp: Any, t0: float, clock: Callable[[], float]) -> RequestResult:
-        """sglang's streamed ``/generate``: ``data: {json}`` lines (cumulative text and meta_info), then
-        ``data: [DONE]``. TTFT: the first chunk whose ``completion_tokens`` is above 0 (or that has text)."""
-        ttft = server_ttft = None
-        last: dict[str, Any] = {}
-        while True:
-            line = resp.readline()
-            now = clock()  # the chunk's arrival, before it is parsed
-            if not line:
-                break
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                break
-            doc = json.loads(payload)
-            if isinstance(doc, list):
-                doc = doc[0] if doc else {}
-            if not isinstance(doc, dict):
-                continue
-            if doc.get("error"):
-                return RequestResult(False, t0, clock() - t0, error=f"server error: {str(doc['error'])[:200]}")
-            meta = doc.get("meta_info") or {}
-            if ttft is None and ((meta.get("completion_tokens") or 0) > 0 or doc.get("text")):
-                ttft = now - t0
-                e2e = meta.get("e2e_latency")
-                server_ttft = float(e2e) if isinstance(e2e, (int, float)) and not isinstance(e2e, bool) else None
-            last = doc
-        latency = clock() - t0
-        if not last:
-            return RequestResult(False, t0, latency, error="the stream ended without a result")
-        return dataclasses.replace(_finish(last, t0, latency, ttft, streamed=True), server_ttft=server_ttft)
-
-
-def _finish(doc: Any, t0: float, latency: float, ttft: float | None, streamed: bool) -> RequestResult:
-    meta = (doc.get("meta_info") or {}) if isinstance(doc, dict) else {}
-    tokens = meta.get("completion_tokens")
-    if not isinstance(tokens, int):
-        return RequestResult(False, t0, latency, error="no meta_info.completion_tokens in the answer", streamed=streamed)
-    acc = meta.get("spec_accept_length")
-    ct = meta.get("spec_verify_ct")
-    hist = meta.get("spec_correct_drafts_histogram", meta.get("spec_accept_histogram"))  # the older name: an alias
-    ok_hist = isinstance(hist, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in hist)
-    return RequestResult(
-        True, t0, latency, ttft=ttft, completion_tokens=tokens,
-        accept_len=float(acc) if isinstance(acc, (int, float)) and not isinstance(acc, bool) and acc > 0 else None,
-        verify_ct=int(ct) if isinstance(ct, int) and not isinstance(ct, bool) and ct > 0 else None,
-        streamed=streamed, draft_hist=tuple(hist) if ok_hist and hist else None,
-    )
+        if self.spec.request_rate is not None:
+            doc["request_rate"] = self.spec.request_rate
+            doc["waited"] = self.waits()
+        return doc
 
 
 def run_load(
@@ -385,7 +270,8 @@ def run_load(
     clock: Callable[[], float] = time.perf_counter,
     wall: Callable[[], float] = time.time,
 ) -> LoadResult:
-    """Send ``spec``'s load to the sglang server at ``base_url`` (``http://127.0.0.1:PORT``) and measure it.
+    """Send ``spec``'s load to the sglang server at ``base_url`` (``http://127.0.0.1:PORT``) and measure it: a closed
+    loop, or with ``spec.request_rate`` an open one (``open_loop``).
 
     ``pause``: seconds to wait between the warm-up and the measured requests.
     Never raises for a failed request (it is counted, with its error); raises ``LoadFailed`` (exit 4) when every
@@ -403,14 +289,61 @@ def run_load(
             streamed.set()
         return results
 
+    def measured(prompts: list[list[int]]) -> list[RequestResult]:
+        if spec.request_rate is None:
+            return batch(prompts)
+        results = open_loop(pool, spec, prompts, lambda ids: client.generate(ids, spec.max_new_tokens, stream, clock),
+                            clock)
+        if any(r.streamed for r in results):
+            streamed.set()
+        return results
+
     try:
-        return _load(spec, batch, base_url, say, pause, clock, wall, streamed)
+        return _load(spec, batch, measured, base_url, say, pause, clock, wall, streamed)
     finally:
         pool.shutdown(wait=True)
         client.close()
 
 
-def _load(spec: LoadSpec, batch: Callable[[list[list[int]]], list[RequestResult]], base_url: str,
+def open_loop(pool: concurrent.futures.Executor, spec: LoadSpec, prompts: list[list[int]],
+              send: Callable[[list[int]], RequestResult], clock: Callable[[], float],
+              sleep: Callable[[float], None] = time.sleep) -> list[RequestResult]:
+    """``prompts`` sent at ``spec.arrivals`` (an open loop, its first arrival now), through ``pool`` (at least
+    ``spec.concurrency`` workers): a request that arrives while ``spec.concurrency`` are in flight waits for one to
+    end, and its result carries that wait (``queued``, seconds); its latency and TTFT count from its send, the wait
+    apart, as sglang's bench_serving counts them under ``--max-concurrency``. The results in the prompts' order."""
+    slots = threading.Semaphore(spec.concurrency)
+
+    def one(ids: list[int], waited: float) -> RequestResult:
+        try:
+            r = send(ids)
+        finally:
+            slots.release()
+        return dataclasses.replace(r, queued=waited) if waited > 0 else r
+
+    futures = []
+    held_until = -math.inf  # when the dispatcher last came out of a wait for a slot
+    t0 = clock()
+    for ids, due in zip(prompts, spec.arrivals(len(prompts))):
+        arrival = t0 + due
+        left = arrival - clock()
+        if left > 0:
+            sleep(left)
+        blocked = not slots.acquire(blocking=False)
+        if blocked:
+            slots.acquire()
+        now = clock()
+        # it waited when it found every slot taken, or when it arrived while the dispatcher waited for an earlier
+        # arrival's slot (every slot was taken then too)
+        waited = max(now - arrival, 1e-9) if blocked or arrival < held_until else 0.0
+        if blocked:
+            held_until = now
+        futures.append(pool.submit(one, ids, waited))
+    return [f.result() for f in futures]
+
+
+def _load(spec: LoadSpec, batch: Callable[[list[list[int]]], list[RequestResult]],
+          measured: Callable[[list[list[int]]], list[RequestResult]], base_url: str,
           say: Callable[[str], None], pause: float, clock: Callable[[], float], wall: Callable[[], float],
           streamed: threading.Event) -> LoadResult:
     if spec.warmup:
@@ -420,10 +353,14 @@ def _load(spec: LoadSpec, batch: Callable[[list[list[int]]], list[RequestResult]
             raise LoadFailed(f"{base_url}/generate: every warm-up request failed: {warm[0].error}")
         if pause > 0:
             time.sleep(pause)
-    say(f"load: {spec.requests} request(s), {spec.concurrency} at a time, {spec.input_len} tokens in, "
-        f"{spec.max_new_tokens} out")
-    start, t0 = wall(), clock()
-    results = batch(spec.prompts(spec.requests))
+    if spec.request_rate is None:
+        say(f"load: {spec.requests} request(s), {spec.concurrency} at a time, {spec.input_len} tokens in, "
+            f"{spec.max_new_tokens} out")
+    else:
+        say(f"load: {spec.requests} request(s) arriving at {spec.request_rate:g} per second (Poisson), at most "
+            f"{spec.concurrency} in flight, {spec.input_len} tokens in, {spec.max_new_tokens} out")
+    start, t0 = wall(), clock()  # a closed loop's first send; an open loop's first arrival
+    results = measured(spec.prompts(spec.requests))
     end, elapsed = wall(), clock() - t0
     if not any(r.ok for r in results):
         raise LoadFailed(f"{base_url}/generate: every request failed: {results[0].error}")

@@ -9,7 +9,7 @@ import dataclasses
 import io
 import json
 import statistics
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from eaglepatch.tuning.load import SHORT_LOAD_S
 from eaglepatch.tuning.sweep import Point
@@ -24,7 +24,8 @@ CYCLE_DRIFT = 1.1
 def run_figures(bench: Mapping[str, Any]) -> dict[str, Any]:
     """What the summary needs of one bench (``eaglepatch.tuning.bench.bench_on``): client tok/s, accept length
     (the server's own, from the responses, else the timing log's), p50 of the decode phases and cycle, and the
-    client's time per output token (p50 and p90, ms; None when the server did not stream)."""
+    client's time per output token (p50 and p90, ms; None when the server did not stream); and the load's
+    ``request_rate`` when it was an open loop."""
     client = bench.get("client") or {}
     tpot = client.get("tpot_ms") or {}
     timings = bench.get("timings") or {}
@@ -40,8 +41,12 @@ def run_figures(bench: Mapping[str, Any]) -> dict[str, Any]:
             phases["cycle"] = decode["cycle_ms"]["p50"]
         if acc is None:
             acc = decode.get("accept_len")
-    return {"tokens_per_s": client.get("tokens_per_s"), "accept_len": acc, "phases_p50": phases,
-            "records": (timings or {}).get("records"), "tpot_p50_ms": tpot.get("p50"), "tpot_p90_ms": tpot.get("p90")}
+    fig = {"tokens_per_s": client.get("tokens_per_s"), "accept_len": acc, "phases_p50": phases,
+           "records": (timings or {}).get("records"), "tpot_p50_ms": tpot.get("p50"), "tpot_p90_ms": tpot.get("p90")}
+    rate = (bench.get("load") or {}).get("request_rate")
+    if rate is not None:
+        fig["request_rate"] = rate
+    return fig
 
 
 def _r(x: float | None, nd: int = 3) -> float | None:
@@ -185,27 +190,33 @@ def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, 
     if base is not None and docs[base]["status"] != "ok":
         notes.append("the baseline did not run: no speedups")
     out = {"target": target, "baseline": base, "points": docs, "best": best, "repeat": repeat, "notes": notes}
-    by_load = _by_load(points, by_point, docs, base, objective)
+    by_load = loads_of(points, by_point, docs, base, objective)
     if by_load:
         out["best_by_load"] = by_load
     return out
 
 
-def _by_load(points: Sequence[Point], by_point: Mapping[str, Sequence[Mapping[str, Any]]],
+# a load of a ladder: its concurrency, and its request rate (None: a closed loop)
+LoadKey = tuple[int, Optional[float]]
+
+
+def loads_of(points: Sequence[Point], by_point: Mapping[str, Sequence[Mapping[str, Any]]],
              docs: Sequence[dict[str, Any]], base: int | None, objective: Objective) -> list[dict[str, Any]]:
     """With a ladder of concurrencies (runs with ``loads``): each point's ``loads`` (per concurrency its tok/s
     median and range over the runs, accept length and speedup over the baseline at the same concurrency), and the
-    best point per concurrency, ``[{"concurrency", "best"}]``; empty without a ladder."""
-    per: list[dict[int, list[Mapping[str, Any]]]] = []
+    best point per concurrency, ``[{"concurrency", "best"}]``; empty without a ladder. A ladder of request rates
+    (loads with ``request_rate``: open loops, ``concurrency`` their cap on what was in flight) the same way, per
+    rate: ``{"concurrency", "request_rate", ...}`` and ``[{"concurrency", "request_rate", "best"}]``."""
+    per: list[dict[LoadKey, list[Mapping[str, Any]]]] = []
     for p in points:
-        got: dict[int, list[Mapping[str, Any]]] = {}
+        got: dict[LoadKey, list[Mapping[str, Any]]] = {}
         for r in by_point.get(p.key, []):
             if r.get("status") == "ok":
                 for ld in r.get("loads") or ():
                     if ld.get("tokens_per_s") is not None:
-                        got.setdefault(int(ld["concurrency"]), []).append(ld)
+                        got.setdefault(load_key(ld), []).append(ld)
         per.append(got)
-    ladder = sorted({c for got in per for c in got})
+    ladder = sorted({c for got in per for c in got}, key=lambda k: (k[0], k[1] or 0.0))
     if not ladder:
         return []
     for d, got in zip(docs, per):
@@ -216,21 +227,33 @@ def _by_load(points: Sequence[Point], by_point: Mapping[str, Sequence[Mapping[st
                 continue
             tps = [ld["tokens_per_s"] for ld in lds]
             accs = [ld["accept_len"] for ld in lds if ld.get("accept_len") is not None]
-            d["loads"].append({"concurrency": c, "runs": len(lds),
+            d["loads"].append({**_key_json(c), "runs": len(lds),
                                "tokens_per_s": {"median": _r(statistics.median(tps)), "min": _r(min(tps)),
                                                 "max": _r(max(tps))},
                                "accept_len": _r(statistics.median(accs), 4) if accs else None, "speedup": None,
                                "tpot_ms": _tpot(lds)})
     best = []
     for c in ladder:
-        at = {i: ld for i, d in enumerate(docs) for ld in d.get("loads") or () if ld["concurrency"] == c}
+        at = {i: ld for i, d in enumerate(docs) for ld in d.get("loads") or () if load_key(ld) == c}
         b = at.get(base) if base is not None else None
         for ld in at.values():
             if b and b["tokens_per_s"]["median"]:
                 ld["speedup"] = _r(ld["tokens_per_s"]["median"] / b["tokens_per_s"]["median"])
         if at:
-            best.append({"concurrency": c, "best": objective.best(at)})
+            best.append({**_key_json(c), "best": objective.best(at)})
     return best
+
+
+def load_key(ld: Mapping[str, Any]) -> LoadKey:
+    """What tells a load of a ladder from the others: its concurrency, and its request rate (an open loop; None: a
+    closed loop)."""
+    rate = ld.get("request_rate")
+    return int(ld["concurrency"]), None if rate is None else float(rate)
+
+
+def _key_json(key: LoadKey) -> dict[str, Any]:
+    """A summary load's identity: ``{"concurrency"}``, and ``"request_rate"`` for an open loop."""
+    return {"concurrency": key[0]} if key[1] is None else {"concurrency": key[0], "request_rate": key[1]}
 
 
 def _cycle_drift(label: str, ok: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -311,17 +334,20 @@ def _load_tables(doc: Mapping[str, Any]) -> list[str]:
 
     out = []
     for bl in doc.get("best_by_load") or ():
-        c = bl["concurrency"]
+        c = load_key(bl)
         rows = []
         for i, p in enumerate(doc["points"]):
-            ld = next((x for x in p.get("loads") or () if x["concurrency"] == c), None)
+            ld = next((x for x in p.get("loads") or () if load_key(x) == c), None)
             if ld is None:
                 continue
             t = ld["tokens_per_s"]
             rows.append([f"{'*' if i == bl['best'] else ''}{i}", p.get("label", ""), _fmt(ld.get("accept_len"), 2),
                          _fmt(t["median"]), f"{_fmt(t['min'])}-{_fmt(t['max'])}",
                          f"{ld['speedup']:.3f}x" if ld.get("speedup") is not None else "-"])
-        out += ["", f"at {c} request(s) at a time (client tok/s; * the best at this concurrency):",
+        at = (f"at {c[0]} request(s) at a time (client tok/s; * the best at this concurrency):" if c[1] is None
+              else f"at {c[1]:g} request(s) per second (Poisson arrivals, at most {c[0]} in flight; client tok/s; * the "
+              "best at this load):")
+        out += ["", at,
                 tabulate(rows, headers=["#", "point", "accept", "tok/s", "range", "speedup"], tablefmt="simple",
                          disable_numparse=True)]
     return out

@@ -157,7 +157,7 @@ def check_bench(doc: dict, srv: Server, patched: bool) -> None:
     pid, argv, _env = srv.running()
     assert doc["server"] == {"pid": pid, "argv": argv}
     assert doc["load"] == {"requests": 6, "concurrency": 2, "input_len": 16, "max_new_tokens": 32, "warmup": 2,
-                           "seed": 0}
+                           "seed": 0, "request_rate": None}
     cl = doc["client"]
     assert (cl["requests"], cl["failed"], cl["output_tokens"], cl["streamed"], cl["errors"]) == (6, 0, 192, True, [])
     designed = 2 * per_request_tps(3)  # two requests at a time
@@ -165,6 +165,9 @@ def check_bench(doc: dict, srv: Server, patched: bool) -> None:
     assert cl["accept_len"] == pytest.approx(32 / decode_cycles(3), abs=0.01)
     assert 2.0 <= cl["ttft_ms"]["p50"] < cl["latency_ms"]["p50"]
     assert cl["latency_ms"]["p50"] >= 32 / per_request_tps(3) * 1000 * 0.95
+    # a chunk per decode cycle of 2 x 3 + 7 ms, each of about 3.2 tokens: the gap between chunks is the cycle
+    assert 13.0 * 0.9 <= cl["itl_ms"]["p50"] and cl["itl_ms"]["p50"] > 2 * cl["tpot_ms"]["p50"]
+    assert "request_rate" not in cl and "waited" not in cl  # a closed loop
     w = doc["window"]
     assert w["start"] < w["end"] and w["seconds"] > 0
     # 6 requests of 32 tokens take well under 5 s: the bench says the window is too short to trust
@@ -262,6 +265,31 @@ def test_bench_bad_load_options_exit_2(tmp_path, local):
     tree = H.make_tree(tmp_path / "site", WORKER)
     r = local.run("bench", tree, "--requests", "0")
     assert r.returncode == 2 and "--requests must be" in r.stderr
+
+
+@pytest.mark.parametrize("cmd, args, words", [
+    ("bench", ["--request-rate", "0"], "--request-rate must be a positive number of requests per second, not '0'"),
+    ("bench", ["--request-rate", "fast"], "--request-rate must be a positive number of requests per second, not "
+                                          "'fast'"),
+    ("bench", ["--request-rate", "2,-1"], "not '-1'"),
+    ("bench", ["--request-rate", "inf"], "not 'inf'"),
+    ("bench", ["--concurrency", "1,2", "--request-rate", "2,4"], "one axis at a time"),
+    ("sweep", ["--grid", "speculative-num-steps=1,2", "--request-rate", "0"], "--request-rate must be a positive"),
+    ("sweep", ["--live", "--grid", "speculative-num-steps=1,2", "--request-rate", "4"],
+     "--request-rate does not go with --live"),
+])
+def test_bad_request_rates_exit_2_before_the_target_is_read(tmp_path, local, cmd, args, words):
+    """No server runs there: a load the CLI would send exits 4 (below); a bad --request-rate exits 2 first."""
+    tree = H.make_tree(tmp_path / "site", WORKER)
+    r = local.run(cmd, tree, *args)
+    assert r.returncode == 2 and words in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_good_request_rate_reaches_the_target(tmp_path, local):
+    tree = H.make_tree(tmp_path / "site", WORKER)
+    r = local.run("bench", tree, "--request-rate", "4,16")
+    assert r.returncode == 4 and "no sglang server is running" in r.stderr, r.stderr
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -603,3 +631,60 @@ def test_a_restart_sweep_measures_every_concurrency_after_each_launch(standins, 
     assert runs, rep["runs"]
     zero1 = next(p for p in runs[-1]["predict_by_bs"][0]["points"] if p["steps"] == 0)
     assert runs[-1]["predict_by_bs"][0]["bs"] == 1 and zero1["basis"] == "measured"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# a ladder of request rates (open loops)
+
+
+def test_bench_measures_each_request_rate_of_a_ladder_in_turn(standins, tmp_path, local):
+    """--request-rate 16,4: two open loops on the running server, 4 then 16 requests/s (Poisson arrivals of the
+    seed's schedule, at most 2 in flight), each its own bench document; each load lasts from its first arrival to
+    its last answer, so the slower rate's lasts longer, by its schedule."""
+    from eaglepatch.tuning.load import LoadSpec
+
+    srv = spec_server(standins, tmp_path)
+    load = [*LOAD, "--request-rate", "16,4"]
+    doc = jdoc(local.run("bench", srv.tree, *load, "--json"))
+    assert doc["target"] == str(srv.tree / "sglang") and [d["load"]["request_rate"] for d in doc["loads"]] == [4, 16]
+    slow, fast = doc["loads"]
+    for d, rate in ((slow, 4.0), (fast, 16.0)):
+        cl = d["client"]
+        assert d["load"]["concurrency"] == 2 and cl["request_rate"] == rate
+        assert (cl["requests"], cl["failed"], cl["output_tokens"], cl["streamed"]) == (6, 0, 192, True)
+        last = LoadSpec(request_rate=rate).arrivals(6)[-1]  # the seed's schedule (--seed 0)
+        assert last < cl["seconds"] < last + 2.0, (rate, last, cl["seconds"])
+        assert set(cl["waited"]) == {"requests", "seconds", "max_ms"} and 0 <= cl["waited"]["requests"] <= 6
+        # the gaps between chunks are the stand-in's decode cycles (13 ms at 3 steps), each chunk ~3.2 tokens
+        assert 13.0 * 0.9 <= cl["itl_ms"]["p50"] and cl["itl_ms"]["p50"] > 2 * cl["tpot_ms"]["p50"]
+        assert cl["ttft_ms"]["p99"] >= cl["ttft_ms"]["p50"] > 0
+    assert slow["client"]["seconds"] > fast["client"]["seconds"]
+    text = local.run("bench", srv.tree, *load)
+    assert text.returncode == 0, text.stderr
+    assert "by request rate" in text.stdout and "     4 requests/s:" in text.stdout
+    assert "inter-token latency ms (between streamed chunks): p50" in text.stdout
+    assert "arriving at 16/s (Poisson), at most 2 in flight" in text.stdout
+    assert "6 request(s) arriving at 4 per second (Poisson), at most 2 in flight" in text.stderr
+
+
+def test_a_restart_sweep_measures_every_request_rate_after_each_launch(standins, tmp_path, local):
+    """--request-rate 8,32: one launch for the point (and one to put the original back), measured at both rates;
+    the figures per rate and the best per rate; the ladder is part of the sweep's identity (its saved load)."""
+    srv = spec_server(standins, tmp_path)
+    args = ["--grid", "speculative-num-steps=2", *SWEEP, "--request-rate", "8,32"]
+    r = local.run("sweep", srv.tree, *args, "--json")
+    doc = jdoc(r)
+    assert r.stderr.count("starting sglang on") == 2, r.stderr
+    assert doc["best_by_load"] == [{"concurrency": 2, "request_rate": 8.0, "best": 0},
+                                   {"concurrency": 2, "request_rate": 32.0, "best": 0}]
+    [p] = doc["points"]
+    assert [(ld["request_rate"], ld["runs"]) for ld in p["loads"]] == [(8.0, 1), (32.0, 1)]
+    assert p["tokens_per_s"] == p["loads"][0]["tokens_per_s"]  # the first rate's figures are the point's
+    state = [json.loads(line) for line in Path(doc["state_file"]).read_text().splitlines()]
+    assert state[0]["load"]["request_rate"] == 8.0 and state[0]["load"]["request_rate_ladder"] == [8.0, 32.0]
+    [run] = [s for s in state if s["kind"] == "run"]
+    assert [ld["request_rate"] for ld in run["loads"]] == [8.0, 32.0]
+    again = local.run("sweep", srv.tree, *args)
+    assert again.returncode == 0, again.stderr
+    assert "this sweep is complete" in again.stderr and "starting sglang" not in again.stderr
+    assert "at 32 request(s) per second (Poisson arrivals, at most 2 in flight" in again.stdout

@@ -186,6 +186,47 @@ def test_a_server_already_adaptive_with_the_candidates_is_measured_without_a_lau
         "1", "speculative-num-steps=3", "ok", "1"]
 
 
+def test_a_live_sweep_over_a_concurrency_ladder_measures_every_pair_in_one_launch(local_cli, standins, tmp_path):
+    """--concurrency 1,3 with two step counts: one launch, every (concurrency, step count) pair a window of its own
+    in each round, every cycle of each window pinned; the top-level figures are the first concurrency's, each
+    point's loads hold both, best_by_load names a point per concurrency; an interrupted sweep resumes with the
+    windows it had (the state file keys each by point, round and concurrency)."""
+    install, port, _proc = adaptive_server(standins, tmp_path)
+    logs = tmp_path / "logs"
+    local_cli.run("apply", install.pkg, "--log-dir", str(logs), "--timeout", "60").expect(0)
+    ladder = ["1,3" if k and LOAD[k - 1] == "--concurrency" else a for k, a in enumerate(LOAD)]
+    args = ("sweep", install.pkg, "--live", "--grid", "speculative-num-steps=1,3", "--rounds", "2", "--window", "1",
+            *ladder, "--json")
+    r = local_cli.run(*args).expect(0)
+    doc = r.json()
+    assert doc["launches"] == 1 and doc["concurrency_ladder"] == [1, 3] and doc["best"] == 1
+    assert "at each of 2 concurrencies (1, 3 requests at a time)" in r.err
+    state = [json.loads(x) for x in Path(doc["state_file"]).read_text().splitlines()]
+    windows = [s for s in state if s["kind"] == "run"]
+    assert sorted((w["steps"], w["concurrency"], w["rep"]) for w in windows) == [
+        (k, c, rep) for k in (1, 3) for c in (1, 3) for rep in (0, 1)]
+    assert [w["concurrency"] for w in windows if w["rep"] == 0] != [1, 1, 3, 3]  # interleaved, not in blocks
+    for p in doc["points"]:
+        assert p["windows"] == 2 and p["cycles"]["other"] == 0, p  # the first concurrency's windows
+        assert [ld["concurrency"] for ld in p["loads"]] == [1, 3] and all(ld["runs"] == 2 for ld in p["loads"])
+        at1 = sorted(w["tokens_per_s"] for w in windows if w["steps"] == p["steps"] and w["concurrency"] == 1)
+        assert p["tokens_per_s"]["median"] == pytest.approx(sum(at1) / 2, rel=1e-3), p
+        # the stand-in runs each request on its own clock: 3 at a time carry about three times the tokens of 1
+        lds = {ld["concurrency"]: ld["tokens_per_s"]["median"] for ld in p["loads"]}
+        assert lds[3] == pytest.approx(3 * lds[1], rel=0.35), lds
+    assert [b["concurrency"] for b in doc["best_by_load"]] == [1, 3] and all(b["best"] == 1
+                                                                           for b in doc["best_by_load"])
+    # the windows at 3 at a time ran 3 requests at once: their request ids name their step count, all pinned
+    pinned = [x for x in records(logs) if (x.get("spec") or {}).get("pinned")]
+    for w in windows:
+        inside = [x for x in pinned if w["window"][0] <= x["t"] <= w["window"][1]]
+        assert inside and {x["spec"]["steps"] for x in inside} == {w["steps"]}, w
+    # the same command again: complete, nothing started; the table per concurrency
+    again = local_cli.run(*args[:-1]).expect(0)
+    assert "this live sweep is complete" in again.err
+    assert "at 1 request(s) at a time" in again.out and "at 3 request(s) at a time" in again.out, again.out
+
+
 def test_a_grid_beyond_a_running_servers_candidates_gets_the_one_launch(local_cli, standins, tmp_path):
     """Adaptive already, but 0 is no candidate of the tier its batches reach: one launch after all."""
     install, port, _proc = adaptive_server(standins, tmp_path, "--speculative-adaptive", "--speculative-num-steps", "7")

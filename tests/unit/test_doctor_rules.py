@@ -464,6 +464,18 @@ def test_a_sweep_at_another_load_is_not_evidence(tmp_path):
         assert found.severity == "high" and not found.predicted
 
 
+def test_an_open_loop_sweep_is_not_evidence_for_any_load():
+    """A sweep of --request-rate keeps no batch size: its --concurrency is a cap, so it never counts as measured
+    at the records' load, whatever their batch sizes, and why is said."""
+    from eaglepatch.doctor.collect import sweep_load_mismatch
+
+    groups = [{"key": {"bs": 64}, "n": 100}]
+    assert sweep_load_mismatch({"load": {"concurrency": 64}}, groups) is None
+    why = sweep_load_mismatch({"load": {"concurrency": 64, "request_rate": 8.0}}, groups)
+    assert why == ("it ran an open loop (8 requests/s, at most 64 in flight), whose batch sizes it does not keep: a "
+                   "sweep with --concurrency at this server's load counts")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # host-bound
 

@@ -45,10 +45,10 @@ def test_other_grids_are_usage_errors(grid, words):
 def test_each_round_measures_every_point_once_in_its_own_seeded_order():
     plan = lv.plan_windows(4, 3, "seed")
     assert plan == lv.plan_windows(4, 3, "seed")
-    rounds = [[i for r, i in plan if r == k] for k in range(3)]
+    rounds = [[i for r, j, i in plan if r == k] for k in range(3)]
     assert all(sorted(x) == [0, 1, 2, 3] for x in rounds)
-    assert [r for r, _ in plan] == [0] * 4 + [1] * 4 + [2] * 4
-    orders = {tuple(i for r, i in lv.plan_windows(6, 8, "seed") if r == k) for k in range(8)}
+    assert [r for r, _, _ in plan] == [0] * 4 + [1] * 4 + [2] * 4 and {j for _, j, _ in plan} == {0}
+    orders = {tuple(i for r, _, i in lv.plan_windows(6, 8, "seed") if r == k) for k in range(8)}
     assert len(orders) > 1  # shuffled per round, not once (the seed fixes which orders)
     with pytest.raises(UsageError, match="--rounds"):
         lv.plan_windows(4, 0, "seed")
@@ -240,7 +240,23 @@ def test_each_usage_error_is_one_whole_line_saying_what_to_do(call, message):
 
 
 def test_one_round_is_a_plan():
-    assert sorted(lv.plan_windows(3, 1, "seed")) == [(0, 0), (0, 1), (0, 2)]
+    assert sorted(lv.plan_windows(3, 1, "seed")) == [(0, 0, 0), (0, 0, 1), (0, 0, 2)]
+
+
+def test_a_ladder_measures_every_load_and_point_pair_once_a_round_interleaved():
+    """--concurrency 1,8,64 with three step counts: each round holds all nine (load, point) pairs once, shuffled
+    together (a load is not measured in one block, where drift would read as the load's effect); without a ladder
+    the plan, and every window's number, is what it was before ladders (a saved sweep resumes as planned)."""
+    plan = lv.plan_windows(3, 2, "seed", n_loads=3)
+    assert plan == lv.plan_windows(3, 2, "seed", n_loads=3)
+    for k in range(2):
+        assert sorted((j, i) for r, j, i in plan if r == k) == [(j, i) for j in range(3) for i in range(3)]
+    loads_in_order = [j for r, j, _ in plan if r == 0]
+    assert loads_in_order != sorted(loads_in_order)
+    numbers = {lv.window_number(r, j, i, 3, 3) for r, j, i in plan}
+    assert len(numbers) == len(plan) == 18 and numbers == set(range(18))
+    assert [lv.window_number(r, 0, i, 1, 4) for r, _, i in lv.plan_windows(4, 2, "s")] == \
+        [r * 4 + i for r, _, i in lv.plan_windows(4, 2, "s")]
 
 
 def test_a_live_sweeps_identity_is_each_of_its_parts_and_no_order_of_the_loads_fields():

@@ -278,6 +278,26 @@ def test_a_baseline_from_one_launch_never_reads_0_percent():
     assert [b.spread for b in baselines_of(sweep, 5)] == [0.02]
 
 
+def test_an_open_loop_sweep_is_no_baseline_at_its_cap():
+    """A sweep of --request-rate at --concurrency 64: 64 caps what is in flight, it is not the batch size its
+    figures were measured at, so no baseline point is read from it (neither its loads nor its one concurrency)."""
+    from eaglepatch.report.predict_bs import baselines_of
+
+    t = {"median": 4000.0, "min": 3900.0, "max": 4100.0}
+    closed = {"baseline": 0, "load": {"concurrency": 64},
+              "points": [{"flags": {}, "status": "ok", "tokens_per_s": t, "loads": [{"concurrency": 64,
+                                                                                       "tokens_per_s": t}]}]}
+    assert [b.bs for b in baselines_of(closed, 5)] == [64]
+    rate = {"baseline": 0, "load": {"concurrency": 64, "request_rate": 8.0},
+            "points": [{"flags": {}, "status": "ok", "tokens_per_s": t}]}
+    assert baselines_of(rate, 5) == []
+    ladder = {"baseline": 0, "load": {"concurrency": 64, "request_rate": 2.0, "request_rate_ladder": [2.0, 8.0]},
+              "points": [{"flags": {}, "status": "ok", "tokens_per_s": t, "loads": [
+                  {"concurrency": 64, "request_rate": 2.0, "tokens_per_s": t},
+                  {"concurrency": 64, "request_rate": 8.0, "tokens_per_s": t}]}]}
+    assert baselines_of(ladder, 5) == []
+
+
 def test_the_chart_draws_tok_s_against_the_batch_size(tmp_path):
     """report --predict --chart: under the groups, per run with predict_by_bs, a line per step count against the
     batch size (a label each, "1 step", "no speculation"), the measured points filled and the crossover marked;

@@ -139,6 +139,8 @@ def test_streamed_load_measures_tokens_ttft_latency_and_accept_length(server):
     # time per output token: each request's (latency - TTFT) / 7 tokens after the first
     assert res.tpots() == [pytest.approx((r.latency - r.ttft) / 7) for r in res.ok]
     assert 0 < doc["tpot_ms"]["p50"] <= doc["tpot_ms"]["p90"] <= doc["tpot_ms"]["max"]
+    # 4 chunks of 2 tokens each, 5 ms apart: 3 inter-token latencies a request, one per chunk
+    assert all(len(r.itls) == 3 for r in res.ok) and 3 <= doc["itl_ms"]["p50"] <= doc["itl_ms"]["max"]
 
 
 @pytest.mark.parametrize("server", ["chunked"], indirect=True)
@@ -168,6 +170,7 @@ def test_a_server_that_does_not_stream_has_no_ttft(server):
     doc = res.to_json()
     assert (doc["output_tokens"], doc["streamed"], doc["ttft_ms"], doc["accept_len"]) == (12, False, None, None)
     assert doc["tpot_ms"] is None  # no first token seen apart: no time per output token after it
+    assert doc["itl_ms"] is None and all(r.itls == () for r in res.results)  # no chunks: no gaps between them
 
 
 @pytest.mark.parametrize("server", ["flaky"], indirect=True)
@@ -231,7 +234,8 @@ def test_the_servers_own_acceptance_histogram():
     """sglang's meta_info.spec_correct_drafts_histogram (verify steps by drafts accepted, bonus not counted; the
     older name spec_accept_histogram is read too) summed over the requests: the server's own profile, in the
     shape report prints (at least 1, 2, ... tokens)."""
-    from eaglepatch.tuning.load import LoadResult, _finish
+    from eaglepatch.tuning.load import LoadResult
+    from eaglepatch.tuning.load_http import _finish
 
     a = _finish({"meta_info": {"completion_tokens": 10, "spec_correct_drafts_histogram": [1, 2, 1]}}, 0.0, 1.0, None,
                 streamed=False)

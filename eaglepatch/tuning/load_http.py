@@ -1,0 +1,204 @@
+"""The load's HTTP side: one request to sglang's ``/generate`` on a persistent connection, streamed, and what it
+measured (``RequestResult``). ``eaglepatch.tuning.load`` drives the requests (closed and open loops, windows).
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import socket
+import threading
+import urllib.parse
+from typing import Any, Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestResult:
+    """One request: ``ok`` or ``error``; times in seconds (``ttft`` None without streaming)."""
+
+    ok: bool
+    start: float
+    latency: float
+    ttft: float | None = None
+    completion_tokens: int = 0
+    accept_len: float | None = None
+    verify_ct: int | None = None
+    error: str | None = None
+    streamed: bool = False
+    server_ttft: float | None = None  # the server's own view of the first token (its meta_info.e2e_latency)
+    # the server's own count of verify steps by drafts accepted (meta_info.spec_correct_drafts_histogram: index =
+    # correct drafts, bonus token not counted)
+    draft_hist: tuple[int, ...] | None = None
+    # the inter-token latencies (seconds): the gaps between successive streamed chunks that carried new output
+    itls: tuple[float, ...] = ()
+    # an open loop's wait for a free slot (seconds) between the request's arrival and its send
+    queued: float = 0.0
+
+
+class _Client:
+    """POSTs to one server, one persistent HTTP/1.1 connection per thread (a concurrency slot): through an SSH
+    forward, a new connection is a new SSH channel (a round trip), so each slot opens its connection once, before
+    its clock starts, and every request is timed from the moment it is written on an open connection. A server
+    that closes the connection after an answer gets a new one, opened again before the next request's clock.
+
+    Each request goes out in one write on a TCP_NODELAY socket: http.client writes a request's head and body
+    separately, and through a forward Nagle's algorithm and a delayed ACK then hold the body back by up to 40 ms
+    (measured: TTFT 86 ms through loopback SSH against 42 ms locally, one request at a time). No proxies (the
+    target is a loopback address or a tunnel)."""
+
+    def __init__(self, base_url: str, api_key: str | None, timeout: float):
+        parts = urllib.parse.urlsplit(base_url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.path = (parts.path.rstrip("/") or "") + "/generate"
+        self.url = base_url.rstrip("/") + "/generate"
+        netloc = f"[{self.host}]" if ":" in self.host else self.host
+        self.head = (f"POST {self.path} HTTP/1.1\r\nHost: {netloc}:{self.port}\r\n"
+                     "Content-Type: application/json\r\nConnection: keep-alive\r\n"
+                     + (f"Authorization: Bearer {api_key}\r\n" if api_key else ""))
+        self.timeout = timeout
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._all: list[socket.socket] = []
+        self.connects = 0  # connections opened
+
+    def _sock(self) -> socket.socket:
+        sock = getattr(self._local, "sock", None)
+        if sock is None:
+            sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._local.sock = sock
+            with self._lock:
+                self._all.append(sock)
+                self.connects += 1
+        return sock
+
+    def _drop(self) -> None:
+        sock = getattr(self._local, "sock", None)
+        self._local.sock = None
+        if sock is not None:
+            sock.close()
+
+    def close(self) -> None:
+        with self._lock:
+            socks, self._all = self._all, []
+        for s in socks:
+            s.close()
+
+    def generate(self, ids: list[int], max_new_tokens: int, stream: bool, clock: Callable[[], float],
+                 rid: str | None = None) -> RequestResult:
+        """One request (``rid``: its request id, sglang's ``"rid"``; the server makes one when None)."""
+        doc: dict[str, Any] = {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True},
+            "stream": stream,
+        }
+        if rid is not None:
+            doc["rid"] = rid
+        body = json.dumps(doc).encode()
+        request = (self.head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        try:
+            sock = self._sock()  # opened (when it must be) before the clock starts
+        except OSError as exc:
+            return RequestResult(False, clock(), 0.0, error=f"{type(exc).__name__}: {exc}")
+        t0 = clock()
+        try:
+            sock.sendall(request)
+            resp = http.client.HTTPResponse(sock, method="POST")
+            try:
+                resp.begin()
+                if resp.status >= 400:
+                    detail = resp.read()[:200].decode("utf-8", "replace").strip()
+                    result = RequestResult(False, t0, clock() - t0,
+                                           error=f"HTTP {resp.status}: {detail or resp.reason}")
+                elif stream and "event-stream" in (resp.getheader("Content-Type") or ""):
+                    result = self._read_stream(resp, t0, clock)
+                else:
+                    data = resp.read()
+                    latency = clock() - t0
+                    doc = json.loads(data)
+                    if isinstance(doc, list):
+                        doc = doc[0] if doc else {}
+                    result = _finish(doc, t0, latency, None, streamed=False)
+                resp.read()  # the rest of the answer: the connection is reused only once it is read whole
+                if resp.will_close:
+                    self._drop()
+            finally:
+                resp.close()
+            return result
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            self._drop()
+            return RequestResult(False, t0, clock() - t0, error=f"{type(exc).__name__}: {exc}")
+
+    def _read_stream(self, resp: Any, t0: float, clock: Callable[[], float]) -> RequestResult:
+        """sglang's streamed ``/generate``: ``data: {json}`` lines (cumulative text and meta_info), then
+        ``data: [DONE]``. TTFT: the first chunk whose ``completion_tokens`` is above 0 (or that has text). The
+        inter-token latencies: the gaps between the arrivals of successive chunks that carry new output (their
+        ``completion_tokens`` grew, or, without a count, their text changed), the first gap after the first token's
+        chunk. A chunk may carry several tokens (speculative decoding): its gap is still one inter-token latency, as
+        sglang's and vLLM's bench_serving count it (per token it would be TPOT). One float per chunk is kept."""
+        ttft = server_ttft = None
+        last: dict[str, Any] = {}
+        marks: list[float] = []  # the arrival of each chunk that carried new output
+        seen_tokens, seen_text = 0, None
+        while True:
+            line = resp.readline()
+            now = clock()  # the chunk's arrival, before it is parsed
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                break
+            doc = json.loads(payload)
+            if isinstance(doc, list):
+                doc = doc[0] if doc else {}
+            if not isinstance(doc, dict):
+                continue
+            if doc.get("error"):
+                return RequestResult(False, t0, clock() - t0, error=f"server error: {str(doc['error'])[:200]}")
+            meta = doc.get("meta_info") or {}
+            tokens = meta.get("completion_tokens")
+            tokens = tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None
+            text = doc.get("text")
+            if tokens is not None:
+                new = tokens > seen_tokens
+                seen_tokens = max(seen_tokens, tokens)
+            else:
+                new = bool(text) and text != seen_text
+            seen_text = text
+            if ttft is None and ((tokens or 0) > 0 or text):
+                ttft = now - t0
+                e2e = meta.get("e2e_latency")
+                server_ttft = float(e2e) if isinstance(e2e, (int, float)) and not isinstance(e2e, bool) else None
+                marks.append(now)
+            elif new and marks:
+                marks.append(now)
+            last = doc
+        latency = clock() - t0
+        if not last:
+            return RequestResult(False, t0, latency, error="the stream ended without a result")
+        itls = tuple(b - a for a, b in zip(marks, marks[1:]))
+        return dataclasses.replace(_finish(last, t0, latency, ttft, streamed=True), server_ttft=server_ttft,
+                                   itls=itls)
+
+
+def _finish(doc: Any, t0: float, latency: float, ttft: float | None, streamed: bool) -> RequestResult:
+    meta = (doc.get("meta_info") or {}) if isinstance(doc, dict) else {}
+    tokens = meta.get("completion_tokens")
+    if not isinstance(tokens, int):
+        return RequestResult(False, t0, latency, error="no meta_info.completion_tokens in the answer", streamed=streamed)
+    acc = meta.get("spec_accept_length")
+    ct = meta.get("spec_verify_ct")
+    hist = meta.get("spec_correct_drafts_histogram", meta.get("spec_accept_histogram"))  # the older name: an alias
+    ok_hist = isinstance(hist, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in hist)
+    return RequestResult(
+        True, t0, latency, ttft=ttft, completion_tokens=tokens,
+        accept_len=float(acc) if isinstance(acc, (int, float)) and not isinstance(acc, bool) and acc > 0 else None,
+        verify_ct=int(ct) if isinstance(ct, int) and not isinstance(ct, bool) and ct > 0 else None,
+        streamed=streamed, draft_hist=tuple(hist) if ok_hist and hist else None,
+    )
