@@ -27,7 +27,7 @@ from eaglepatch.doctor.facts import (
 from eaglepatch.doctor.finding import Finding
 from eaglepatch.doctor.rules import diagnose
 from eaglepatch.doctor.facts import evidence
-from eaglepatch.redact import mask_argv
+from eaglepatch.redact import mask_argv, mask_text
 from eaglepatch.tuning.saved import find_sweep
 
 Say = Callable[[str], None]
@@ -86,6 +86,17 @@ def doctor(spec: Any, c: Any, say: Say, log_dir: str | None = None) -> Any:
         return docs[0] if len(docs) == 1 else docs
 
 
+def _masked(obj: Any) -> Any:
+    """``obj`` (findings, sources) with every string in it masked as a log line is (``mask_text``)."""
+    if isinstance(obj, str):
+        return mask_text(obj)
+    if isinstance(obj, dict):
+        return {k: _masked(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_masked(v) for v in obj]
+    return obj
+
+
 def no_server_doc(name: str, version: str | None, package_dir: str) -> dict[str, Any]:
     f = Finding("no-server", "info", "no sglang server of this install is running",
                 [evidence("install", f"sglang {version or '?'} at {package_dir}: no server runs it (eaglepatch "
@@ -96,11 +107,13 @@ def no_server_doc(name: str, version: str | None, package_dir: str) -> dict[str,
 
 def document(name: str, version: str | None, srv: Any, findings: Sequence[Finding],
              sources: dict[str, Any], model: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``doctor --json`` for one server (docs/contract.md); secret option values masked; ``model``: the
-    prediction from its timing records (``model_of``), when there are some."""
+    """``doctor --json`` for one server (docs/contract.md); secrets masked (eaglepatch.redact): in its command line
+    and in every text of its findings and sources (evidence quotes the server's log: sglang's
+    ``server_args=ServerArgs(...)`` line holds its API key); ``model``: the prediction from its timing records
+    (``model_of``), when there are some."""
     doc = {"target": name, "sglang_version": version,
            "server": {"pid": srv.pid, "argv": mask_argv(srv.argv), "port": srv.port},
-           "findings": [f.to_json() for f in findings], "sources": sources}
+           "findings": _masked([f.to_json() for f in findings]), "sources": _masked(sources)}
     if model is not None:
         doc["model"] = model
     return doc

@@ -719,6 +719,45 @@ def test_speculation_slower_from_a_batch_size_on_needs_no_speculation_measured_t
     assert R.speculation_slower(dataclasses.replace(facts("EAGLE3"), model=_by_bs_model("estimate"))) is None
 
 
+def _steps_by_bs(rows: dict[int, dict[int, float]], best0: tuple[int, ...] = ()) -> dict:
+    """A model by batch size: ``rows[bs][steps]`` tok/s (0: no speculation), no speculation best at ``best0``."""
+    def row(bs: int, tps: dict[int, float]) -> dict:
+        spec = max((s for s in tps if s), key=lambda s: tps[s])
+        return {"bs": bs, "best": 0 if bs in best0 else spec, "points": [
+            {"steps": s, "tokens_per_s": v, "spread": 0.05, "basis": "measured" if s == 0 else "fitted",
+             "accept_len": 1.0 + 0.6 * s} for s, v in sorted(tps.items())]}
+    return {"predict": [], "by_bs": {"predict_by_bs": [row(bs, t) for bs, t in sorted(rows.items())],
+                                     "crossover_bs": min(best0) if best0 else None, "max_bs": max(rows),
+                                     "predict_by_bs_notes": ["cost: verify fitted over 4 batch sizes"]}}
+
+
+def test_too_many_steps_per_range_of_batch_sizes():
+    """The server runs 5 steps; by batch size, 5 is best up to 8, 3 steps beat it by 10-20% from 16 to 32, and
+    from 64 no speculation wins (speculation-slower's, not this finding's): too-many-steps names 16 to 32 and 3
+    steps, and the live sweep over that ladder with the adaptive config; a model where 5 stays best (or wins by
+    under 5%) finds nothing; on an adaptive server, nothing (the controller picks the steps)."""
+    f5 = facts("EAGLE3", flags={"speculative-num-steps": "5"})
+    model = _steps_by_bs({1: {0: 100, 3: 180, 5: 200}, 8: {0: 800, 3: 1400, 5: 1500},
+                          16: {0: 1500, 3: 2200, 5: 2000}, 32: {0: 3000, 3: 3600, 5: 3000},
+                          64: {0: 6000, 3: 5000, 5: 4000}}, best0=(64,))
+    found = R.too_many_steps(dataclasses.replace(f5, model=model))
+    assert found is not None and found.predicted and found.severity == "medium"
+    assert found.title == "predicted: from 16 to 32 requests a cycle, 3 steps up to 20% faster than 5"
+    assert "--grid speculative-num-steps=3,5 --concurrency 16,32 --emit-adaptive-config" in found.next
+    assert any("cost: verify fitted" in e["text"] for e in found.evidence)
+    assert R.too_few_steps(dataclasses.replace(f5, model=model)) is None
+    flat = _steps_by_bs({8: {0: 800, 3: 1400, 5: 1500}, 32: {0: 3000, 3: 3100, 5: 3000}})
+    assert R.too_many_steps(dataclasses.replace(f5, model=flat)) is None  # +3.3%: under the 5% it takes
+    adaptive_server = facts("EAGLE3", flags={"speculative-num-steps": "5", "speculative-adaptive": True})
+    assert R.too_many_steps(dataclasses.replace(adaptive_server, model=model)) is None
+    # two ranges apart, and too few steps at small batches on a 1-step server
+    f1 = facts("EAGLE3", flags={"speculative-num-steps": "1"})
+    small = _steps_by_bs({1: {1: 150, 3: 200}, 2: {1: 300, 3: 390}, 8: {1: 1000, 3: 1010}, 16: {1: 2000, 3: 2300}})
+    few = R.too_few_steps(dataclasses.replace(f1, model=small))
+    assert few.title == "predicted: from 1 to 2 requests a cycle, 3 steps up to 33% faster than 1 (and 1 more range)"
+    assert "at 16 requests a cycle, 3 steps up to 15% faster than 1" in " ".join(e["text"] for e in few.evidence)
+
+
 def test_doctor_prices_up_to_the_batch_limit_the_server_derived(tmp_path, monkeypatch):
     """sglang lowers --max-running-requests for a speculative launch (48 on the H100 testbed launched with
     --cuda-graph-max-bs 64): the server's /server_info says so, and doctor's model by batch size prices up to that

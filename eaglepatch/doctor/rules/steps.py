@@ -4,6 +4,7 @@ sweep, else predicted from the timing records), too many or too few draft steps 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 from eaglepatch.doctor.facts import ServerFacts, evidence
@@ -243,12 +244,80 @@ def too_many_steps(f: ServerFacts) -> Finding | None:
     """``too-many-steps`` (medium, predicted): the model of the timing records (``report --predict``: acceptance
     profile, phase costs, the cadence of cycles) favours fewer draft steps than ``--speculative-num-steps k``, by
     at least ``STEPS_GAIN`` (5%) in tok/s, among 1..max(``STEPS_MAX``, k + 2). Top-k 1 only; left to
-    ``accept-length-low`` when the accept length is at most ``ACCEPT_LOW``."""
-    return _steps_finding(f, fewer=True)
+    ``accept-length-low`` when the accept length is at most ``ACCEPT_LOW``. The same per range of batch sizes
+    (``_by_bs_ranges``): at the records' own batch size, or, when that does not find it, over the batch sizes the
+    server can run."""
+    return _with_ranges(f, _steps_finding(f, fewer=True), fewer=True)
 
 
 def too_few_steps(f: ServerFacts) -> Finding | None:
     """``too-few-steps`` (medium, predicted): the same model favours more draft steps than ``k`` by at least
     ``STEPS_GAIN``: the draft's guesses are accepted often enough that longer chains would pay (the points beyond
-    ``k`` are extrapolated from the last position's rate, and said so)."""
-    return _steps_finding(f, fewer=False)
+    ``k`` are extrapolated from the last position's rate, and said so); per range of batch sizes as
+    ``too-many-steps``."""
+    return _with_ranges(f, _steps_finding(f, fewer=False), fewer=False)
+
+
+def _by_bs_ranges(f: ServerFacts, fewer: bool) -> tuple[int, list[tuple[int, int, list[int], float]]] | None:
+    """``(k, ranges)``: the runs of consecutive batch sizes of the model by batch size (``report --predict``'s
+    ``predict_by_bs``: every phase priced by the tokens its forward processes) where a step count fewer (more)
+    than the server's ``k`` beats ``k`` by ``STEPS_GAIN`` or more, each ``(first, last, the best step counts
+    there, the largest gain)``; batch sizes where no speculation is best are left to ``speculation-slower``.
+    None without the model, on an adaptive server (its steps are the controller's) or at top-k above 1."""
+    bb = (f.model or {}).get("by_bs") or {}
+    k, _ = f.int_setting("speculative_num_steps")
+    topk, _ = f.int_setting("speculative_eagle_topk")
+    rows = bb.get("predict_by_bs") or []
+    if not rows or k is None or adaptive(f) or (topk is not None and topk > 1):
+        return None
+    ranges: list[tuple[int, int, list[int], float]] = []
+    open_ = False
+    for r in rows:
+        by = {p["steps"]: p for p in r.get("points") or ()}
+        here = by.get(k)
+        spec = [p for s, p in by.items() if s >= 1 and p.get("tokens_per_s")]
+        hit = False
+        low = here is not None and (here.get("accept_len") or 2.0) <= ACCEPT_LOW  # accept-length-low's
+        if here and here.get("tokens_per_s") and spec and r.get("best") != 0 and not low:
+            best = max(spec, key=lambda p: (p["tokens_per_s"], -p["steps"]))
+            wanted = best["steps"] < k if fewer else best["steps"] > k
+            gain = best["tokens_per_s"] / here["tokens_per_s"] - 1
+            hit = wanted and best["tokens_per_s"] >= STEPS_GAIN * here["tokens_per_s"]
+            if hit and open_:
+                lo, _, steps, g = ranges[-1]
+                ranges[-1] = (lo, r["bs"], sorted({*steps, best["steps"]}), max(g, gain))
+            elif hit:
+                ranges.append((r["bs"], r["bs"], [best["steps"]], gain))
+        open_ = hit
+    return k, ranges
+
+
+def _range_text(lo: int, hi: int, steps: Sequence[int], gain: float, k: int) -> str:
+    where = f"at {lo} requests a cycle" if lo == hi else f"from {lo} to {hi} requests a cycle"
+    counts = " or ".join(str(s) for s in steps)
+    return f"{where}, {counts} step{'s' if steps != [1] else ''} up to {gain * 100:.0f}% faster than {k}"
+
+
+def _with_ranges(f: ServerFacts, found: Finding | None, fewer: bool) -> Finding | None:
+    """``found`` (the finding at the records' own batch size) with the ranges of batch sizes that say the same as
+    evidence; without it, a finding of its own when a range does (the server's load may not be the records')."""
+    got = _by_bs_ranges(f, fewer)
+    if got is None or not got[1]:
+        return found
+    k, ranges = got
+    texts = [_range_text(lo, hi, steps, gain, k) for lo, hi, steps, gain in ranges]
+    ev = [evidence("model", "by batch size (report --predict, costs priced by the tokens each forward "
+                            "processes): " + "; ".join(texts))]
+    if found is not None:
+        return dataclasses.replace(found, evidence=[*found.evidence, *ev])
+    bb = (f.model or {}).get("by_bs") or {}
+    ev += [evidence("model", n) for n in bb.get("predict_by_bs_notes") or ()]
+    steps = sorted({s for _, _, ss, _ in ranges for s in ss})
+    edges = sorted({ranges[0][0], ranges[-1][1]})
+    title = (f"predicted: {texts[0]}" + (f" (and {len(texts) - 1} more range{'s' if len(texts) > 2 else ''})"
+                                         if len(texts) > 1 else ""))
+    g = ",".join(str(n) for n in sorted({*steps, k}))
+    nxt = (f"confirm it where it holds: eaglepatch sweep {f.target} --live --grid speculative-num-steps={g} "
+           f"--concurrency {','.join(map(str, edges))} --emit-adaptive-config adaptive.json (one launch; the "
+           "adaptive config runs each batch size's best)")
+    return Finding("too-many-steps" if fewer else "too-few-steps", "medium", title, ev, nxt, predicted=True)
