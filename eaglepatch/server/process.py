@@ -15,6 +15,7 @@ from eaglepatch.hostside import launchers
 from eaglepatch.hostside.launchers import DEFAULT_HOST, DEFAULT_PORT
 from eaglepatch.hosts.agent import call
 from eaglepatch.hosts.base import Host
+from eaglepatch.redact import mask_argv
 
 LOG_DIR = "/tmp/eaglepatch"
 
@@ -309,13 +310,14 @@ def describe_launch(server: ServerProcess) -> str:
                      + str(server.systemd["unit"]))
     launch = server.launch or {}
     idx = launchers.launcher_args_index(list(server.argv))
-    head = " ".join(server.argv[:idx]) if idx > 0 else (server.argv[0] if server.argv else "?")
+    argv = mask_argv(server.argv)  # what is printed of a command line (status's "launched" too): eaglepatch.redact
+    head = " ".join(argv[:idx]) if idx > 0 else (argv[0] if argv else "?")
     venv = launch.get("venv")
     where = ""
     if venv:
         where = f" (venv {venv}, {'activated' if launch.get('activated') else 'not activated'})"
     elif server.launcher and server.argv and server.launcher != server.argv[0]:
-        where = f" ({server.argv[0]} is {server.launcher})"
+        where = f" ({argv[0]} is {server.launcher})"
     parts.append(("console script: " if launch.get("console_script") else "") + head + where)
     imports = launch.get("imports")
     if imports:

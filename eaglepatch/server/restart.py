@@ -18,7 +18,7 @@ from typing import Any, Callable
 from eaglepatch.errors import RestartFailed, UsageError
 from eaglepatch.hosts.agent import call
 from eaglepatch.hosts.base import Host
-from eaglepatch.redact import shown, shown_argv
+from eaglepatch.redact import mask_command, mask_text, shown, shown_argv
 from eaglepatch.server.control import (
     Started,
     read_log_tail,
@@ -231,9 +231,11 @@ class _Run:
         )
 
     def tail(self, log_path: str | None, offset: int = 0) -> str:
+        """The server's log tail as every command prints it (the result's ``log_tail``, text and JSON): secrets
+        masked (sglang's ``server_args=ServerArgs(... api_key='***')`` line included: eaglepatch.redact)."""
         if not log_path:
             return ""
-        return read_log_tail(self.host, log_path, offset=offset, lines=LOG_TAIL_LINES, python=self.python)
+        return mask_text(read_log_tail(self.host, log_path, offset=offset, lines=LOG_TAIL_LINES, python=self.python))
 
     # -- default: relaunch what ran (or start a known spec) --------------------------------------------------------
 
@@ -370,7 +372,7 @@ class _Run:
         log_path = launch.log_path if launch is not None else default_log_path(port or DEFAULT_PORT)
         st = self.host.stat(log_path)
         offset = st.size if st is not None else 0
-        self.say(f"running the restart command: {cmd} (output to {log_path})")
+        self.say(f"running the restart command: {mask_command(cmd)} (output to {log_path})")
         # Run as given, with sh. Its output goes to the log, not to this connection: a server it starts in the
         # background must not hold our pipes open (which would keep the command from returning).
         script = 'mkdir -p "$1" && exec >>"$2" 2>&1 </dev/null; exec sh -c "$3"'
@@ -387,7 +389,7 @@ class _Run:
                 ready=False,
                 seconds=self.elapsed(),
                 port=port or DEFAULT_PORT,
-                message=f"the restart command {why}" + (f": {err.splitlines()[-1]}" if err else ""),
+                message=f"the restart command {why}" + (f": {mask_text(err.splitlines()[-1])}" if err else ""),
                 log_tail=self.tail(log_path, offset),
                 **base,
             )
@@ -408,7 +410,8 @@ class _Run:
                 ready=False,
                 seconds=self.elapsed(),
                 port=port or DEFAULT_PORT,
-                message=f"systemctl restart {unit} exited {result.rc}" + (f": {err.splitlines()[-1]}" if err else ""),
+                message=f"systemctl restart {unit} exited {result.rc}"
+                + (f": {mask_text(err.splitlines()[-1])}" if err else ""),
                 log_tail=self._journal(unit),
                 **base,
             )
@@ -431,7 +434,7 @@ class _Run:
         out = self.host.run(
             ["journalctl", "-u", unit, "-n", str(LOG_TAIL_LINES), "--no-pager", "-o", "cat"], timeout=60
         )
-        return out.stdout.decode("utf-8", "replace").strip() if out.ok else ""
+        return mask_text(out.stdout.decode("utf-8", "replace").strip()) if out.ok else ""  # as ``tail``
 
     # -- shared by the command and systemd ------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 from eaglepatch.errors import ConnectionFailed, Unsupported, UsageError
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.spec import TargetSpec
+from eaglepatch.redact import mask_argv
 from eaglepatch.tuning.load import SHORT_LOAD_S, LoadSpec, fresh_server_note, run_load, short_load_note
 from eaglepatch.ops.lifecycle import launch_of
 from eaglepatch.ops.logs import fetch_logs_from, logs_of
@@ -192,7 +193,7 @@ def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | Non
                      "arrival)")
     return {
         "target": name,
-        "server": {"pid": server.pid, "argv": list(server.argv)},
+        "server": {"pid": server.pid, "argv": mask_argv(server.argv)},  # printed: secrets masked (redact)
         # request_rate: null for a closed loop (LoadSpec.to_json leaves it out then, for sweeps' identities)
         "load": dict(opts.load.to_json(), request_rate=opts.load.request_rate),
         "window": {"start": round(window[0], 4), "end": round(window[1], 4), "seconds": round(lr.seconds, 4),

@@ -18,7 +18,7 @@ from eaglepatch import progress
 from eaglepatch.errors import EaglepatchError, Interrupted, Unsupported, UsageError
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.spec import TargetSpec
-from eaglepatch.redact import shown_argv
+from eaglepatch.redact import mask_argv, shown_argv
 from eaglepatch.tuning.load import LoadFailed
 from eaglepatch.failpoints import failpoint
 from eaglepatch.ops import nodes
@@ -435,7 +435,7 @@ def _restore(host: Host, python: str, launch: Any, env_names: Sequence[str], rop
         current = owned.current(launch.port, settle=launch, settle_wait=lock_wait(slow.grace, slow.port_timeout))
         if current is not None and _runs(current, launch, env_names):
             say(f"the server already runs {why}")
-            return {"restarted": False, "ready": True, "argv": list(launch.argv),
+            return {"restarted": False, "ready": True, "argv": mask_argv(launch.argv),
                     "message": f"the server runs {why}"}
         say(f"putting the server back: {why}")
         res = restart(host, current=current, launch=launch, options=slow, progress=lambda line: say('  ' + line),
@@ -452,7 +452,8 @@ def _restore(host: Host, python: str, launch: Any, env_names: Sequence[str], rop
         # Ctrl-C cut short started on the host (it runs to its end there); read the host again and stop that one
         say(f"  the server on :{launch.port} changed meanwhile (a relaunch cut short finished on the host); "
             "reading it again")
-    doc = {"restarted": True, "ready": res.ready, "argv": list(launch.argv), "pid": res.pid}
+    # sweep --json's "restore" (and the state file's): what is printed of a command line, secrets masked
+    doc = {"restarted": True, "ready": res.ready, "argv": mask_argv(launch.argv), "pid": res.pid}
     if res.ready:
         doc["message"] = f"the server runs {why} again (pid {res.pid})"
     else:

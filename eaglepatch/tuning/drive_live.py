@@ -36,6 +36,7 @@ from eaglepatch.failpoints import failpoint
 from eaglepatch.hosts.agent import call
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.spec import TargetSpec
+from eaglepatch.redact import mask_argv, shown_argv
 from eaglepatch.ops import nodes
 from eaglepatch.ops.lifecycle import launch_of
 from eaglepatch.ops.logs import fetch_logs_from, logs_of
@@ -182,7 +183,7 @@ def live_sweep(spec: TargetSpec, c: Connect, opts: LiveOptions, say: Say) -> dic
             args_index = launcher_args_index(list(original.argv))
             if args_index < 0:
                 raise Unsupported(f"{name}: the server's command line is not one eaglepatch can rewrite: "
-                                  f"{' '.join(original.argv)}")
+                                  f"{shown_argv(original.argv)}")
             reuse = False
         values = cmdline.flag_values(original.argv[args_index:], flags)
         why = ad.unsupported_reason(release, values)
@@ -458,7 +459,7 @@ class _LiveRun:
         """Leave the original command line running (a sweep that launched nothing restarts nothing)."""
         try:
             if live_launch is None and not self.state.launched():
-                return {"restarted": False, "ready": True, "argv": list(original.argv),
+                return {"restarted": False, "ready": True, "argv": mask_argv(original.argv),
                         "message": "the server was not restarted: it already ran adaptively with these candidates"}
             return _restore(self.host, self.python, original, [], ropts, "the original command line", self.say,
                             self.owned)

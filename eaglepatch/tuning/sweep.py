@@ -25,7 +25,7 @@ import random
 import re
 from typing import Any, Sequence
 
-from eaglepatch.redact import MASK, is_secret_name, mask_env
+from eaglepatch.redact import mask_env
 from eaglepatch.errors import UsageError
 
 # Launch flags of sglang's server that a tuning sweep may set (besides every speculative-*). Others need
@@ -205,7 +205,7 @@ class Point:
         if self.baseline:
             return "baseline (no speculation)"
         # what is printed of a command line or an environment: its secrets masked (eaglepatch.redact)
-        parts = [f"{k}={MASK if is_secret_name(k) else v}" for k, v in (*self.flags, *self.env)]
+        parts = [f"{k}={v}" for k, v in (*mask_env(dict(self.flags)).items(), *mask_env(dict(self.env)).items())]
         return " ".join(parts) or "as launched"
 
     def to_json(self) -> dict[str, Any]:
