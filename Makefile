@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 CACHE ?= $(CURDIR)/.cache
 export EAGLEPATCH_TEST_CACHE ?= $(CACHE)
 
-.PHONY: install sshd test test-fast demo bench safety-table clean
+.PHONY: install sshd test test-fast demo demo-server demo-server-stop bench safety-table clean
 
 $(BIN)/eaglepatch: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,14 @@ test-fast: install
 
 demo: install
 	$(BIN)/python -m eaglepatch.demo
+
+# The tests' stand-in sglang server on this machine (no GPU), with the commands to try against it; ADAPTIVE=1: the
+# stand-in of sglang's adaptive worker, for sweep --live.
+demo-server: install
+	$(BIN)/python tests/stubs/stand_in_sglang/demo_server.py start $(if $(ADAPTIVE),--adaptive)
+
+demo-server-stop:
+	$(BIN)/python tests/stubs/stand_in_sglang/demo_server.py stop
 
 bench: install sshd
 	$(BIN)/python benchmarks/run_all.py --out docs/benchmarks.md

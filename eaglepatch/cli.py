@@ -279,17 +279,18 @@ def report(
     sys.stdout.write(text if json_out else terminal_text(text))
 
 
-def _bench_options(requests: int, concurrency: str, input_len: int, max_new_tokens: int, warmup: int, seed: int,
-                   log_wait: float, request_rate: str | None = None) -> Any:
+def _bench_options(requests: int, concurrency: str, input_len: int, max_new_tokens: int, warmup: int | None,
+                   seed: int, log_wait: float, request_rate: str | None = None) -> Any:
     from eaglepatch.tuning.load import LoadSpec
     from eaglepatch.tuning.bench import BenchOptions, parse_concurrency, parse_request_rate
 
     ladder = parse_concurrency(concurrency)
     rates = parse_request_rate(request_rate) if request_rate is not None else ()
     load = LoadSpec(requests=requests, concurrency=ladder[0], input_len=input_len, max_new_tokens=max_new_tokens,
-                    warmup=warmup, seed=seed, request_rate=rates[0] if rates else None)
+                    warmup=WarmupOpt.default if warmup is None else warmup, seed=seed,
+                    request_rate=rates[0] if rates else None)
     return BenchOptions(load=load, log_wait=log_wait, ladder=ladder if len(ladder) > 1 else (),
-                        rates=rates if len(rates) > 1 else ())
+                        rates=rates if len(rates) > 1 else (), auto_warmup=warmup is None)
 
 
 @app.command()
@@ -297,7 +298,10 @@ def _bench_options(requests: int, concurrency: str, input_len: int, max_new_toke
 def bench(
     target: str = typer.Argument(..., help="SSH destination or local path."),
     requests: int = RequestsOpt, concurrency: str = ConcurrencyOpt, input_len: int = InputLenOpt,
-    max_new_tokens: int = MaxNewOpt, warmup: int = WarmupOpt, seed: int = SeedOpt, log_wait: float = LogWaitOpt,
+    max_new_tokens: int = MaxNewOpt,
+    warmup: Optional[int] = typer.Option(None, "--warmup", help="Unmeasured requests first (default 4; 32 on a "
+                                         "server younger than 5 minutes, whose first requests run slower)."),
+    seed: int = SeedOpt, log_wait: float = LogWaitOpt,
     request_rate: Optional[str] = RequestRateOpt,
     json_out: bool = JsonOpt,
     *, c: Connect,

@@ -3,8 +3,9 @@
 Downloads a pinned sglang release (its wheel, from PyPI) into a local sandbox, then runs the real commands against
 it as a local target: ``show``, ``diff``, ``apply --no-restart``; drives a few thousand prefill and decode cycles
 through the patched ``EAGLEWorkerV2.forward_batch_generation`` with stub collaborators that do real CPU work
-(eaglepatch.demo.drive); prints ``eaglepatch report`` of the timing log; ``revert``; and proves with sha256 that
-every byte of the sandbox is back.
+(eaglepatch.demo.drive) with the command line of a server launched at 3 draft steps; prints ``eaglepatch report``
+of the timing log and ``report --predict`` (the other step counts, the best per batch size); ``revert``; and proves
+with sha256 that every byte of the sandbox is back. ``make demo-server`` goes on from there with a server.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import sys
 from eaglepatch.releases import cache_dir, release_site
 
 RELEASE = "0.5.16"  # the release of the H200 testbed (docs/real-gpu.md)
+SPEC = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", "4", "--cuda-graph-max-bs", "8"]
 
 
 def step(text: str) -> None:
@@ -78,10 +81,14 @@ def main() -> int:
 
     step(f"Drive {args.cycles} prefill and decode cycles through the patched worker (timer: cpu, no GPU here)")
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", EAGLEPATCH_MODE="cpu", EAGLEPATCH_LOG_DIR=str(logs), EAGLEPATCH_SUMMARY_EVERY="1000")
-    run([sys.executable, "-m", "eaglepatch.demo.drive", str(target), "--cycles", str(args.cycles)], env=env)
+    # the flags a server launched at 3 draft steps carries: the run's header keeps them (report knows the steps)
+    run([sys.executable, "-m", "eaglepatch.demo.drive", str(target), "--cycles", str(args.cycles), *SPEC], env=env)
 
     step("report: where a decode cycle goes, and what it costs in tokens per second")
     run(eaglepatch + ["report", "--skip", "20", str(logs)])
+
+    step("report --predict: the other step counts from this one run, and the best step count per batch size")
+    run(eaglepatch + ["report", "--skip", "20", "--predict", str(logs)], head=None)
 
     step("revert: put back every byte")
     run(eaglepatch + ["revert", "--no-restart", str(target)])
@@ -90,8 +97,9 @@ def main() -> int:
         changed = sorted(set(before) ^ set(after) | {k for k in before if after.get(k) != before[k]})
         raise SystemExit(f"demo: the sandbox differs after revert: {', '.join(changed[:5])}")
     print(f"sha256 of all {len(after)} files in the sandbox: identical to before apply")
-    step("Done. On a GPU host: eaglepatch apply root@gpu-host; eaglepatch report root@gpu-host; eaglepatch revert "
-         "root@gpu-host")
+    step("Done. Next, with a server: make demo-server starts the tests' stand-in sglang here (no GPU) and prints "
+         "the commands to try against it (bench, report --predict, doctor, sweep --baseline); on a GPU host: "
+         "eaglepatch doctor root@gpu-host, then the commands it names")
     return 0
 
 

@@ -241,8 +241,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("site", help="folder holding the patched sglang package")
     ap.add_argument("--cycles", type=int, default=3000)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=None, help="draft steps (default: --speculative-num-steps, else 3)")
+    # sglang's own flags, as a server's command line carries them: the runtime reads the launch's --speculative-*
+    # options (and the batch limits) from this process's command line into the run's header, so that the report
+    # knows the step count (report --predict) and the largest batch
+    for flag in ("--speculative-algorithm", "--speculative-eagle-topk", "--speculative-num-draft-tokens",
+                 "--cuda-graph-max-bs"):
+        ap.add_argument(flag)
+    ap.add_argument("--speculative-num-steps", type=int, default=None)
     args = ap.parse_args(argv)
+    if args.steps is None:
+        args.steps = args.speculative_num_steps if args.speculative_num_steps is not None else 3
     sys.path.insert(0, os.path.abspath(args.site))
     install_stubs()
     mod = importlib.import_module(WORKER_MODULE)

@@ -18,7 +18,9 @@ from eaglepatch.errors import ConnectionFailed, Unsupported, UsageError
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.spec import TargetSpec
 from eaglepatch.redact import mask_argv
-from eaglepatch.tuning.load import SHORT_LOAD_S, LoadSpec, fresh_server_note, run_load, short_load_note
+from eaglepatch.tuning.load import (
+    FRESH_S, LAUNCH_WARMUP, SHORT_LOAD_S, LoadSpec, fresh_server_note, run_load, short_load_note,
+)
 from eaglepatch.ops.lifecycle import launch_of
 from eaglepatch.ops.logs import fetch_logs_from, logs_of
 from eaglepatch.ops.target import Connect, Target, target_facts
@@ -39,6 +41,9 @@ class BenchOptions:
     request_timeout: float = 600.0
     ladder: tuple[int, ...] = ()
     rates: tuple[float, ...] = ()
+    # --warmup not given: a server younger than FRESH_S gets LAUNCH_WARMUP requests first (its first requests run
+    # slower), any other the load's own warm-up
+    auto_warmup: bool = False
 
     def __post_init__(self) -> None:
         if self.log_wait < 0:
@@ -159,6 +164,12 @@ def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | Non
         port = host.open_tunnel(server.probe_host, server.port)  # type: ignore[attr-defined]
     except OSError as exc:
         raise ConnectionFailed(f"{name}: cannot forward a local port to :{server.port}: {exc}") from None
+    if opts.auto_warmup and server.started_at is not None and opts.load.warmup < LAUNCH_WARMUP:
+        age = time.time() + offset - server.started_at
+        if age < FRESH_S:
+            say(f"the server started {max(age, 0):.0f} s ago: {LAUNCH_WARMUP} warm-up requests first (a fresh "
+                "launch's first requests run slower; --warmup N sets it)")
+            opts = dataclasses.replace(opts, load=dataclasses.replace(opts.load, warmup=LAUNCH_WARMUP))
     try:
         # the pause after the warm-up keeps its cycles out of the window, widened by the clock's uncertainty
         lr = run_load(server_url(host, server.probe_host, port), opts.load, api_key=server.api_key, progress=say,

@@ -225,6 +225,20 @@ def test_bench_warmed_by_32_requests_has_no_note_of_a_fresh_server(standins, tmp
     assert not any(n.startswith("the server started") for n in doc["notes"]), doc["notes"]
 
 
+def test_bench_without_warmup_warms_a_fresh_server_by_itself(standins, tmp_path, local):
+    """No --warmup on a server started seconds ago: bench sends 32 warm-up requests first and says so, and gives
+    no note of a fresh server (the README's path warned before); --warmup 2 is taken as given."""
+    srv = spec_server(standins, tmp_path)
+    assert LOAD[-2:] == ["--warmup", "2"]
+    r = local.run("bench", srv.tree, *LOAD[:-2], "--json")
+    doc = jdoc(r)
+    assert doc["load"]["warmup"] == 32 and "32 warm-up requests first" in r.stderr, r.stderr
+    assert not any(n.startswith("the server started") for n in doc["notes"]), doc["notes"]
+    given = jdoc(local.run("bench", srv.tree, *LOAD, "--json"))
+    assert given["load"]["warmup"] == 2
+    assert any(n.startswith("the server started") for n in given["notes"]), given["notes"]
+
+
 def test_bench_over_ssh_through_a_forwarded_port(standins, tmp_path, ssh):
     srv = spec_server(standins, tmp_path)
     apply(ssh, srv, tmp_path)
