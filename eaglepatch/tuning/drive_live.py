@@ -55,7 +55,7 @@ from eaglepatch.tuning.drive import (
     server_flags,
     sweep_locks,
 )
-from eaglepatch.tuning.live_finish import CURVE, curve_of, summary, window_key
+from eaglepatch.tuning.live_finish import CURVE, SERVER, curve_of, max_running_requests, summary, window_key
 from eaglepatch.tuning.load import LoadFailed, run_load, run_window
 
 ANSWER_TIMEOUT_S = 20.0  # for every rank's runtime to answer the lease (it looks every 0.5 s)
@@ -349,6 +349,9 @@ class _LiveRun:
             warm = dataclasses.replace(load, requests=max(1, load.warmup), warmup=0)
             self.say(f"warm-up: {warm.requests} request(s), then every rank's answer to the lease")
             run_load(url, warm, api_key=server.api_key, timeout=self.opts.bench.request_timeout)
+            limit = max_running_requests(url, server.api_key)
+            if limit is not None:  # the largest batch the server runs, as sglang derived it: the curve's last
+                self.state.add_timings({"point": SERVER, "rep": 0, "max_running_requests": limit})
             self.answers(server)
             failpoint("live:after-lease")
             self.warm_states(url, server)
@@ -452,8 +455,10 @@ class _LiveRun:
             self.state.add_timings(doc)
         if self.opts.emit is not None:
             pids = {p for r in self.state.runs if r.get("status") == "ok" for p in (r.get("pids") or [r.get("pid")])}
+            limits = [t["max_running_requests"] for t in self.state.timings if t.get("point") == SERVER]
             self.state.add_timings({"point": CURVE, "rep": len(self.state.timings),
-                                    "curve": curve_of(logs_of(every, {p for p in pids if p}))})
+                                    "curve": curve_of(logs_of(every, {p for p in pids if p}),
+                                                      limits[-1] if limits else None)})
 
     def put_back(self, original: Any, live_launch: Any, ropts: Any, interrupted: BaseException | None) -> dict:
         """Leave the original command line running (a sweep that launched nothing restarts nothing)."""

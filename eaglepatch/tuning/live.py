@@ -238,6 +238,11 @@ def summarize(target: str, steps: Sequence[int], runs: Sequence[Mapping[str, Any
     oks = [d for d in doc["points"] if d["status"] == "ok"]
     if rounds < 2 and len(oks) > 1:
         notes.append("one window per point: a server's speed drifts within a run too; use --rounds 3 or more")
+    if 0 in steps:
+        notes.append("steps 0 is sglang's adaptive zero-step state, not plain decoding: it still runs the draft "
+                     "extend and keeps the speculative launch's batch limit (on an H100 at 64 requests at a time it "
+                     "ran 3,180 tok/s where a launch without speculation ran 7,974): whether to speculate at all, "
+                     "only a restart sweep with --baseline measures")
     other = sum((d.get("cycles") or {}).get("other", 0) for d in oks)
     if other:
         notes.append(f"{other} decode cycle(s) inside the windows did not run at their window's pinned step count "

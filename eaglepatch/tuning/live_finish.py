@@ -23,16 +23,41 @@ def window_key(doc: Any) -> tuple[Any, Any, Any]:
 CURVE = "curve"  # the state's timings entry that holds the cost curve's best step counts per batch size
 
 
-def curve_of(files: Sequence[str]) -> dict[str, Any] | None:
+SERVER = "server"  # the state's timings entry that holds the server's own max_running_requests
+
+
+def max_running_requests(url: str, api_key: str | None, timeout: float = 10.0) -> int | None:
+    """The largest batch the server runs as sglang derived it (``/server_info``'s ``max_running_requests``, or
+    ``/get_server_info`` before 0.4.x): a speculative launch gets fewer than its flags say (48 on the H100 testbed
+    launched with ``--cuda-graph-max-bs 64``). None when the server does not say."""
+    import json as _json
+    import urllib.request
+
+    for path in ("/server_info", "/get_server_info"):
+        req = urllib.request.Request(url.rstrip("/") + path,
+                                     headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+        try:
+            with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=timeout) as resp:
+                doc = _json.loads(resp.read(1 << 22))
+        except (OSError, ValueError):
+            continue
+        v = doc.get("max_running_requests") if isinstance(doc, dict) else None
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def curve_of(files: Sequence[str], max_running: int | None = None) -> dict[str, Any] | None:
     """``report --predict``'s best step counts per batch size (``predict_by_bs`` and its notes) over every decode
-    cycle of the live sweep's launch (each pinned step count a point of the cost fit), or None without records."""
+    cycle of the live sweep's launch (each pinned step count a point of the cost fit), up to ``max_running`` (the
+    server's own limit) when known, else its flags'; None without records."""
     from eaglepatch import report as rep
     from eaglepatch.report.predict_bs import for_runs
 
     if not files:
         return None
     res = rep.aggregate(files, by="bs")
-    per = for_runs(res)
+    per = for_runs(res, flags={"max-running-requests": str(max_running)} if max_running else None)
     if not per:
         return None
     newest = res.runs[-1].id if res.runs else None
@@ -119,6 +144,12 @@ def summary(name: str, release: ad.AdaptiveRelease, steps: Sequence[int], state:
             doc["notes"].append("--emit-adaptive-config: candidates from the acceptance model, not measured: "
                                 + ", ".join(f"{s} steps at batch size {b}" for b, s in chosen_predicted)
                                 + " (the largest step count's records predicted them)")
+        if any(tuple(v) == (0,) for v in tiers.values()):
+            doc["notes"].append("--emit-adaptive-config: a tier of [0] runs sglang's zero-step state (the draft "
+                                "extend still runs, the batch limit stays the speculative launch's), not plain "
+                                "decoding: where no speculation is best at your load, a launch without speculation "
+                                "runs it faster (eaglepatch sweep TARGET --grid speculative-num-steps=K --baseline "
+                                "--concurrency ... measures both)")
         doc["adaptive_config"] = emitted
         if "static_flags" in emitted:  # one candidate everywhere: the static launch does it
             say(f"adaptive config written to {opts.emit} (tiers {emitted['tiers']}), but it holds one candidate: "

@@ -134,6 +134,8 @@ def test_a_live_sweep_measures_every_step_count_in_one_launch_and_puts_the_serve
         assert set(config[k]["candidate_steps"]) <= {0, 1, 3, 7}, config
         assert "curve" in emitted["tier_basis"][k], emitted["tier_basis"]
     assert config[max(upper, key=int)] == {"candidate_steps": [0]}, config
+    assert any(n.startswith("--emit-adaptive-config: a tier of [0] runs sglang's zero-step state") for n in
+               doc["notes"]), doc["notes"]
     side = json.loads(Path(emitted["basis_path"]).read_text())
     assert {k: v["candidate_steps"] for k, v in side["tiers"].items()} == {k: v["candidate_steps"]
                                                                           for k, v in config.items()}

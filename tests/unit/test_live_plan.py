@@ -357,3 +357,14 @@ def test_windows_that_ran_their_cycles_at_different_speeds_are_not_said_to_be_la
     doc = lv.summarize("t", (1, 3), runs, rounds=2, launches=0, window_s=20.0)
     assert doc["points"][0]["window_tokens_per_s"] == [100.0, 60.0]
     assert not any("decode cycles" in n for n in doc["notes"]), doc["notes"]
+
+
+def test_a_grid_with_steps_0_says_the_zero_state_is_not_no_speculation():
+    """The H100 live sweep: its steps 0 ran 3,180 tok/s at 64 requests a time where a launch without speculation
+    ran 7,974: the summary says so whenever 0 is in the grid, and not otherwise."""
+    runs = [{"point": lv.points_of((0, 3))[i].key, "index": i, "rep": 0, "steps": s, "status": "ok",
+             "tokens_per_s": t, "t": i} for i, (s, t) in enumerate(((0, 3180.0), (3, 6354.0)))]
+    doc = lv.summarize("gpu1", (0, 3), runs, 1, 0, 8.0)
+    assert any(n.startswith("steps 0 is sglang's adaptive zero-step state, not plain decoding") for n in doc["notes"])
+    runs3 = [dict(r, point=lv.points_of((1, 3))[i].key, steps=(1, 3)[i]) for i, r in enumerate(runs)]
+    assert not any("zero-step" in n for n in lv.summarize("gpu1", (1, 3), runs3, 1, 0, 8.0)["notes"])

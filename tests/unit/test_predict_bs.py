@@ -321,3 +321,45 @@ def test_the_chart_draws_tok_s_against_the_batch_size(tmp_path):
     svg = to_svg(sc).decode()
     assert "requests a cycle (batch size)" in svg
     assert "best step count per batch size" not in predict_scene({"groups": [], "runs": [{"id": "r"}]}).texts()
+
+
+def test_a_live_sweeps_curve_stops_at_the_servers_own_batch_limit(tmp_path):
+    """The live sweep reads the server's max_running_requests (sglang lowers it for a speculative launch: 48 on the
+    H100 launched with --cuda-graph-max-bs 64) and prices batch sizes up to it, not the flags' 64: a tier above it
+    would never run (the H100's emitted config put [0] at 49, where no batch ever came)."""
+    import http.server
+    import threading
+
+    from eaglepatch.tuning.live_finish import curve_of, max_running_requests
+
+    recs = run_records(world_cost, world_accepts(7), (1, 2, 4, 8, 16, 32), 5, 150)
+    f = write(tmp_path / "w.jsonl", [header(dict(FLAGS, **{"cuda-graph-max-bs": "64"})), *recs])
+    assert curve_of([f])["max_bs"] == 64
+    capped = curve_of([f], 48)
+    assert capped["max_bs"] == 48 and capped["predict_by_bs"][-1]["bs"] == 48
+
+    docs = {"/get_server_info": {"max_running_requests": 48}}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            doc = docs.get(self.path)
+            body = json.dumps(doc).encode() if doc is not None else b"not found"
+            self.send_response(200 if doc is not None else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        assert max_running_requests(url, None) == 48  # the older path, after /server_info's 404
+        docs["/server_info"] = {"max_running_requests": 4096}
+        assert max_running_requests(url, "k") == 4096
+        docs["/server_info"] = {"max_running_requests": "many"}
+        docs.pop("/get_server_info")
+        assert max_running_requests(url, None) is None
+    finally:
+        srv.shutdown()
