@@ -97,7 +97,10 @@ def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, tra
     try:
         for s in sources:
             if (os.path.exists(s) or is_local_target(s)) and _is_log_source(s):
-                per_source.append(rep.iter_log_files([s]))
+                skipped: list[str] = []  # a FIFO, a device, a loop of links among the logs: named, never read
+                per_source.append(rep.iter_log_files([s], skipped))
+                for note in skipped:
+                    say(note)
                 own.append({})
                 continue
             # a TARGET: a remote one, or a local install (package, venv, checkout): the same code path

@@ -155,6 +155,8 @@ def aggregate(
     # With a trace, the first pass writes every run's records; should the selection leave a run out, a second
     # pass writes the trace again with the selected runs alone (its numbers are the same as the first's).
     out = scan(None)
+    dropped = out.drops_note()
+    unread = tuple(out.notes) + ((dropped,) if dropped else ())
 
     # The runs: records per run (kept + dropped by skip), known runs, oldest first.
     counts: Counter[str] = Counter()
@@ -246,5 +248,6 @@ def aggregate(
         runs=tuple(chosen),
         merged=merged,
         other_runs=others,
+        unread=unread,
     )
 

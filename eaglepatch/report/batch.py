@@ -7,8 +7,10 @@ It gives exactly what the line-by-line loop (``eaglepatch.report.lines``) gives,
 it cannot vouch for:
 
 * Records decode into ``Record`` structs whose types are the record rules of ``eaglepatch.report.record`` made
-  stricter: ``v`` the integer 1; numbers ints within +-2**53 or finite floats, never booleans; ``pid``/``rank``
-  ints; ``mode`` ``decode`` or ``prefill``; ``run`` a non-empty string; ``accepts`` whole numbers >= 0; phases
+  stricter: ``v`` the integer 1; numbers ints or finite floats within their bounds (``record``: ``t``, durations,
+  counts), never booleans; ``pid``/``rank`` ints; ``mode`` ``decode`` or ``prefill``; ``run`` a non-empty string;
+  ``accepts`` whole numbers from 0 to ``MAX_TOKENS``, at most ``MAX_ACCEPTS`` of them (checked against ``bs`` and
+  the spec, as ``accept_hist`` objects are, before anything is added: ``columns.plan``); phases
   of the names the decoder knows (``CANONICAL_PHASES``, and the names the line loop found in a recipe of one's
   own); no ``kind``. A record that decodes is thus one the line loop takes, with the same values (msgspec and
   json read the same numbers, and the later of two equal keys wins in both); a line that does not decode goes to
@@ -40,7 +42,18 @@ from typing import Any, Optional, Union
 
 from eaglepatch.report.columns import apply, plan
 from eaglepatch.report.groups import Acc
-from eaglepatch.report.record import BadLine
+from eaglepatch.report.reader import blocks
+from eaglepatch.report.record import (
+    MAX_ACCEPTS,
+    MAX_COUNT,
+    MAX_MS,
+    MAX_T,
+    MAX_TOKENS,
+    BadLine,
+    accept_cap,
+    check_accepts,
+    hist_counts,
+)
 from eaglepatch.report.stats import CANONICAL_PHASES
 
 try:
@@ -66,12 +79,17 @@ def _record_type(phases: tuple[str, ...], key: tuple[Any, ...] | None) -> Any:
 
     from msgspec import UNSET, Meta, UnsetType, defstruct
 
-    num = Union[Annotated[int, Meta(ge=-(2**53), le=2**53)], float]
+    def bounded(most: float) -> Any:  # a number from 0 to most (record.py's bounds), as an int or a float
+        return Union[Annotated[int, Meta(ge=0, le=int(most))], Annotated[float, Meta(ge=0.0, le=float(most))]]
+
+    ms = bounded(MAX_MS)
+    count = bounded(MAX_COUNT)
+    whole = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
     # a phase the record does not have is None (a phase that is null does not decode)
-    ph = defstruct("Phases", [(f"p{i}", num, None) for i in range(len(phases))],
+    ph = defstruct("Phases", [(f"p{i}", ms, None) for i in range(len(phases))],
                    rename={f"p{i}": name for i, name in enumerate(phases)}, forbid_unknown_fields=True, gc=False)
     if key is None:
-        who: list[Any] = [("host", str), ("pid", int), ("rank", int)]
+        who: list[Any] = [("host", str), ("pid", whole), ("rank", whole)]
         rest: list[Any] = [("run", Optional[Annotated[str, Meta(min_length=1)]], None), ("spec", Any, None),
                            ("timer", Any, None)]
     else:
@@ -84,23 +102,39 @@ def _record_type(phases: tuple[str, ...], key: tuple[Any, ...] | None) -> Any:
     # last, so a record decodes quicker (keyword-only fields: the required ones need not come first).
     fields = [
         ("v", Literal[1]),
-        ("t", num),
+        ("t", bounded(MAX_T)),
         *who,
         run_field,
         ("mode", Literal["decode", "prefill"]),
-        ("bs", Optional[num], None),
-        ("cycle_ms", num),
+        ("bs", Optional[count], None),
+        ("cycle_ms", ms),
         timer_field,
         ("phases", ph),
-        ("accepted", Optional[num], None),
-        ("accepts", Optional[list[Annotated[int, Meta(ge=0)]]], None),
+        ("accepted", Optional[count], None),
+        # entries at most MAX_TOKENS here; at most the spec's accept_cap, no more of them than bs: ``columns.plan``
+        ("accepts", Optional[Annotated[list[Annotated[int, Meta(ge=0, le=MAX_TOKENS)]], Meta(max_length=MAX_ACCEPTS)]],
+         None),
         ("host_phases", Optional[ph], None),
-        ("host_cycle_ms", Optional[num], None),
+        ("host_cycle_ms", Optional[ms], None),
         spec_field,
         ("accept_hist", Any, None),
         ("kind", UnsetType, UNSET),  # any "kind": a run header (or no record), for the line loop
     ]
     return defstruct("Record", fields, kw_only=True, gc=False)
+
+
+def _skipped_fit(recs: list[Any], cap: int) -> bool:
+    """Whether the accepts lists and accept_hist objects of records that ``skip`` drops are ones the line loop takes
+    (``record.check_skipped``; ``columns.plan`` checks those of the records that count)."""
+    try:
+        for r in recs:
+            if r.accepts is not None:
+                check_accepts(r.accepts, r.bs, cap)
+            elif r.accept_hist is not None:
+                hist_counts(r.accept_hist, cap, r.bs)
+    except BadLine:
+        return False
+    return True
 
 
 def _key(r: Any) -> tuple[Any, ...] | None:
@@ -145,24 +179,13 @@ class Batches:
         self.dec = dec
 
     def read(self, f: Any) -> None:
-        rest: list[bytes] = []  # the start of a line that the pieces read so far do not end
-        while True:
-            data = f.read(PIECE)
-            if not data:
-                break
-            cut = data.rfind(b"\n") + 1
-            if not cut:
-                rest.append(data)  # a line longer than a piece: joined once it ends
-                continue
-            if rest:
-                cut += sum(map(len, rest))
-                rest.append(data)
-                data = b"".join(rest)
-            rest = [data[cut:]] if cut < len(data) else []
-            self.piece(data, cut)
-        if rest:
-            data = b"".join(rest)
-            self.piece(data, len(data))
+        """Read the binary file ``f`` in pieces of whole lines (``eaglepatch.report.reader.blocks``: a line over
+        the cap is skipped unread, and counted)."""
+        for data, end in blocks(f, PIECE):
+            if data is None:
+                self.st.bad += 1  # a count: the records waiting before it need not go first
+            else:
+                self.piece(data, end)
         self.flush()
 
     def piece(self, data: bytes, end: int, tries: int = _TRIES) -> None:
@@ -349,8 +372,12 @@ class Batches:
         else:
             ends = [r.t + r.cycle_ms * 0.001 for r in recs]
         k = min(n, max(0, st.skip - cnt))  # the first k records are dropped by skip
+        cap = accept_cap(sraw)
+        if k and not _skipped_fit(recs[:k], cap):
+            return False
         plans = plan(st, recs[k:] if k else recs, hcs[k:] if events else None,
-                     ends[k - 1:n - 1] if k else [last_end, *ends[:-1]], carry, self.phases) if k < n else ([], carry)
+                     ends[k - 1:n - 1] if k else [last_end, *ends[:-1]], carry, self.phases,
+                     cap) if k < n else ([], carry)
         if plans is None:
             return False
 

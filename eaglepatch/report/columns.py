@@ -11,20 +11,21 @@ import sys
 from array import array
 from functools import lru_cache, reduce
 from itertools import compress
-from operator import add, iconcat, itemgetter
+from operator import add, gt, iconcat, itemgetter
 from typing import Any
 
 from eaglepatch.report.groups import Acc
-from eaglepatch.report.record import BadLine, hist_counts
+from eaglepatch.report.record import MAX_TOKENS, BadLine, hist_counts
 
 _BYTES = [bytes((i,)) for i in range(256)]
 _pack = struct.pack
 
 
 def plan(st: Any, recs: list[Any], hcs: list[Any] | None, prevs: list[float], carry: float,
-         names: tuple[str, ...]) -> Any:
+         names: tuple[str, ...], cap: int = MAX_TOKENS) -> Any:
     """What the records that count (after ``skip``) add to each group: ([(group key, mode, by value, columns)],
-    the carry after them), or None when a check refuses them. ``prevs``: the end of the cycle before each."""
+    the carry after them), or None when a check refuses them. ``prevs``: the end of the cycle before each; ``cap``:
+    the most tokens a request produces in a cycle of the part's spec (``record.accept_cap``)."""
     m = len(recs)
     idle = st.idle
     nidle = -idle
@@ -77,10 +78,12 @@ def plan(st: Any, recs: list[Any], hcs: list[Any] | None, prevs: list[float], ca
         h = recs[i].accept_hist
         if h is not None:
             try:
-                pairs[i] = hist_counts(h)
+                pairs[i] = hist_counts(h, cap, recs[i].bs)
             except BadLine:
                 return None
         i = _index(acs, None, i + 1)
+    if not fit(recs, acs):
+        return None  # an accepts list longer than its record's bs
 
     # The groups, in the order of their first records.
     bycode = st.bycode
@@ -105,8 +108,28 @@ def plan(st: Any, recs: list[Any], hcs: list[Any] | None, prevs: list[float], ca
             key, mode, kv = gk, gk[0], gk[1]
         else:
             key, mode = (gk, kv), gk
-        plans.append((key, mode, kv, _columns(idx, *cols)))
+        columns = _columns(idx, *cols)
+        hist = columns[5]
+        if cap < MAX_TOKENS and hist and max(hist) > cap:
+            return None  # a request that produced more tokens than the spec's draft tokens + 1 (accepts)
+        plans.append((key, mode, kv, columns))
     return plans, c
+
+
+def fit(recs: list[Any], acs: list[Any]) -> bool:
+    """Whether no record's ``accepts`` list (``acs``, None where it has none) is longer than its ``bs`` (where that
+    is a number): a C loop at a time, the common case (a count per request of the batch) a comparison of lists."""
+    lists = list(filter(None, acs))
+    if not lists:
+        return True
+    bss = list(compress([r.bs for r in recs], acs))  # the bs of each record with a non-empty list
+    lens = list(map(len, lists))
+    if lens == bss:
+        return True
+    try:
+        return not any(map(gt, lens, bss))
+    except TypeError:  # a bs that is null
+        return all(b is None or n <= b for n, b in zip(lens, bss))
 
 
 def _index(seq: list[Any], value: Any, start: int) -> int:

@@ -136,7 +136,8 @@ def _columns(results: Sequence[ReportResult], labels: Sequence[str]) -> list[tup
         if len(runs) > 1:
             for i, run in enumerate(runs, 1):
                 out.append((CompareColumn(f"{label}#{i}", label, (run,)), list(res.run_groups(run.id))))
-            rest = [g for g in res.groups if g.run not in {r.id for r in runs}]
+            ids = {r.id for r in runs}
+            rest = [g for g in res.groups if g.run not in ids]
             if rest:  # groups of no known run (not from aggregate): a column of their own
                 out.append((CompareColumn(f"{label}#?", label), rest))
         else:

@@ -318,14 +318,15 @@ def finish_group(g: Acc, key: tuple[tuple[str, Any], ...], run: str | None) -> G
     if bst is not None:
         between = BetweenStats(n=bst.n, mean=bst.mean, p50=bst.p50, p90=bst.p90, total=bst.total)
 
-    # No record with accepted (and bs) leaves these sums at 0: the values are then null.
-    accept_len = g.acc_ab / g.bs_ab if g.bs_ab > 0 else None
-    tokens_per_s = g.acc / g.cyc_acc * 1000.0 if g.cyc_acc > 0 else None
+    # No record with accepted (and bs) leaves these sums at 0: the values are then null; so does a quotient too large
+    # for a float (a few tokens over cycles of a denormal number of ms: every value is bounded, not their ratios).
+    accept_len = _finite(g.acc_ab / g.bs_ab) if g.bs_ab > 0 else None
+    tokens_per_s = _finite(g.acc / g.cyc_acc * 1000.0) if g.cyc_acc > 0 else None
     # What a client sees follows the cadence of cycle starts on the host: each cycle's host-clock time plus the gap
     # before it. Under the overlap scheduler the GPU's cycle (cycle_ms of the events timer) overlaps the
     # scheduler's work between cycles, so cycle_ms + between would count that time twice.
     wall_den = g.wcyc_acc + g.btw_acc
-    wall = g.acc / wall_den * 1000.0 if g.cyc_acc > 0 and wall_den > 0 else None
+    wall = _finite(g.acc / wall_den * 1000.0) if g.cyc_acc > 0 and wall_den > 0 else None
     n_acc = len(g.walls)
     cadence = wall_den / n_acc if n_acc and wall_den > 0 else None
     windows = _window_rates(g.accs, g.walls)
@@ -355,6 +356,10 @@ def finish_group(g: Acc, key: tuple[tuple[str, Any], ...], run: str | None) -> G
     )
 
 
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
 _WINDOWS = 10  # windows of a group's records for the spread of its tok/s
 _WINDOW_MIN = 50  # records a window holds at least
 
@@ -370,8 +375,9 @@ def _window_rates(accs: array, walls: array) -> tuple[float, ...]:
     for i in range(w):
         lo, hi = i * n // w, (i + 1) * n // w
         den = math.fsum(walls[lo:hi])
-        if den > 0:
-            out.append(math.fsum(accs[lo:hi]) / den * 1000.0)
+        rate = math.fsum(accs[lo:hi]) / den * 1000.0 if den > 0 else math.inf
+        if math.isfinite(rate):
+            out.append(rate)
     return tuple(out)
 
 

@@ -13,7 +13,12 @@ from typing import Any, Iterable
 
 from eaglepatch.report.groups import Acc
 from eaglepatch.report.record import (
+    MAX_ACCEPTS,
+    MAX_COUNT,
+    MAX_MS,
+    MAX_T,
     BadLine,
+    accept_cap,
     append_phases_slow,
     check_skipped,
     hist_counts,
@@ -52,6 +57,22 @@ def header(line: str) -> dict[str, Any] | None:
     return h
 
 
+def drops(line: str) -> dict[str, Any] | None:
+    """The runtime's drops line (``{"v": 1, "kind": "drops", "pid", "rank", "dropped", "reasons"}``: what it could
+    not write, running totals), else ``None``."""
+    if '"drops"' not in line:
+        return None
+    try:
+        d = json.loads(line, parse_constant=reject_constant)
+    except (ValueError, RecursionError):
+        return None
+    if (type(d) is not dict or d.get("kind") != "drops" or d.get("v") != 1 or type(d.get("pid")) is not int
+            or type(d.get("rank")) is not int or type(d.get("dropped")) is not int
+            or not 0 <= d["dropped"] <= 10**12 or type(d.get("reasons")) is not dict):
+        return None
+    return d
+
+
 def read_lines(st: Any, source: Iterable[str]) -> None:
     """The line-by-line loop over ``source``'s lines (text, as a file opened in text mode gives them), for the
     scan's state ``st`` (``eaglepatch.report.scan.Scan``).
@@ -71,6 +92,11 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
     records = st.records
     bad = st.bad
     ninf = -math.inf
+    max_t = MAX_T
+    max_ms = MAX_MS
+    max_count = MAX_COUNT
+    max_accepts = MAX_ACCEPTS
+    acap = st.c_acap  # the current spec's accept_cap
     idle = st.idle
     nidle = -idle
     windowed = st.windowed
@@ -135,9 +161,9 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
             if d["v"] != 1:
                 raise BadLine("unknown version")
             t = d["t"]
-            if windowed and not lo <= t <= hi:  # TypeError on a non-number: a bad line
-                if not is_num(t):
-                    raise BadLine("bad t")
+            if not 0.0 <= t <= max_t:  # TypeError on a non-number: a bad line
+                raise BadLine("bad t")
+            if windowed and not lo <= t <= hi:
                 if "kind" in d:
                     raise BadLine("a header, or no record")  # the handler below reads headers
                 continue
@@ -162,7 +188,8 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
             sraw = d.get("spec")
 
             if host != c_host or pid != c_pid or rank != c_rank:
-                if type(host) is not str or type(pid) is not int or type(rank) is not int:
+                if (type(host) is not str or type(pid) is not int or type(rank) is not int
+                        or not 0 <= pid <= max_count or not 0 <= rank <= max_count):
                     raise BadLine("bad process fields")
                 if c_host is not NO:
                     procs[(c_host, c_pid, c_rank)] = (cnt, last_end, carry)
@@ -172,11 +199,15 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
                 cnt, last_end, carry = procs.get((host, pid, rank), (0, ninf, 0.0))
                 c_rraw = NO  # a run's start is looked for where the process changes, too
 
-            # Validates t and the durations (TypeError on non-numbers) before anything is mutated.
+            # Validates the durations (TypeError on non-numbers) before anything is mutated.
+            if not 0.0 <= cyc <= max_ms:
+                raise BadLine("bad cycle_ms")
             if hcyc is None:
                 e = t + cyc * 0.001
             else:
-                e = t + hcyc * 0.001 + cyc * 0.0
+                if not 0.0 <= hcyc <= max_ms:
+                    raise BadLine("bad host_cycle_ms")
+                e = t + hcyc * 0.001
 
             if rraw != c_rraw or sraw != c_sraw:
                 # Another run or spec (or file, or process): validate them, find their groups. This record's t
@@ -194,6 +225,7 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
                         spec = spec_cache[tuple(sraw.items())]
                     except (KeyError, TypeError, AttributeError):
                         spec = spec_of(sraw)
+                acap = accept_cap(sraw)
                 R = runs.get(rid) or new_run(rid)
                 R.files.add(file_index)
                 if t < R.start:
@@ -211,7 +243,7 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
                 cur_gk = NO
 
             if cnt < skip:
-                check_skipped(d)
+                check_skipped(d, acap)
                 if type(mode) is not str:
                     raise BadLine("bad mode")
                 cnt += 1
@@ -258,25 +290,33 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
                 cyc_app = g.cyc_app
                 btw_app = g.btw_app
 
+            if bs is not None and not 0 <= bs <= max_count:  # TypeError on a non-number
+                raise BadLine("bad bs")
             if acc is not None:
-                x_acc = s_acc + acc  # validates accepted
+                if not 0 <= acc <= max_count:
+                    raise BadLine("bad accepted")
+                x_acc = s_acc + acc
                 if bs is not None:
                     x_accab = s_acc_ab + acc
-                    x_bsab = s_bs_ab + bs  # validates bs
+                    x_bsab = s_bs_ab + bs
             wc = cyc if hcyc is None else hcyc
             if acs is not None:
-                # the common case, validated here without a call: a list of whole numbers, at least 0
-                if type(acs) is not list:
+                # the common case, validated here without a call (record.check_accepts): a list of whole numbers,
+                # at least 0 and at most the spec's accept_cap, no more of them than bs and MAX_ACCEPTS
+                if type(acs) is not list or len(acs) > max_accepts or (bs is not None and len(acs) > bs):
                     raise BadLine("bad accepts")
                 for x in acs:
-                    if type(x) is not int or x < 0:
+                    if type(x) is not int or not 0 <= x <= acap:
                         raise BadLine("bad accepts")
             elif ahs is not None:
-                pairs = hist_counts(ahs)
+                pairs = hist_counts(ahs, acap, bs)
 
             try:
                 for name, ms in phases.items():
-                    pm[name](ms)
+                    if 0.0 <= ms <= max_ms:
+                        pm[name](ms)
+                    else:
+                        raise BadLine("bad phase")  # the slow path undoes the appends and says so
             except Exception:
                 slow(pm, phases)
 
@@ -287,7 +327,10 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
                     try:
                         try:
                             for name, ms in hp.items():
-                                hpm[name](ms)
+                                if 0.0 <= ms <= max_ms:
+                                    hpm[name](ms)
+                                else:
+                                    raise BadLine("bad phase")
                         except Exception:
                             slow(hpm, hp)
                     except BadLine:
@@ -338,10 +381,12 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
                 tracer.add(d, host, pid, rank, mode, t, False)
         except bad_errors:
             h = header(line)
-            if h is None:
-                bad += 1
-            else:
+            if h is not None:
                 st.add_header(h)
+            elif (dl := drops(line)) is not None:
+                st.out.add_drops(dl)
+            else:
+                bad += 1
     if g is not None:
         g.acc = s_acc
         g.acc_ab = s_acc_ab
@@ -358,6 +403,7 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
     st.carry = carry
     st.c_rraw = c_rraw
     st.c_sraw = c_sraw
+    st.c_acap = acap
     st.R = R
     st.c_rid = c_rid
     st.c_spec = c_spec

@@ -342,7 +342,8 @@ class ReportResult:
     that did not parse (in all files, whatever the selection). ``groups`` is ordered by run (oldest first), then
     decode first, then prefill, then other modes; within a mode by key (numbers ascending, then strings, null
     last). ``runs`` are the selected runs, oldest first; ``merged`` is true when ``merge_runs`` put several of
-    them into the same groups; ``other_runs`` are the runs of the logs that the selection left out.
+    them into the same groups; ``other_runs`` are the runs of the logs that the selection left out; ``unread``
+    the notes on the files given that were not read (no regular file: a FIFO, a device, a loop of links).
     """
 
     sources: tuple[str, ...]
@@ -354,6 +355,7 @@ class ReportResult:
     runs: tuple[RunInfo, ...] = ()
     merged: bool = False
     other_runs: tuple[RunInfo, ...] = ()
+    unread: tuple[str, ...] = ()
 
     @property
     def has_host(self) -> bool:
@@ -369,8 +371,16 @@ class ReportResult:
         return None
 
     def run_groups(self, run: str | None) -> tuple[GroupStats, ...]:
-        """The groups of one run (by id), in order."""
-        return tuple(g for g in self.groups if g.run == run)
+        """The groups of one run (by id), in order. The groups are put by run once (a report of many runs asks for
+        each run's: linear in the groups, not their number times the runs')."""
+        by_run = self.__dict__.get("_by_run")
+        if by_run is None:
+            by_run = {}
+            for g in self.groups:
+                by_run.setdefault(g.run, []).append(g)
+            by_run = {r: tuple(gs) for r, gs in by_run.items()}
+            object.__setattr__(self, "_by_run", by_run)  # a cache, no field: not in repr, ==, or to_json
+        return by_run.get(run, ())
 
     def merge_warning(self) -> str | None:
         """``"merged 3 runs: ...; their figures blend"`` when ``merged``, else ``None``."""

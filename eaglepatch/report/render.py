@@ -246,6 +246,7 @@ def render_table(result: ReportResult, *, tablefmt: str = "simple",
         notes.append(f"note: --skip {result.skip} left out the first {dropped} cycles (first {result.skip} per process)")
     if result.skipped_lines:
         notes.append(f"note: {result.skipped_lines} lines did not parse and were skipped")
+    notes.extend(result.unread)
     if result.other_runs:
         n = len(result.other_runs)
         notes.append(f"note: {n} other run{'s' if n > 1 else ''} in these logs not shown: "

@@ -55,10 +55,12 @@ from typing import Any, Iterable, Sequence
 from eaglepatch.collector import few_collections
 from eaglepatch.errors import UsageError
 from eaglepatch.report.batch import Batches
+from eaglepatch.report.files import open_log, skip_note
 from eaglepatch.report.groups import Acc
 from eaglepatch.report.lines import NO, read_lines
 from eaglepatch.report.model import BY_CHOICES
-from eaglepatch.report.record import BadLine, is_num, spec_label
+from eaglepatch.report.reader import text_lines
+from eaglepatch.report.record import MAX_T, BadLine, accept_cap, is_num, spec_label
 
 
 # The parser. msgspec decodes a line about four times faster than the standard library, and typed records in
@@ -115,15 +117,39 @@ class _Run:
 
 
 class ScanOut:
-    """The scan's findings: accumulators per (run id, spec), runs by id, records, bad lines."""
+    """The scan's findings: accumulators per (run id, spec), runs by id, records, bad lines, and the notes on the
+    files it did not read (no regular file: ``eaglepatch.report.files.open_log``)."""
 
-    __slots__ = ("ctxs", "runs", "records", "bad")
+    __slots__ = ("ctxs", "runs", "records", "bad", "notes", "drops")
 
     def __init__(self) -> None:
         self.ctxs: dict[tuple[str, str | None], dict[Any, Acc]] = {}
         self.runs: dict[str, _Run] = {}
         self.records = 0
         self.bad = 0
+        self.notes: list[str] = []
+        # the runtime's drops lines ({"kind": "drops"}: running totals) per (host, pid, rank): the largest seen
+        self.drops: dict[tuple[Any, Any, Any], tuple[int, dict[str, int]]] = {}
+
+    def add_drops(self, d: dict[str, Any]) -> None:
+        key = (d.get("host"), d["pid"], d["rank"])
+        if key not in self.drops or d["dropped"] > self.drops[key][0]:
+            why = {str(k)[:32]: v for k, v in d["reasons"].items() if type(v) is int and 0 <= v <= 10**12}
+            self.drops[key] = (d["dropped"], why)
+
+    def drops_note(self) -> str | None:
+        """What the runtime dropped over the logs read, said once (None when nothing was)."""
+        total = sum(n for n, _ in self.drops.values())
+        if not total:
+            return None
+        reasons: dict[str, int] = {}
+        for _, why in self.drops.values():
+            for k, v in why.items():
+                reasons[k] = reasons.get(k, 0) + v
+        parts = ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()) if v)
+        return (f"note: the runtime dropped {total} record(s) it could not write ({parts}): the figures above lack "
+                "them (apply --max-log-mb and --min-free-mb bound the logs; docs/contract.md, \"Bounds inside the "
+                "server\")")
 
 
 def _file_run_ids(files: Sequence[str]) -> list[str]:
@@ -175,6 +201,7 @@ class Scan:
         # its id and spec string (for new groups), its groups
         self.c_rraw: Any = NO
         self.c_sraw: Any = NO
+        self.c_acap = accept_cap(None)  # the most tokens a request of the current spec produces (record.accept_cap)
         self.R: Any = None
         self.c_rid = ""
         self.c_spec: str | None = None
@@ -192,7 +219,7 @@ class Scan:
         r = self.runs.get(rid) or self.new_run(rid)
         r.headers += 1
         t = h.get("t")
-        if is_num(t) and t < r.start:
+        if is_num(t) and 0 <= t <= MAX_T and t < r.start:
             r.start = float(t)
         timer = h.get("timer")
         if type(timer) is str and timer:
@@ -260,11 +287,13 @@ class Scan:
         self.c_spec = spec
         self.c_rraw = rraw
         self.c_sraw = sraw
+        self.c_acap = accept_cap(sraw)
         self.cur_gk = NO
 
     def text(self, data: bytes) -> None:
-        """Read the lines of ``data`` (whole lines of a file's bytes) one by one, as ``lines`` reads a file."""
-        self.lines(io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="replace"))
+        """Read the lines of ``data`` (whole lines of a file's bytes, none over the cap) one by one, as ``lines``
+        reads a file."""
+        self.lines(text_lines(io.BytesIO(data)))
 
     def lines(self, source: Iterable[str]) -> None:
         """Read ``source``'s lines (text, as a file opened in text mode gives them) one by one."""
@@ -300,11 +329,14 @@ def _scan(st: Scan, batches: Batches | None, files: Sequence[str]) -> None:
         st.file_run = file_run
         st.c_rraw = NO  # a record without "run" belongs to this file's run: look again
         try:
-            f = open(path, "rb") if batches is not None else open(path, encoding="utf-8", errors="replace")
+            f, why = open_log(path)
         except OSError as exc:
             raise UsageError(f"cannot read {path}: {exc.strerror}; check the path and its permissions") from None
+        if f is None:
+            st.out.notes.append(skip_note(path, why))
+            continue
         with f:
             if batches is not None:
                 batches.read(f)
             else:
-                st.lines(f)
+                st.lines(text_lines(f))

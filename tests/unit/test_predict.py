@@ -82,9 +82,9 @@ def test_the_acceptance_profile_by_hand(tmp_path):
 def test_a_histogram_counts_like_its_list(tmp_path):
     """Above 256 requests the runtime writes accept_hist; it adds to the same profile as accepts lists."""
     recs = records(repeat=1)[:2]
-    recs[0] = dict(recs[0], accepts=None, accept_hist={"1": 3, "4": 1})
+    recs[0] = dict(recs[0], accepts=None, accept_hist={"1": 3, "4": 1}, bs=4)  # no more requests than bs
     del recs[0]["accepts"]
-    recs[1] = dict(recs[1], accepts=[2, 2])
+    recs[1] = dict(recs[1], accepts=[2, 2], bs=2)
     (g,) = aggregate([write(tmp_path / "a.jsonl", recs)]).groups
     assert g.acceptance.samples == 6 and dict(g.acceptance.hist) == {1: 3, 2: 2, 4: 1}
 

@@ -41,13 +41,21 @@ SPOILED = [
     ("phases", None), ("phases", {"draft": "x"}), ("phases", [1]), ("t", "1"), ("cycle_ms", None), ("bs", "2"),
     ("accepted", "3"), ("v", 3), ("accept_hist", {"x": 1}), ("host_cycle_ms", "1"),
 ]
+# Values out of the bounds of docs/safety.md, "Hostile logs" (eaglepatch/report/record.py): skipped like SPOILED
+# (a list of their own: log_lines draws from SPOILED and ODD, and their lengths set what it draws).
+BOUNDS = [
+    ("t", 10 ** 20), ("t", -1.0), ("accepted", 10 ** 17), ("bs", -1), ("pid", 10 ** 13), ("cycle_ms", 1e39),
+    ("cycle_ms", -0.5), ("phases", {"draft": -1e39, "verify": 2 ** 53}), ("phases", {"draft": 3600000.5}),
+    ("host_cycle_ms", 1e7), ("accepts", [65]), ("accepts", [1] * 4097), ("accept_hist", {"65": 1}),
+    ("accept_hist", {"1": 10 ** 13}), ("accept_hist", {"\u00b2": 1}),
+]
 # Odd records that the report takes: the batch decoders refuse them, the line loop reads them.
 ODD = [
-    ("v", 1.0), ("v", True), ("bs", True), ("accepted", True), ("t", 10 ** 20), ("accepted", 10 ** 17),
+    ("v", 1.0), ("v", True), ("bs", True), ("accepted", True), ("t", 0), ("accepted", 10 ** 12),
     ("mode", "verify"), ("accepts", []), ("kind", "x"), ("phases", {"other": 1.0, "draft": 2}),
     ("accept_hist", {"3": 2}), ("cycle_ms", 7), ("spec", {"steps": 3, "topk": True}), ("t", True),
     ("cycle_ms", False), ("host_phases", {"draft": None}), ("worker", None), ("timer", 5), ("dropped", 2),
-    ("cycle_ms", 1e39), ("phases", {"draft": -1e39, "verify": 2 ** 53}),  # beyond a 32-bit float: infinite
+    ("cycle_ms", 3600000), ("phases", {"draft": 0, "verify": 3.6e6}),  # at the bounds (record.py): taken
 ]
 
 
@@ -61,8 +69,8 @@ def record(rng: random.Random, t: float, host: str = "gpu1", pid: int = 4242, ra
                          "mode": "prefill" if prefill else "decode", "bs": rng.choice((1, 2, 4, None)),
                          "cycle_ms": cyc, "timer": "events" if events else "sync", "phases": ph,
                          "accepted": None if prefill and rng.random() < 0.5 else rng.randint(1, 9)}
-    if not prefill:
-        r["accepts"] = [rng.randint(1, 4) for _ in range(rng.choice((1, 2, 3)))]
+    if not prefill:  # no more requests than bs (the same draws as ever)
+        r["accepts"] = [rng.randint(1, 4) for _ in range(rng.choice((1, 2, 3)))][:r["bs"]]
     if events:
         r["host_cycle_ms"] = round(cyc * 0.9, 4)
         r["host_phases"] = {k: round(v * 0.7, 4) for k, v in ph.items()}
@@ -165,7 +173,7 @@ def test_each_rejected_line_is_skipped_alike(tmp_path: Path, monkeypatch: pytest
     assert "skipped_lines=1," in res["batches"]
 
 
-@pytest.mark.parametrize("field,value", SPOILED + ODD)
+@pytest.mark.parametrize("field,value", SPOILED + BOUNDS + ODD)
 def test_each_spoiled_or_odd_record_is_read_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: str,
                                                    value: Any) -> None:
     rng = random.Random(2)
@@ -174,10 +182,12 @@ def test_each_spoiled_or_odd_record_is_read_alike(tmp_path: Path, monkeypatch: p
     r[field] = value
     if field == "accept_hist":
         del r["accepts"]  # read where a record has no accepts
+    elif field == "bs" and "accepts" in r:
+        r["accepts"] = r["accepts"][:1]  # no more requests than bs (True: 1)
     lines[30] = json.dumps(r)
     res = results([write_lines(tmp_path / "a.jsonl", lines)], monkeypatch, by="bs")
     assert_same(res)
-    assert ("skipped_lines=1," in res["batches"]) == ((field, value) in SPOILED)
+    assert ("skipped_lines=1," in res["batches"]) == ((field, value) in SPOILED + BOUNDS)
 
 
 # Lines as a file may hold them, each with the number of skipped lines it makes.
