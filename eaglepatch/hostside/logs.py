@@ -15,8 +15,9 @@ from eaglepatch.hostside.files import read_or_none
 from eaglepatch.hostside.proc import ids_of, user_name
 
 
-# A timing log's name, as the runtime makes it: <host>-<pid>-rank<r>.jsonl
-LOG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*-[0-9]+-rank[0-9]+[.]jsonl$")
+# A timing log's name, as the runtime makes it: <host>-<pid>-rank<r>.jsonl, and the files of its chain once that
+# is full (--max-log-mb), <host>-<pid>-rank<r>.<i>.jsonl
+LOG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*-[0-9]+-rank[0-9]+(?:[.][0-9]+)?[.]jsonl$")
 # The private folders the runtime falls back to (tempfile.mkdtemp(prefix="eaglepatch-")) in a temp folder
 _FALLBACK_NAME = re.compile(r"^eaglepatch-[A-Za-z0-9_]+$")
 # Bytes of log data in one answer at most; the client asks again for the rest (its memory stays bounded).

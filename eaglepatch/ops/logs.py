@@ -20,6 +20,7 @@ from eaglepatch.ops.facts import AmbiguousInstall
 from eaglepatch.hosts.agent import call_each
 from eaglepatch.ops.target import Connect, Target, target_facts
 from eaglepatch.redact import shown
+from eaglepatch.report.files import log_order
 from eaglepatch.transform.recipe import builtin_recipe
 
 Say = Callable[[str], None]
@@ -95,8 +96,9 @@ def _port_of_scan(item: dict[str, Any]) -> int | None:
         return None
 
 
-# A timing log's name, as the runtime makes it (the host's hostside/logs.py checks the same): <host>-<pid>-rank<r>.jsonl
-_LOG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*-[0-9]+-rank[0-9]+\.jsonl")
+# A timing log's name, as the runtime makes it (the host's hostside/logs.py checks the same): <host>-<pid>-rank<r>.jsonl,
+# then the files of its chain past --max-log-mb, <host>-<pid>-rank<r>.<i>.jsonl
+_LOG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*-[0-9]+-rank[0-9]+(?:\.[0-9]+)?\.jsonl")
 _DIR_FILE = ".host-folder"  # in each cache subfolder: the host folder it copies
 _MAX_ROUNDS = 4096  # log batches fetched in one command at most (LOG_BATCH each)
 
@@ -263,7 +265,7 @@ def _check_dirs(name: str, dirs: Any) -> dict[str, dict[str, Any]]:
 
 def _check_name(name: str, file_name: Any) -> str:
     if not (isinstance(file_name, str) and _LOG_NAME.fullmatch(file_name) and ".." not in file_name):
-        raise _refuse(name, f"a log file name that is not a plain <host>-<pid>-rank<r>.jsonl "
+        raise _refuse(name, f"a log file name that is not a plain <host>-<pid>-rank<r>[.<i>].jsonl "
                             f"({shown(repr(file_name)[:200])})")
     return file_name
 
@@ -307,7 +309,7 @@ def _forecast(dest: pathlib.Path, listed: dict[str, list[str]], hosted: dict[str
                 path = str(sub / file_name)
                 files.append(path)
                 now[path] = here.get(file_name, 0)
-    files.sort()
+    files.sort(key=log_order)
     return files, now
 
 
@@ -386,7 +388,7 @@ def _write_skipped(path: pathlib.Path, at: int, length: int) -> None:
 
 
 # a timing log's name: <host>-<pid>-rank<r>.jsonl
-_LOG_PID = re.compile(r"-(\d+)-rank\d+\.jsonl$")
+_LOG_PID = re.compile(r"-(\d+)-rank\d+(?:\.\d+)?\.jsonl$")
 
 
 def logs_of(files: Sequence[str], pids: Collection[int]) -> list[str]:

@@ -12,14 +12,18 @@ from eaglepatch.transform.recipe import Recipe, builtin_recipe, load_recipe_file
 
 @dataclasses.dataclass(frozen=True)
 class RuntimeOptions:
-    """How the runtime inside the server times: ``apply --mode/--every/--log-dir``.
+    """How the runtime inside the server times and logs: ``apply --mode/--every/--log-dir/--max-log-mb/--min-free-mb``.
 
     ``auto`` (the default) gives each worker its family's timer (the recipe's ``timer``): ``sync`` where the worker
-    runs without the overlap scheduler, ``events`` where it runs under it; ``sync``/``events`` force one for all."""
+    runs without the overlap scheduler, ``events`` where it runs under it; ``sync``/``events`` force one for all.
+    ``max_log_mb``: what the timing logs of one server launch (all ranks) may hold; ``min_free_mb``: the free space
+    under which the runtime stops writing (docs/contract.md, "Bounds inside the server")."""
 
     mode: str = "auto"
     every: int = 1
     log_dir: str = "/tmp/eaglepatch"
+    max_log_mb: int = 2048
+    min_free_mb: int = 1024
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -28,6 +32,10 @@ class RuntimeOptions:
             raise UsageError("--every must be 1 or more")
         if not self.log_dir.startswith("/"):
             raise UsageError(f"--log-dir must be an absolute path on the target, not {self.log_dir!r}")
+        if self.max_log_mb < 1:
+            raise UsageError("--max-log-mb must be 1 or more")
+        if self.min_free_mb < 0:
+            raise UsageError("--min-free-mb must be 0 or more")
 
 
 @dataclasses.dataclass(frozen=True)

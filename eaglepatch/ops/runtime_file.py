@@ -28,7 +28,8 @@ def render_runtime(opts: RuntimeOptions, timers: dict[str, str] | None = None) -
     """The runtime module's source with its config line set to ``opts``; ``timers``: worker class -> its timer,
     for ``auto`` (the runtime picks by the class of the worker it times)."""
     config = {"mode": opts.mode, "timers": dict(sorted((timers or {}).items())), "every": opts.every,
-              "log_dir": opts.log_dir, "summary_every": 2000, "flush_records": 256, "flush_seconds": 2.0}
+              "log_dir": opts.log_dir, "summary_every": 2000, "flush_records": 256, "flush_seconds": 2.0,
+              "max_log_mb": opts.max_log_mb, "min_free_mb": opts.min_free_mb}
     line = f"_CONFIG = {json.dumps(config)}  # eaglepatch:config"
     src, n = _CONFIG_LINE.subn(lambda _m: line, runtime_template(), count=1)
     if n != 1:
@@ -36,14 +37,17 @@ def render_runtime(opts: RuntimeOptions, timers: dict[str, str] | None = None) -
     return src
 
 
+def runtime_config(data: bytes) -> dict[str, Any]:
+    """The config line of a runtime module's bytes (``{}`` when it has none that reads)."""
+    m = _CONFIG_LINE.search(data.decode("utf-8", "replace"))
+    try:
+        config = json.loads(m.group(0).split("=", 1)[1].rsplit("#", 1)[0]) if m else {}
+    except ValueError:
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
 def config_change(old: bytes, new: bytes) -> str:
     """What differs between two runtime modules' configs, for a person: ``mode sync -> auto, every 1 -> 4``."""
-    def config(data: bytes) -> dict[str, Any]:
-        m = _CONFIG_LINE.search(data.decode("utf-8", "replace"))
-        try:
-            return json.loads(m.group(0).split("=", 1)[1].rsplit("#", 1)[0]) if m else {}
-        except ValueError:
-            return {}
-
-    a, b = config(old), config(new)
+    a, b = runtime_config(old), runtime_config(new)
     return ", ".join(f"{k} {a.get(k)} -> {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))

@@ -9,7 +9,8 @@ rewrites the `_CONFIG` line below (the one line carrying the config marker comme
 - `accepted(obj, attrs, bonus_per_req=0)`: the tokens this cycle produced.
 - `flush()`: write buffered records now (also done at exit).
 
-Records are JSON lines in `<log_dir>/<host>-<pid>-rank<r>.jsonl` (docs/design.md, "The runtime API"). Each
+Records are JSON lines in `<log_dir>/<host>-<pid>-rank<r>.jsonl`, then (once that is full) in the next files of
+its chain, `<host>-<pid>-rank<r>.<i>.jsonl` (docs/design.md, "The runtime API", "Bounded logs"). Each
 carries "run", which names the launch: every rank of one server launch with one configuration writes the same id
 (the launcher is the nearest ancestor that multiprocessing did not start, nor sglang rename). Whenever the file is opened, a run
 header line goes first: {"v": 1, "kind": "run", "run", "t", "host", "pid", "rank", "timer", "flags" (the
@@ -38,7 +39,12 @@ Rules this module keeps, because it runs inside somebody's inference server:
   the oldest is flush_seconds old), prints summaries and errors, and resolves the cycles still waiting for
   their events once the worker is quiet (query only), so a quiet server's last records reach the disk. When
   the writer falls behind (a stuck disk), records beyond buffer_records are dropped and counted: the next record
-  written carries "dropped": N, and the summary and exit lines say so.
+  written carries "dropped": N, a "drops" line of the log says the totals by reason, and the summary and exit
+  lines say so.
+- The logs are bounded: one launch's files hold max_log_mb at most (each rank its share; a rank removes the oldest
+  files of its own chain, never another's), and nothing is written while the log's filesystem has less than
+  min_free_mb free (looked at at most once a second, by the writer); a full disk (ENOSPC) is said once, in one
+  line, and waited out. What is not written is dropped and counted.
 - Exit (and flush()) waits at most exit_seconds: events not done by then are not waited for (never an unbounded
   synchronise), and a writer stuck in a write is left behind; what that loses is counted.
 - The log directory is created 0700; an existing one must be a real directory owned by this user and not group-
@@ -46,9 +52,9 @@ Rules this module keeps, because it runs inside somebody's inference server:
   runtime logs to a private directory of its own (tempfile.mkdtemp) and says so once.
 
 Environment variables override `_CONFIG` at import (and at `configure()`): EAGLEPATCH_MODE (sync|events|cpu|auto),
-EAGLEPATCH_LOG_DIR, EAGLEPATCH_EVERY, EAGLEPATCH_SUMMARY_EVERY.
+EAGLEPATCH_LOG_DIR, EAGLEPATCH_EVERY, EAGLEPATCH_SUMMARY_EVERY, EAGLEPATCH_MAX_LOG_MB, EAGLEPATCH_MIN_FREE_MB.
 """
-_CONFIG = {"mode": "auto", "timers": {}, "every": 1, "log_dir": "/tmp/eaglepatch", "summary_every": 2000, "flush_records": 256, "flush_seconds": 2.0, "buffer_records": 8192, "exit_seconds": 2.0}  # eaglepatch:config
+_CONFIG = {"mode": "auto", "timers": {}, "every": 1, "log_dir": "/tmp/eaglepatch", "summary_every": 2000, "flush_records": 256, "flush_seconds": 2.0, "buffer_records": 8192, "exit_seconds": 2.0, "max_log_mb": 2048, "min_free_mb": 1024}  # eaglepatch:config
 
 import atexit
 import errno
@@ -69,7 +75,8 @@ __all__ = ["entry", "begin", "end", "accepted", "flush", "configure"]
 
 # The defaults, in case the installer writes a `_CONFIG` line with fewer keys.
 _DEFAULTS = {"mode": "auto", "timers": {}, "every": 1, "log_dir": "/tmp/eaglepatch", "summary_every": 2000,
-             "flush_records": 256, "flush_seconds": 2.0, "buffer_records": 8192, "exit_seconds": 2.0}
+             "flush_records": 256, "flush_seconds": 2.0, "buffer_records": 8192, "exit_seconds": 2.0,
+             "max_log_mb": 2048, "min_free_mb": 1024}
 _MODES = ("sync", "events", "cpu", "auto")
 _TIMERS = ("sync", "events", "cpu")
 
@@ -87,9 +94,34 @@ _QUIET_SECONDS = 0.05
 _POLL_SECONDS = 0.005
 _LINGER_SECONDS = 0.25
 
+# The logs' bounds (docs/contract.md, "Bounds inside the server"). max_log_mb is the launch's, all ranks together:
+# each rank's share is max_log_mb over the ranks (_rank_share). Its records go to a chain of files, the first
+# `<host>-<pid>-rank<r>.jsonl`, then `<host>-<pid>-rank<r>.<i>.jsonl` (i = 000001, 000002, ...: names that sort
+# in the order written), each a share / _FILES_PER_SHARE long at most and starting with a copy of the run header;
+# the chain's oldest files are removed to keep it under the share. The log's filesystem is looked at (statvfs) at
+# most every _FREE_CHECK_SECONDS: under min_free_mb free, nothing is written (the records are dropped and counted)
+# until min_free_mb + _FREE_HYSTERESIS are free. A "drops" line says the losses so far, at most every
+# _DROPS_LINE_SECONDS (and at the head of each new file, and at exit).
+_MB = 1 << 20
+_FILES_PER_SHARE = 8
+_MIN_FILE_BYTES = 64 << 10
+_FREE_CHECK_SECONDS = 1.0
+_FREE_HYSTERESIS = 64 * _MB
+_DROPS_LINE_SECONDS = 10.0
+# Messages waiting for the writer (summaries, errors) at most: a stuck writer must not grow them without bound.
+_MAX_MSGS = 256
+# Why records are dropped (the "reasons" of a drops line), as the summary and exit lines say it.
+_DROP_WHY = (("queue", "the log writer fell behind"),
+             ("pending", "too many cycles waited for their CUDA events"),
+             ("min-free", "the log's filesystem was under --min-free-mb"),
+             ("full", "the log's filesystem was full"),
+             ("error", "a write failed"),
+             ("exit", "not written by exit"))
+
 _perf = time.perf_counter     # the hot path's clock
 _wall = time.time
 _mono = time.perf_counter     # the same clock, for the writer and flush (a test may break the hot path's alone)
+_clock = time.monotonic       # the writer's look at free space and its drops lines (a test may move it alone)
 
 # Injection points for tests. _DIST: an object with torch.distributed's is_available/is_initialized/get_rank
 # (None: torch.distributed, when torch is already imported by the process). _EUID: the user a log directory must
@@ -156,7 +188,7 @@ def _error(where, direct=False):
         del exc
         if direct:
             _stderr(_error_text(where, stack, only))
-        else:
+        elif len(_msgs) < _MAX_MSGS:
             _msgs.append(("error", where, stack, only))
             _wake.set()
             if _writer is None and _WRITER_THREAD:
@@ -171,14 +203,32 @@ def _error_text(where, stack, only):
             "printed):\nTraceback (most recent call last):\n%s" % (where, "".join(frames + only)))
 
 
-def _lose(n, carried=0):
-    """Count `n` records that will never be written; `carried`: the losses they were to report ("dropped"),
-    counted already, now to be reported by the next record instead."""
-    global _lost, _dropped, _dropped_win
+def _lose(n, carried=0, why="error"):
+    """Count `n` records that will never be written, dropped for `why` (a reason of _DROP_WHY); `carried`: the
+    losses they were to report ("dropped"), counted already, now to be reported by the next record instead."""
+    global _lost
     with _lock:
         _lost += n + carried
-        _dropped += n
-        _dropped_win += n
+        _count_drop(why, n)
+
+
+def _count_drop(why, n):
+    """Count `n` records dropped for `why` (the caller holds _lock)."""
+    global _dropped, _dropped_win
+    if n <= 0:
+        return
+    _dropped += n
+    _dropped_win += n
+    _drop_by[why] = _drop_by.get(why, 0) + n
+    _drop_win_by[why] = _drop_win_by.get(why, 0) + n
+
+
+def _why_text(counts):
+    """'the log writer fell behind' (one reason), or 'the log writer fell behind: 3; a write failed: 1'."""
+    items = [(text, counts[key]) for key, text in _DROP_WHY if counts.get(key)]
+    if len(items) == 1:
+        return items[0][0]
+    return "; ".join("%s: %d" % item for item in items)
 
 
 # --- configuration ------------------------------------------------------------------------------------
@@ -218,6 +268,12 @@ def _load_config(kw):
     summary = _int_env(env, "EAGLEPATCH_SUMMARY_EVERY", 0)
     if summary is not None:
         cfg["summary_every"] = summary
+    cap = _int_env(env, "EAGLEPATCH_MAX_LOG_MB", 1)
+    if cap is not None:
+        cfg["max_log_mb"] = cap
+    floor = _int_env(env, "EAGLEPATCH_MIN_FREE_MB", 0)
+    if floor is not None:
+        cfg["min_free_mb"] = floor
     cfg.update(kw)
     out = {}
     for key, default in _DEFAULTS.items():
@@ -230,6 +286,12 @@ def _load_config(kw):
                 value = dict((str(k), v) for k, v in value.items() if v in _TIMERS)
             elif key == "log_dir":
                 value = os.path.expanduser(str(value))
+            elif key in ("max_log_mb", "min_free_mb"):
+                # megabytes (a fraction allowed); the cap above 0, the floor at least 0 (0: no floor)
+                if type(value) is bool or not isinstance(value, (int, float)):
+                    raise ValueError(value)
+                if not (value > 0 if key == "max_log_mb" else value >= 0):
+                    raise ValueError(value)
             elif isinstance(default, float):
                 value = max(0.0, float(value))      # seconds
             elif key == "summary_every":
@@ -247,8 +309,8 @@ def configure(**kw):
     """Reset all state and set the configuration: `_CONFIG`, then the environment, then `kw`.
 
     Keys: mode (sync|events|cpu|auto), timers ({worker class name: sync|events|cpu}, for auto), every, log_dir,
-    summary_every, flush_records, flush_seconds, buffer_records, exit_seconds. Records not yet written are
-    discarded. Meant for tests and tools; raises TypeError on an unknown key.
+    summary_every, flush_records, flush_seconds, buffer_records, exit_seconds, max_log_mb, min_free_mb. Records
+    not yet written are discarded. Meant for tests and tools; raises TypeError on an unknown key.
     """
     unknown = sorted(set(kw) - set(_DEFAULTS))
     if unknown:
@@ -264,7 +326,7 @@ def configure(**kw):
 
 def _set_config(cfg):
     global _cfg, _mode, _timers, _every, _summary_every, _flush_records, _flush_seconds, _buffer_records
-    global _exit_seconds, _log_dir
+    global _exit_seconds, _log_dir, _max_log_bytes, _min_free_bytes
     _cfg = cfg
     _mode = cfg["mode"]
     _timers = cfg["timers"]
@@ -275,6 +337,8 @@ def _set_config(cfg):
     _buffer_records = cfg["buffer_records"]
     _exit_seconds = cfg["exit_seconds"]
     _log_dir = cfg["log_dir"]
+    _max_log_bytes = cfg["max_log_mb"] * _MB       # the launch's, all ranks together (inf: no cap)
+    _min_free_bytes = cfg["min_free_mb"] * _MB
 
 
 def _reset():
@@ -284,6 +348,9 @@ def _reset():
     global _lock, _cv, _plock, _wlock, _wake, _pid, _rank, _path, _dir_in_use, _fallback, _torn, _fd, _run
     global _errors, _reported, _records, _win, _win_n, _writer, _writer_idle, _flush_req, _flush_ack, _flush_until
     global _flush_final, _last_end, _live, _live_watch, _live_next, _pins
+    global _chain, _chain_bytes, _next_index, _want_new, _share, _file_bytes, _removed, _paused
+    global _pause_wrote, _pause_from, _next_free_check, _free_left, _drop_by, _drop_win_by, _drops_said, _drops_next
+    global _msgs_lost
     _skip_left = 0          # untimed calls left before the next timed one (every=N)
     _classes = {}           # worker class -> (timer kind, worker name, can change its speculative settings)
     _timer_name = None      # the timer of the class resolved last (for _stats)
@@ -319,6 +386,24 @@ def _reset():
     _torn = False           # a failed write could not be cut back: the next batch starts with a newline
     _fd = None              # the log file, open for appending (one still open is the caller's to close)
     _run = None             # (run id, header fields) of this process's launch, found at the first write
+    _chain = []             # [folder, name, bytes] of each log file of this process, oldest first; the last is
+                            # the one written to (_fd, when open)
+    _chain_bytes = 0
+    _next_index = 0         # of the next file of the chain (0: the first, `<host>-<pid>-rank<r>.jsonl`)
+    _want_new = False       # the next batch opens the chain's next file (the last one is full)
+    _share = None           # bytes this rank's logs may hold (fixed at the first write); _file_bytes: a file's
+    _file_bytes = None
+    _removed = [0, 0]       # files, bytes of the chain removed to stay under the share
+    _paused = None          # why nothing is written now ("min-free", "full", "error"), else None
+    _pause_wrote = True     # a batch was written since the last pause ended (else a new pause is not said again)
+    _pause_from = 0         # _dropped when the pause began (the resume line says how many since)
+    _next_free_check = 0.0  # _clock time of the next look at the free space
+    _free_left = None       # bytes free at the last look, less what was written since (None: unknown)
+    _drop_by = {}           # reason -> records dropped since configure (see _DROP_WHY)
+    _drop_win_by = {}       # ... since the last summary
+    _drops_said = 0         # _dropped as the last drops line said it
+    _drops_next = 0.0       # _clock time from which the next drops line may go out
+    _msgs_lost = 0          # summaries not queued for the writer (too many queued already)
 
     _errors = 0
     _reported = set()
@@ -1056,12 +1141,11 @@ def _poll():
 
 def _enqueue(c):
     """A finished cycle waits to be resolved; dropped (and counted) when too many already wait."""
-    global _lost_q, _dropped, _dropped_win
+    global _lost_q
     p = _pending
     if len(p) >= _MAX_PENDING:
         with _lock:
-            _dropped += 1
-            _dropped_win += 1
+            _count_drop("pending", 1)
         _lost_q += c.lost + 1           # the next cycle to get through carries the count
         return
     p.append(c)
@@ -1091,7 +1175,7 @@ def _resolve_pending(deadline, final):
             n = len(_pending)
             carried = sum(c.lost for c in _pending)
             _pending.clear()
-            _lose(n, carried)
+            _lose(n, carried, "exit")
 
 
 def _resolve_loop(deadline):
@@ -1106,7 +1190,7 @@ def _resolve_loop(deadline):
                 continue
             _resolve(c)
         except Exception:
-            _lose(1, c.lost)                    # a cycle that cannot be read is dropped, not retried forever
+            _lose(1, c.lost, "error")           # a cycle that cannot be read is dropped, not retried forever
             _error("events")
         pending.popleft()                       # only now: a cycle ending meanwhile queues behind this one
 
@@ -1183,7 +1267,7 @@ def _q(name):
 def _emit(c, cycle_s, phases, host_cycle_s, host_phases):
     """Serialise one record (all but v/t/host/pid/rank/dropped, which the writer adds) and buffer it, or drop it
     (counted) when the buffer is full. Called on the worker thread (sync/cpu) or the writer (events)."""
-    global _buf_since, _records, _lost, _dropped, _dropped_win, _win_n
+    global _buf_since, _records, _lost, _win_n
     cycle_ms = round(cycle_s * 1000.0, 4)
     parts = []
     for name, s in phases.items():
@@ -1210,8 +1294,7 @@ def _emit(c, cycle_s, phases, host_cycle_s, host_phases):
         n = len(buf)
         if n >= _buffer_records:            # the writer is behind (a stuck disk): drop, count
             _lost += 1 + c.lost
-            _dropped += 1
-            _dropped_win += 1
+            _count_drop("queue", 1)
         else:
             if not n:
                 _buf_since = _perf()
@@ -1267,15 +1350,20 @@ def _accepts_json(accs):
 
 
 def _take_summary():
-    """Hand the summary window to the writer (caller holds _lock)."""
-    global _win, _win_n, _dropped_win
-    _msgs.append(("summary", _win, _dropped_win))
+    """Hand the summary window to the writer (caller holds _lock); dropped (counted) when _MAX_MSGS messages wait
+    already (a stuck writer)."""
+    global _win, _win_n, _dropped_win, _drop_win_by, _msgs_lost
+    if len(_msgs) < _MAX_MSGS:
+        _msgs.append(("summary", _win, _dropped_win, _drop_win_by))
+        _dropped_win = 0
+        _drop_win_by = {}
+    else:
+        _msgs_lost += 1             # its drops stay in the window: the next summary printed says them
     _win = {}
     _win_n = 0
-    _dropped_win = 0
 
 
-def _summary_lines(win, dropped):
+def _summary_lines(win, dropped, why=None):
     rank = _rank if _rank is not None else _detect_rank()
     lines = []
     for (worker, mode), g in win.items():
@@ -1293,8 +1381,8 @@ def _summary_lines(win, dropped):
             line += " | %.1f tok/s" % (acc / acc_cyc * 1000.0)
         lines.append(line)
     if dropped:
-        lines.append("[eaglepatch] rank%d dropped %d record(s) since the last summary (the log writer fell behind)"
-                     % (rank, dropped))
+        lines.append("[eaglepatch] rank%d dropped %d record(s) since the last summary (%s)"
+                     % (rank, dropped, _why_text(why) if why else "the log writer fell behind"))
     return lines
 
 
@@ -1310,7 +1398,7 @@ def _print_msgs():
             if m[0] == "error":
                 _stderr(_error_text(m[1], m[2], m[3]))
             elif m[0] == "summary":
-                lines = _summary_lines(m[1], m[2])
+                lines = _summary_lines(m[1], m[2], m[3])
                 if lines:
                     _stderr("\n".join(lines) + "\n")
         except Exception:
@@ -1564,6 +1652,8 @@ def _open_log(name):
             _dir_in_use = _log_dir
             return fd
         except (OSError, _Unsafe) as e:
+            if isinstance(e, OSError) and e.errno in _FULL_ERRNOS:
+                raise                   # a full filesystem is waited out, not fled (the private dir is in /tmp)
             why = str(e) if isinstance(e, _Unsafe) else (e.strerror or str(e))
             _fallback = tempfile.mkdtemp(prefix="eaglepatch-")
             _stderr("[eaglepatch] not writing timing records to %s (%s): writing them to %s instead\n"
@@ -1573,8 +1663,9 @@ def _open_log(name):
 
 
 def _append(fd, data, size):
-    """Write `data` (whole lines) at the end of the file, `size` bytes long. On a failed or short write, cut the
-    file back to its last whole line and return the number of lines lost; else 0."""
+    """Write `data` (whole lines) at the end of the file, `size` bytes long. Returns (lines lost, the OSError, the
+    bytes of `data` left in the file): (0, None, len(data)) when all was written; on a failed or short write, once
+    the file is cut back to its last whole line, the lines lost and the error."""
     global _torn
     done = 0
     try:
@@ -1584,8 +1675,8 @@ def _append(fd, data, size):
             if n <= 0:
                 raise OSError(errno.EIO, "write returned %r" % (n,))
             done += n
-        return 0
-    except OSError:
+        return 0, None, done
+    except OSError as e:
         try:
             done = os.fstat(fd).st_size - size      # what reached the file, whatever the failed call reported
         except OSError:
@@ -1595,23 +1686,29 @@ def _append(fd, data, size):
             os.ftruncate(fd, size + keep)
         except OSError:
             _torn = keep != done            # the next batch starts on a new line
+            keep = max(0, done)
         else:
             if keep:
                 _torn = False               # the file ends with a whole line of this batch (its newline included)
-        _error("write")
-        return data.count(b"\n", keep)     # (one too many when the batch began with a newline: see _torn)
+        # (one line too many when the batch began with a newline: see _torn)
+        return data.count(b"\n", data.rfind(b"\n", 0, max(0, keep)) + 1), e, keep
 
 
-def _write_buffered():
-    """Write all buffered records in one append (writer thread, or flush without one)."""
-    global _buf, _buf_since, _rank, _path, _torn, _fd
+# errno values of a write that found no room: the filesystem full, or the user's quota spent
+_FULL_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT") if hasattr(errno, n))
+
+
+def _write_buffered(status=False):
+    """Write all buffered records (writer thread, or flush without one), by _write_lines. `status`: a drops line
+    goes out even without a record when the losses changed since the last one (flush, exit)."""
+    global _buf, _buf_since, _rank, _share, _file_bytes
     pid = os.getpid()
     if pid != _pid:
         _after_fork_child()     # the buffer is the parent's: it writes it itself
         return
     with _lock:
         lines = _buf
-        if not lines:
+        if not lines and not (status and _dropped != _drops_said and _paused is None):
             return
         _buf = []
         _buf_since = None
@@ -1619,42 +1716,294 @@ def _write_buffered():
         try:
             if _rank is None:
                 _rank = _detect_rank()
-            name = "%s-%d-rank%d.jsonl" % (_host, pid, _rank)
+            if _share is None:
+                _share = _rank_share()
+                _file_bytes = min(_share, max(_MIN_FILE_BYTES, _share / _FILES_PER_SHARE))
             rid = _run_of()[0]
             mid = (', "host": %s, "pid": %d, "rank": %d, "run": %s, ' % (_q(_host), pid, _rank, _q(rid))
                    ).replace("%", "%%")
             fmt = '{"v": 1, "t": %.6f' + mid + "%s"
             fmt_lost = '{"v": 1, "t": %.6f' + mid + '"dropped": %d, %s'
-            data = "".join([(fmt_lost % (t, lost, tail)) if lost else (fmt % (t, tail))
-                            for t, tail, lost in lines]).encode("utf-8")
-            if _torn:
-                data = b"\n" + data
-            # The file stays open between batches (a batch is then two system calls, each a GIL hand-over);
-            # it is opened again once it has been deleted (a cleaned-up log dir) or a write failed.
-            fd = _fd
-            st = None
-            if fd is not None:
-                st = os.fstat(fd)
-                if st.st_nlink == 0:
-                    _close_log()
-                    fd = None
-            if fd is None:
-                fd = _fd = _open_log(name)
-                _path = os.path.join(_dir_in_use, name)
-                st = os.fstat(fd)
-                head = _header_line(pid, _rank).encode("utf-8")
-                data = head + data if data[:1] != b"\n" else b"\n" + head + data[1:]
+            parts = [((fmt_lost % (t, lost, tail)) if lost else (fmt % (t, tail))).encode("utf-8")
+                     for t, tail, lost in lines]
         except Exception:
             _close_log()
             _lose(len(lines), sum(x[2] for x in lines))
             _error("flush")
             return
-        lost = min(_append(fd, data, st.st_size), len(lines))
-        if lost:
+        _write_lines(parts, lines, pid, rid, status)
+
+
+def _write_lines(parts, lines, pid, rid, status):
+    """Append the serialised records `parts` (of `lines`, the buffer's entries) to this process's chain of log
+    files, bounded (see _MB): a file holds _file_bytes at most (a record that would not fit goes to the chain's
+    next file, opened with a copy of the run header; a file holds one record at least), the chain this rank's
+    share (its oldest files removed first, never the one written to), and the filesystem keeps min_free_mb free
+    (_room_on_disk). What cannot be written is dropped and counted; a failed write (ENOSPC, any OSError) cuts the
+    file back to its last whole line and pauses writing (_pause), said once, no traceback."""
+    global _want_new, _chain_bytes, _free_left, _drops_said, _drops_next, _pause_wrote, _torn
+    i, n = 0, len(parts)
+    drops = (status and _dropped != _drops_said) or _drops_line_due()
+    turns = 0
+    while i < n or drops:
+        turns += 1
+        if turns > 2 * n + 64:                  # (never: each turn writes, or opens the chain's next file)
+            _lose(n - i, sum(x[2] for x in lines[i:]))
+            _error("rotate")
+            return
+        if not _room_on_disk(0):
+            break                               # paused: the rest is dropped (below)
+        try:
+            fd, size, pre, entry = _current_file(pid)
+        except OSError as e:
+            if e.errno in _FULL_ERRNOS:         # no room to make the chain's next file
+                _pause("full", e)
+                break
             _close_log()
-            _lose(lost, sum(x[2] for x in lines[-lost:]))
-        else:
-            _torn = False
+            _lose(n - i, sum(x[2] for x in lines[i:]))
+            _error("flush")
+            return
+        except Exception:
+            _close_log()
+            _lose(n - i, sum(x[2] for x in lines[i:]))
+            _error("flush")
+            return
+        if pre and _dropped:
+            drops = True                        # a new file: its head says the losses so far
+        if _torn:
+            pre = b"\n" + pre
+        said = None
+        if drops:
+            line, said = _drops_line(pid, rid)
+            pre += line
+        room = _file_bytes - size - len(pre)
+        j, take = i, 0
+        while j < n and (take + len(parts[j]) <= room or (j == i and size == 0)):
+            take += len(parts[j])
+            j += 1
+        if j == i < n:
+            _want_new = True                    # this file is full: the chain's next one
+            continue
+        data = pre + b"".join(parts[i:j])
+        if not _fit_share(len(data), size):
+            _want_new = True                    # the file written to is in the way itself: the next one
+            continue
+        if not _room_on_disk(len(data)):
+            break
+        lost, exc, kept = _append(fd, data, size)
+        entry[2] += kept                        # (its own: configure() may have replaced the chain meanwhile)
+        _chain_bytes += kept
+        if _free_left is not None:
+            _free_left -= kept
+        if exc is not None:
+            _close_log()
+            lost = min(lost, j - i)
+            _pause("full" if exc.errno in _FULL_ERRNOS else "error", exc)
+            _lose(lost + n - j, sum(x[2] for x in lines[j - lost:]), _paused)
+            return
+        _torn = False
+        if said is not None:
+            _drops_said = said
+            _drops_next = _clock() + _DROPS_LINE_SECONDS
+        drops = False
+        if not _pause_wrote:
+            _pause_wrote = True
+            free = "?" if _free_left is None else "%d" % (_free_left // _MB)
+            _stderr("[eaglepatch] writing the timing log again (%s MB free at %s); %d record(s) were dropped "
+                    "meanwhile\n" % (free, _dir_in_use, _dropped - _pause_from))
+        i = j
+    if i < n:
+        _lose(n - i, sum(x[2] for x in lines[i:]), _paused or "min-free")
+
+
+def _current_file(pid):
+    """(fd, its size, what goes first in it, its entry in the chain): the chain's last file, open for appending;
+    the chain's next file when the last one is full (_want_new) or there is none. A file opened here (the next, or
+    the last one again after a failed write or once removed by someone else) starts with the run header."""
+    global _fd, _path, _want_new, _next_index, _chain_bytes, _torn
+    fd = _fd
+    if fd is not None and not _want_new:
+        st = os.fstat(fd)
+        if st.st_nlink and _chain:
+            return fd, st.st_size, b"", _chain[-1]
+    _close_log()                                # the chain's next, or removed under us (a cleaned-up log dir)
+    new = _want_new or not _chain
+    if new:
+        i = _next_index
+        name = ("%s-%d-rank%d.jsonl" % (_host, pid, _rank) if i == 0 else
+                "%s-%d-rank%d.%06d.jsonl" % (_host, pid, _rank, i))
+    else:
+        name = _chain[-1][1]
+    fd = _open_log(name)
+    try:
+        size = os.fstat(fd).st_size
+    except BaseException:
+        os.close(fd)
+        raise
+    _fd = fd
+    _path = os.path.join(_dir_in_use, name)
+    if new or _chain[-1][0] != _dir_in_use:
+        _chain.append([_dir_in_use, name, size])
+        _chain_bytes += size
+        if new:
+            _next_index += 1
+            _want_new = False
+    else:
+        _chain_bytes += size - _chain[-1][2]
+        _chain[-1][2] = size
+    if size == 0:
+        _torn = False
+    return fd, size, _header_line(pid, _rank).encode("utf-8"), _chain[-1]
+
+
+def _fit_share(nbytes, size):
+    """Remove the chain's oldest files (never the last, written to) until `nbytes` more fit in this rank's share.
+    False when they still do not and the last file holds bytes already (the chain's next file is needed)."""
+    while _chain_bytes + nbytes > _share and len(_chain) > 1:
+        _remove_oldest()
+    return _chain_bytes + nbytes <= _share or size == 0
+
+
+def _remove_oldest():
+    """Remove the chain's oldest file: one this process made, in a folder checked as when it was opened."""
+    global _chain_bytes
+    folder, name, size = _chain.pop(0)
+    _chain_bytes -= size
+    try:
+        dfd = _open_dir(folder)
+        try:
+            os.unlink(name, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+    except FileNotFoundError:
+        pass                                    # removed by someone else
+    except (OSError, _Unsafe):
+        _error("rotate")
+        return
+    _removed[0] += 1
+    _removed[1] += size
+
+
+def _rank_share():
+    """The bytes this rank's logs may hold: max_log_mb over the launch's ranks, those of this process's
+    torch.distributed world (1 without one), times the data-parallel replicas where each is a world of its own
+    (sglang's --dp-size without --enable-dp-attention, read from the launcher's command line)."""
+    ranks = 1
+    try:
+        d = _dist()
+        if d is not None and d.is_available() and d.is_initialized():
+            ranks = max(1, int(d.get_world_size()))
+    except Exception:
+        pass
+    try:
+        argv = _run_of()[1]["argv"]
+        dp = _option(argv, ("--dp-size", "--dp"))
+        if dp is not None and dp.isdigit() and int(dp) > 1 and "--enable-dp-attention" not in argv:
+            ranks *= int(dp)
+    except Exception:
+        pass
+    return max(1.0, _max_log_bytes / ranks)
+
+
+def _option(argv, names):
+    """The value of the last of the options `names` in `argv` (`--name value` or `--name=value`), else None."""
+    value = None
+    for i, a in enumerate(argv):
+        name, eq, v = a.partition("=")
+        if name in names:
+            value = v if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return value
+
+
+def _free_bytes():
+    """Bytes free to this user on the log's filesystem (statvfs; the nearest folder above the log's that exists,
+    before it is made), or None when that cannot be told."""
+    path = _dir_in_use or _log_dir
+    for _ in range(64):
+        try:
+            st = os.statvfs(path)
+            return st.f_bavail * st.f_frsize
+        except FileNotFoundError:
+            up = os.path.dirname(path)
+            if not up or up == path:
+                return None
+            path = up
+        except (OSError, AttributeError, ValueError):
+            return None
+    return None
+
+
+def _room_on_disk(nbytes):
+    """Whether `nbytes` more may be written now: never while writing is paused, nor when they would leave less
+    than min_free_mb free (writing pauses then). The free space is looked at at most every _FREE_CHECK_SECONDS
+    (in between, what was written since is taken off the last look's); a look that finds min_free_mb +
+    _FREE_HYSTERESIS free (or cannot tell) ends a pause."""
+    global _next_free_check, _free_left, _paused, _drops_next
+    now = _clock()
+    if now >= _next_free_check:
+        _next_free_check = now + _FREE_CHECK_SECONDS
+        _free_left = _free_bytes()
+        if _paused is not None and (_free_left is None or _free_left >= _min_free_bytes + _FREE_HYSTERESIS):
+            _paused = None
+            _drops_next = 0.0                   # the first batch written says what was dropped meanwhile
+    if _paused is not None:
+        return False
+    if _free_left is not None and _free_left - nbytes < _min_free_bytes:
+        _pause("min-free")
+        return False
+    return True
+
+
+def _pause(why, exc=None):
+    """Stop writing for `why` ("min-free", "full": a write found no room, "error": another failed write) until
+    _room_on_disk finds room again, no sooner than _FREE_CHECK_SECONDS from now. Said in one stderr line, once:
+    a pause that follows another with no batch written between is not said again."""
+    global _paused, _pause_from, _pause_wrote, _next_free_check, _free_left
+    _paused = why
+    _pause_from = _dropped
+    _next_free_check = _clock() + _FREE_CHECK_SECONDS
+    if not _pause_wrote:
+        return
+    _pause_wrote = False
+    where = _dir_in_use or _log_dir
+    if why == "full":
+        _free_left = _free_bytes()              # (counts as the look of this second)
+    free = "?" if _free_left is None else "%d" % (max(0, _free_left) // _MB)
+    until = "%s MB are free (--min-free-mb %s + %d)" % (_mb((_min_free_bytes + _FREE_HYSTERESIS) / _MB),
+                                                        _mb(_min_free_bytes / _MB), _FREE_HYSTERESIS // _MB)
+    if why == "full":
+        text = ("the timing log's filesystem is full (%s MB free at %s): not writing until %s; records dropped "
+                "are counted" % (free, where, until))
+    elif why == "min-free":
+        text = ("the timing log's filesystem has %s MB free at %s, under --min-free-mb %s: not writing until %s; "
+                "records dropped are counted" % (free, where, _mb(_min_free_bytes / _MB), until))
+    else:
+        text = ("writing the timing log %s failed (%s): not writing for now, trying again every %g s; records "
+                "dropped are counted" % (_path or where, exc, _FREE_CHECK_SECONDS))
+    _stderr("[eaglepatch] " + text + "\n")
+
+
+def _mb(x):
+    """A number of megabytes as a person writes it: 1088, 0.25."""
+    return "%d" % x if float(x).is_integer() else "%.4g" % x
+
+
+def _drops_line_due():
+    return _dropped != _drops_said and _clock() >= _drops_next
+
+
+def _drops_line(pid, rid):
+    """(the drops line, the count it says): the records this process dropped since it started, by reason, and
+    its logs' bytes now (a metadata line like the run header: docs/contract.md, "Bounds inside the server")."""
+    with _lock:
+        total = _dropped
+        by = dict(_drop_by)
+    share = None if _share is None or _share == float("inf") else int(_share)
+    doc = {"v": 1, "kind": "drops", "t": round(_wall(), 6), "host": _host, "pid": pid, "rank": _rank, "run": rid,
+           "dropped": total, "reasons": dict(sorted(by.items())), "log_bytes": _chain_bytes,
+           "log_files": len(_chain), "removed_files": _removed[0], "removed_bytes": _removed[1],
+           "share_bytes": share}
+    return (json.dumps(doc) + "\n").encode("utf-8"), total
 
 
 def _close_log():
@@ -1693,8 +2042,8 @@ def _drain(deadline, final):
     """Everything now: wait (by query, until `deadline`) for the waiting cycles, write all, print all."""
     if _pending:
         _resolve_pending(deadline, final)
-    if _buf:
-        _write_buffered()
+    if _buf or _dropped != _drops_said:
+        _write_buffered(status=True)        # (with the losses since the last drops line, when they changed)
     if _msgs:
         _print_msgs()
 
@@ -1842,12 +2191,13 @@ def _at_exit():
         _error("flush", direct=True)
     if not done:
         # The writer is stuck (a hung disk): what it still holds is lost.
-        _lose(len(_buf) + len(_pending))
+        _lose(len(_buf) + len(_pending), 0, "exit")
     try:
         if _dropped:
-            _stderr("[eaglepatch] %d timing record(s) dropped in pid %d (the log writer fell behind, a write "
-                    "failed, or events were not done at exit%s)\n"
-                    % (_dropped, os.getpid(), "" if done else "; the writer was still stuck at exit"))
+            with _lock:
+                by = dict(_drop_by)
+            _stderr("[eaglepatch] %d timing record(s) dropped in pid %d (%s%s)\n"
+                    % (_dropped, os.getpid(), _why_text(by), "" if done else "; the writer was still stuck at exit"))
         if _errors:
             _stderr("[eaglepatch] %d internal error(s) in pid %d; timing records may be missing\n"
                     % (_errors, os.getpid()))
@@ -1860,7 +2210,9 @@ def _stats():
     return {"errors": _errors, "buffered": len(_buf), "pending": len(_pending), "records": _records,
             "dropped": _dropped, "timer": _timer_name, "path": _path, "log_dir": _dir_in_use,
             "capture_relaxed": _capture_relaxed, "config": dict(_cfg),
-            "live": None if _live is None else _live[3], "pinned": len(_pins)}
+            "live": None if _live is None else _live[3], "pinned": len(_pins),
+            "drops": dict(_drop_by), "paused": _paused, "files": [e[1] for e in _chain], "log_bytes": _chain_bytes,
+            "share": _share, "removed": tuple(_removed), "messages": len(_msgs), "messages_lost": _msgs_lost}
 
 
 _reset()

@@ -107,7 +107,7 @@ def test_log_names_that_are_paths_are_refused_and_nothing_is_written(ssh, tmp_pa
     assert not list(cache.rglob("*.jsonl")), "a refused answer left bytes in the cache"
     assert r.rc == 1, r
     line = one_line_error(subprocess.CompletedProcess([], r.rc, r.out, r.err))
-    assert "refused" in line and "not a plain <host>-<pid>-rank<r>.jsonl" in line, line
+    assert "refused" in line and "not a plain <host>-<pid>-rank<r>[.<i>].jsonl" in line, line
 
 
 # ----------------------------------------------------------------------------------------------------------------

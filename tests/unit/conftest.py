@@ -2,7 +2,8 @@
 
 - ``clean_env``: no EAGLEPATCH_ variable in the environment for the test.
 - ``load``: ``load(**configure_kw)`` -> a fresh runtime writing to ``tmp_path/logs``: the cpu timer, no summaries,
-  no time-based flush unless asked for; its writer thread stopped after the test.
+  no time-based flush, no free-space floor (``min_free_mb`` 0) unless asked for; its writer thread stopped after
+  the test.
 - ``rt``: ``load()``.
 - ``logs``: ``tmp_path/logs``, where ``load``'s runtimes write (made by the runtime, not by the fixture).
 - ``fake_torch``: a fake ``torch`` (torch_fakes.py) in ``sys.modules`` for the test; CUDA events complete when the
@@ -40,6 +41,7 @@ def load(tmp_path, clean_env):
         kw.setdefault("log_dir", str(tmp_path / "logs"))
         kw.setdefault("summary_every", 0)
         kw.setdefault("flush_seconds", 600.0)
+        kw.setdefault("min_free_mb", 0)            # whatever this machine's disk holds (test_runtime_bounds.py)
         mod.configure(**kw)
         loaded.append(mod)
         return mod

@@ -46,8 +46,8 @@ def lines(log_dir):
 
 
 def records(log_dir):
-    """The timing records of every log in `log_dir` (run header lines left out)."""
-    return [d for d in lines(log_dir) if d.get("kind") != "run"]
+    """The timing records of every log in `log_dir` (run header and drops lines left out)."""
+    return [d for d in lines(log_dir) if "kind" not in d]
 
 
 def headers(log_dir):

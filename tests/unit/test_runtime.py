@@ -603,7 +603,8 @@ def test_config_line_is_one_line_with_the_defaults():
     assert m, lines[hits[0]]
     assert ast.literal_eval(m.group(1)) == {"mode": "auto", "timers": {}, "every": 1, "log_dir": "/tmp/eaglepatch",
                                             "summary_every": 2000, "flush_records": 256, "flush_seconds": 2.0,
-                                            "buffer_records": 8192, "exit_seconds": 2.0}
+                                            "buffer_records": 8192, "exit_seconds": 2.0, "max_log_mb": 2048,
+                                            "min_free_mb": 1024}
     # the first statement of the module (after the docstring), so an installer finds it at the top
     body = ast.parse(RUNTIME.read_text()).body
     assert isinstance(body[1], ast.Assign) and body[1].targets[0].id == "_CONFIG"
@@ -612,7 +613,8 @@ def test_config_line_is_one_line_with_the_defaults():
 def test_a_rewritten_config_line_is_used(tmp_path, clean_env):
     """What the installer does: replace the dict literal on the marked line."""
     new = {"mode": "cpu", "timers": {"EAGLEWorker": "sync"}, "every": 4, "log_dir": str(tmp_path / "x"),
-           "summary_every": 0, "flush_records": 9, "flush_seconds": 1.5, "buffer_records": 77, "exit_seconds": 0.5}
+           "summary_every": 0, "flush_records": 9, "flush_seconds": 1.5, "buffer_records": 77, "exit_seconds": 0.5,
+           "max_log_mb": 3, "min_free_mb": 0.5}
     src = RUNTIME.read_text().splitlines(True)
     src = [("_CONFIG = %r  # eaglepatch:config\n" % new) if "eaglepatch:config" in l else l for l in src]
     path = tmp_path / "_eaglepatch_runtime.py"
@@ -621,7 +623,8 @@ def test_a_rewritten_config_line_is_used(tmp_path, clean_env):
     assert mod._stats()["config"] == new
     # What `apply` writes (eaglepatch/ops/runtime_file.py render_runtime): no buffer_records/exit_seconds: defaults.
     apply_line = {"mode": "auto", "timers": {"EAGLEWorkerV2": "events"}, "every": 1, "log_dir": str(tmp_path / "y"),
-                  "summary_every": 2000, "flush_records": 256, "flush_seconds": 2.0}
+                  "summary_every": 2000, "flush_records": 256, "flush_seconds": 2.0, "max_log_mb": 512,
+                  "min_free_mb": 256}
     src = [("_CONFIG = %s  # eaglepatch:config\n" % json.dumps(apply_line)) if "eaglepatch:config" in l else l
            for l in src]
     path.write_text("".join(src))
@@ -1020,7 +1023,8 @@ def test_an_empty_config_line_gives_the_documented_defaults(tmp_path, clean_env)
     path.write_text("".join(src))
     assert load_module(path)._stats()["config"] == {
         "mode": "auto", "timers": {}, "every": 1, "log_dir": "/tmp/eaglepatch", "summary_every": 2000,
-        "flush_records": 256, "flush_seconds": 2.0, "buffer_records": 8192, "exit_seconds": 2.0}
+        "flush_records": 256, "flush_seconds": 2.0, "buffer_records": 8192, "exit_seconds": 2.0,
+        "max_log_mb": 2048, "min_free_mb": 1024}
 
 
 def test_eaglepatch_mode_auto_overrides_a_fixed_mode_line(tmp_path, clean_env, monkeypatch):
@@ -1038,7 +1042,7 @@ def test_bad_values_in_the_config_line_are_said_and_replaced_by_defaults(tmp_pat
     and its default used; values out of range are clamped."""
     bad = {"mode": "turbo", "every": "many", "flush_seconds": "soon", "timers": ["EAGLEWorker"],
            "summary_every": -5, "flush_records": 0, "buffer_records": None, "exit_seconds": -1.0,
-           "log_dir": str(tmp_path / "l")}
+           "log_dir": str(tmp_path / "l"), "max_log_mb": 0, "min_free_mb": -1}
     src = RUNTIME.read_text().splitlines(True)
     src = [("_CONFIG = %r  # eaglepatch:config\n" % bad) if "eaglepatch:config" in l else l for l in src]
     path = tmp_path / "_eaglepatch_runtime.py"
@@ -1047,15 +1051,18 @@ def test_bad_values_in_the_config_line_are_said_and_replaced_by_defaults(tmp_pat
     try:
         assert rt._stats()["config"] == {
             "mode": "auto", "timers": {}, "every": 1, "log_dir": str(tmp_path / "l"), "summary_every": 0,
-            "flush_records": 1, "flush_seconds": 2.0, "buffer_records": 8192, "exit_seconds": 0.0}
+            "flush_records": 1, "flush_seconds": 2.0, "buffer_records": 8192, "exit_seconds": 0.0,
+            "max_log_mb": 2048, "min_free_mb": 1024}
         err = capsys.readouterr().err
         assert err.splitlines() == [
             "[eaglepatch] ignoring mode='turbo' in the configuration: using 'auto'",
             "[eaglepatch] ignoring timers=['EAGLEWorker'] in the configuration: using {}",
             "[eaglepatch] ignoring every='many' in the configuration: using 1",
             "[eaglepatch] ignoring flush_seconds='soon' in the configuration: using 2.0",
-            "[eaglepatch] ignoring buffer_records=None in the configuration: using 8192"], err
-        rt.configure(exit_seconds=2.0, summary_every=0)
+            "[eaglepatch] ignoring buffer_records=None in the configuration: using 8192",
+            "[eaglepatch] ignoring max_log_mb=0 in the configuration: using 2048",
+            "[eaglepatch] ignoring min_free_mb=-1 in the configuration: using 1024"], err
+        rt.configure(exit_seconds=2.0, summary_every=0, min_free_mb=0)
         decode_worker(rt).forward_batch_generation(Batch(3))
         rt.flush()
         assert [r["bs"] for r in records(tmp_path / "l")] == [3] and rt._stats()["errors"] == 0

@@ -29,9 +29,9 @@ def test_flush_writes_on_the_writer_thread_it_starts(load, logs, monkeypatch):
     writers = []
     real = rt._write_buffered
 
-    def write():
+    def write(*a, **kw):
         writers.append(threading.current_thread())
-        return real()
+        return real(*a, **kw)
 
     monkeypatch.setattr(rt, "_write_buffered", write)
     assert rt._writer is None

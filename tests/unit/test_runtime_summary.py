@@ -134,7 +134,7 @@ def test_a_summary_that_cannot_be_printed_is_said_as_a_summary_error(load, monke
     rt = load(mode="cpu", summary_every=1)
     rt._WRITER_THREAD = False
 
-    def broken(win, dropped):
+    def broken(*args):
         raise RuntimeError("no summary today")
 
     monkeypatch.setattr(rt, "_summary_lines", broken)
