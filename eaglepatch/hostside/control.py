@@ -6,9 +6,12 @@ stop and the start depends on the client (docs/safety.md).
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import shlex
 import signal
+import stat
 import subprocess
 import time
 
@@ -121,8 +124,9 @@ def _start_script(argv, cwd, env):
 
 def _prepare_start(payload):
     """Everything a start needs that can fail, done before anything is stopped: argv[0] still names the same
-    file, the folder exists, the log and the start script can be written (in a folder only this user can write,
-    without following a symlink). Returns ``{"error": ...}`` or what ``_spawn`` takes."""
+    file, the folder exists, the output can be written (``_open_output``: the server's own files, else the log in
+    a folder only this user can write, without following a symlink), the start script is written there. Returns
+    ``{"error": ...}`` or what ``_spawn`` takes."""
     argv, cwd, env, log_path = payload["argv"], payload["cwd"], payload["env"], payload["log_path"]
     if not os.path.isdir(cwd):
         return {"error": "its folder %s does not exist (any more)" % cwd}
@@ -136,7 +140,7 @@ def _prepare_start(payload):
     try:
         folder = private_dir(os.path.dirname(log_path) or ".")
         log_path = os.path.join(folder, os.path.basename(log_path))
-        log_fd = open_private(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        prep = _open_output(payload.get("output"), log_path)
     except OSError as exc:
         return {"error": "cannot open the log %s: %s" % (log_path, exc.strerror or exc)}
     script = os.path.join(folder, "start-%s.sh" % payload.get("port", "server"))
@@ -148,7 +152,96 @@ def _prepare_start(payload):
         os.replace(tmp, script)
     except OSError:
         script = None
-    return {"log_fd": log_fd, "log_path": log_path, "script": script}
+    prep["script"] = script
+    return prep
+
+
+_REPLACED = "%s is another file now (not the one the server wrote to when it was read)"
+
+
+def _open_kept(entry):
+    """Open a file the server's own output went to (``entry``: ``{"path", "dev", "ino"}``, as the scan saw it)
+    to append to, as the server did: never created, no symlink followed in its last component, a regular file,
+    the very file the scan saw (same device and inode: not one put in its place since), that this user may
+    write. Returns ``(fd, None)``, or ``(None, why not)``."""
+    path = entry.get("path") if isinstance(entry, dict) else None
+    if not isinstance(path, str) or not os.path.isabs(path) or "\0" in path:
+        return None, "no file was recorded"
+    seen = (entry.get("dev"), entry.get("ino"))
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return None, "%s: %s" % (path, "it is gone" if exc.errno == errno.ENOENT else (exc.strerror or exc))
+    if stat.S_ISLNK(st.st_mode):
+        return None, "%s is a symlink now" % path
+    if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != seen:
+        return None, _REPLACED % path
+    # O_NONBLOCK: a FIFO put there meanwhile must not block the open; O_NOCTTY: nor a terminal become ours
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None, "%s is a symlink now" % path
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return None, "%s: this user may not write it" % path
+        return None, "%s: %s" % (path, exc.strerror or exc)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != seen:
+        os.close(fd)
+        return None, _REPLACED % path
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return fd, None
+
+
+def _same_file(a, b):
+    return bool(a and b) and (a.get("dev"), a.get("ino")) == (b.get("dev"), b.get("ino"))
+
+
+def _open_output(output, private):
+    """Where the started server's output goes, opened: each stream to the server's own file where it was a
+    regular file (``output``: the scan's ``{"stdout", "stderr"}``; appended to, ``_open_kept``), else to the log
+    ``private`` (this user's private folder). stderr goes with stdout when it was the same file or no file. A
+    file that fails a check is not written: its stream goes to ``private``, and ``notes`` says why. Returns
+    ``{"fds": {path: fd}, "out": path, "err": path, "kept": [stream, ...], "notes": [...]}``; raises OSError when
+    ``private`` is needed and cannot be opened."""
+    output = output if isinstance(output, dict) else {}
+    fds, kept, notes = {}, [], []
+
+    def dest(name):
+        entry = output.get(name)
+        fd, why = _open_kept(entry)
+        if fd is None:
+            notes.append("%s: %s" % (name, why))
+            return private
+        path = entry["path"]
+        if path in fds:
+            os.close(fd)
+        else:
+            fds[path] = fd
+        kept.append(name)
+        return path
+
+    try:
+        out = dest("stdout") if output.get("stdout") else private
+        if not output.get("stderr") or _same_file(output.get("stdout"), output.get("stderr")):
+            err = out
+            if output.get("stderr") and out != private:
+                kept.append("stderr")  # the same file as stdout (2>&1): still both there
+        else:
+            err = dest("stderr")
+        if private in (out, err):
+            fds[private] = open_private(private, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    except OSError:
+        for fd in fds.values():
+            os.close(fd)
+        raise
+    return {"fds": fds, "out": out, "err": err, "kept": kept, "notes": notes}
+
+
+def _close_prep(prep):
+    for fd in prep["fds"].values():
+        os.close(fd)
 
 
 def _restore_signals(ignored):
@@ -165,35 +258,46 @@ def _restore_signals(ignored):
 
 
 def _spawn(payload, prep):
-    """Start argv in cwd with exactly env, in a new session, stdin /dev/null, output appended to the log."""
+    """Start argv in cwd with exactly env, in a new session, stdin /dev/null, its output appended where
+    ``_open_output`` opened it, after a marker line in each file (``shown_argv``: the command line as the client
+    prints it, its secrets masked). ``log_path`` and ``offset``: where its stderr goes and where its output there
+    begins (the log the readiness check and a failed start's tail read)."""
     argv, cwd, env = payload["argv"], payload["cwd"], payload["env"]
-    out = {"log_path": prep["log_path"], "script": prep["script"]}
-    with os.fdopen(prep["log_fd"], "ab") as log:
-        log.write(
-            (
-                "\n=== eaglepatch %s: starting in %s: %s ===\n"
-                % (time.strftime("%Y-%m-%d %H:%M:%S"), cwd, " ".join(shlex.quote(a) for a in argv))
-            ).encode("utf-8", "surrogateescape")
-        )
-        log.flush()
-        out["offset"] = log.tell()
+    fds, log_path = prep["fds"], prep["err"]
+    out = {"log_path": log_path, "script": prep["script"], "output": {"stdout": prep["out"], "stderr": log_path},
+           "kept": prep["kept"], "notes": prep["notes"]}
+    shown = " ".join(shlex.quote(a) for a in payload.get("shown_argv") or argv)
+    marker = ("\n=== eaglepatch %s: starting in %s: %s ===\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), cwd, shown)
+              ).encode("utf-8", "surrogateescape")
+    try:
+        for fd in fds.values():
+            try:
+                os.write(fd, marker)
+            except OSError:
+                pass  # a full disk: the server starts all the same, as it would have
+        out["offset"] = os.lseek(fds[log_path], 0, os.SEEK_END)
         try:
             proc = subprocess.Popen(
                 argv,
                 cwd=cwd,
                 env=env,
                 stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
+                stdout=fds[prep["out"]],
+                stderr=subprocess.STDOUT if log_path == prep["out"] else fds[log_path],
                 close_fds=True,
                 start_new_session=True,
                 preexec_fn=_restore_signals(payload.get("sig_ign")),
             )
         except OSError as exc:
             what = "%s: %s" % (argv[0], exc.strerror or str(exc))
-            log.write(("eaglepatch: could not start: %s\n" % what).encode("utf-8", "surrogateescape"))
+            try:
+                os.write(fds[log_path], ("eaglepatch: could not start: %s\n" % what).encode("utf-8", "surrogateescape"))
+            except OSError:
+                pass
             out["error"] = "could not start the server: %s" % what
             return out
+    finally:
+        _close_prep(prep)
     st = proc_stat(proc.pid)
     out.update(pid=proc.pid, start=st["start"] if st else None)
     return out
@@ -201,11 +305,14 @@ def _spawn(payload, prep):
 
 def op_start(payload):
     """Start argv in cwd with exactly env (and the original's signal dispositions), in a new session, stdin
-    /dev/null, output appended to the log: ``_prepare_start``, then ``_spawn``.
+    /dev/null, output appended to the server's own files (``output``) or the log: ``_prepare_start``, then
+    ``_spawn``.
 
     The new session (setsid) and the redirected descriptors let it outlive this program and the SSH session that
     ran it: nothing ties it to the connection's terminal or pipes. Returns its pid, start time, the log (its path:
-    the one asked for, or this user's private one) and the offset where its output begins, and the start script.
+    the one asked for, this user's private one, or the server's own file its stderr went to) and the offset where
+    its output begins, where each stream went (``output``, ``kept``: those appended to the server's own files;
+    ``notes``: why one was not), and the start script.
     """
     prep = _prepare_start(payload)
     if "error" in prep:
@@ -261,17 +368,17 @@ def _relaunch_locked(payload, start, stop, prep):
     """``op_relaunch`` once it holds the port's lock."""
     others = _other_launchers(payload["port"], stop["pid"] if stop else None)
     if others:
-        os.close(prep["log_fd"])
+        _close_prep(prep)
         return {"busy": True, "busy_pids": others, "not_stopped": True}
     out = {}
     if stop:
         out["stop"] = op_stop(stop)
         res = out["stop"]
         if res.get("remaining") or not res.get("port_free", True):
-            os.close(prep["log_fd"])
+            _close_prep(prep)
             return out  # not stopped: starting another beside it would make two
     if payload.get("check_port") and listening(payload["port"]):
-        os.close(prep["log_fd"])
+        _close_prep(prep)
         out["busy"] = True
         return out
     out["start"] = _spawn(start, prep)

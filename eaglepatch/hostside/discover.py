@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import time
 
@@ -71,6 +72,27 @@ def resolve_launcher(argv0, cwd, env):
         if os.path.isfile(cand) and os.access(cand, os.X_OK):
             return os.path.normpath(cand)
     return None
+
+
+def output_files(pid):
+    """Where the server's stdout and stderr go, when each is a regular file: ``{"stdout": {"path", "dev", "ino"},
+    "stderr": ...}``, None for a stream that is not (a terminal, a pipe, a socket, /dev/null), that cannot be read
+    (another user's process), or whose path no longer names the file it writes to (deleted, or replaced: another
+    device and inode there). A relaunch appends to the same files (``control._open_kept``)."""
+    out = {}
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        link = "/proc/%d/fd/%d" % (pid, fd)
+        out[name] = None
+        try:
+            path = os.readlink(link)
+            st = os.stat(link)  # the open file itself
+            now = os.lstat(path) if os.path.isabs(path) else None  # what its path names now (a link: not it)
+        except OSError:
+            continue
+        if now is None or not stat.S_ISREG(st.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            continue
+        out[name] = {"path": path, "dev": st.st_dev, "ino": st.st_ino}
+    return out
 
 
 def _shebang(path):
@@ -308,6 +330,7 @@ def op_scan(payload):
                 "uid": uid_of(pid),
                 "same_user": uid_of(pid) == os.geteuid(),
                 "sig_ign": ignored_signals(pid),
+                "output": output_files(pid),  # its own output files: a relaunch appends to them
                 # a server inside a container shows in the host's /proc but cannot be relaunched from outside it
                 "same_mount_ns": None if mnt is None or own_mnt is None else mnt == own_mnt,
                 "systemd": _systemd_unit(pid, env, procs),

@@ -4,6 +4,8 @@ Nothing here changes the target."""
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -39,16 +41,18 @@ def worker_json(w: WorkerInfo) -> dict[str, Any]:
 
 
 def servers_json(facts: HostFacts) -> list[dict[str, Any]]:
-    """Every server of the install: pid, argv, port, cwd, launcher, how it was launched, its start, and ``code``:
+    """Every server of the install: pid, argv, port, cwd, launcher, how it was launched, its start, ``code``:
     ``current`` when it started after the code on disk last changed, ``stale`` when before (it still runs the
-    code from before the last apply or revert: restart it), ``unknown`` when that cannot be told."""
+    code from before the last apply or revert: restart it), ``unknown`` when that cannot be told; and
+    ``output``: where its output goes, and where a restart by eaglepatch writes it (``ServerProcess.output_json``)."""
     from eaglepatch.server.process import ServerProcess
 
     out = []
     for item in facts.servers:
         srv = ServerProcess.from_scan(item)
         # what is printed of a command line: its secrets masked (eaglepatch.redact), in the JSON too
-        out.append(dict(srv.to_json(), argv=mask_argv(srv.argv), code=code_state(srv.started_at, facts)))
+        out.append(dict(srv.to_json(), argv=mask_argv(srv.argv), code=code_state(srv.started_at, facts),
+                        output=srv.output_json()))
     return out
 
 
@@ -177,11 +181,18 @@ def _server_lines(doc: dict[str, Any]) -> list[str]:
             out.append(f"  launched: {shown(srv['launched'])}" + (f"; in {shown(srv['cwd'])}" if srv.get("cwd") else ""))
         if srv.get("code"):
             out.append(f"  {_CODE.get(srv['code'], shown(srv['code']))}")
+        if srv.get("output"):
+            out.append("  output: " + _output_words(srv["output"]))
         nodes = srv.get("nodes")
         if nodes:
             out.append(f"  node rank {nodes['rank']} of {nodes['count']} (--dist-init-addr "
                        f"{shown(str(nodes['dist_init_addr']))}): eaglepatch does not restart one node alone (apply and "
                        "revert --no-restart change its files)")
+        side = srv.get("disaggregation")
+        if side:
+            other = "decode" if side == "prefill" else "prefill"
+            out.append(f"  the {side} side of a prefill/decode pair (--disaggregation-mode {side}): eaglepatch "
+                       f"restarts it only with its {other} side named in the same command")
     for other in doc.get("other_servers") or ():
         out.append(f"other server: pid {other['pid']} on :{other.get('port')} runs another install "
                    f"({shown(other.get('package_dir') or 'unknown')}): left alone")
@@ -200,10 +211,149 @@ def _server_lines(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def _output_words(output: dict[str, Any]) -> str:
+    """Where a server's output goes (``servers_json``'s ``output``), and where it goes once eaglepatch restarts it."""
+    out, err = output.get("stdout"), output.get("stderr")
+    if out:
+        both = f"{shown(out)}" + (f" (stderr: {shown(err)})" if err and err != out else "")
+        return f"{both}: a restart by eaglepatch appends to it, as the server does"
+    words = ("not to a file (a terminal, a pipe, a socket or /dev/null, or unknown): a restart by eaglepatch "
+             f"writes it to {shown(output.get('log') or '?')}")
+    return words + (f" (stderr: {shown(err)}, appended to)" if err else "")
+
+
 def status(spec: TargetSpec, c: Connect, recipe: Recipe) -> dict[str, Any]:
-    """``status`` of one target: the ``status --json`` document."""
+    """``status`` of one target: the ``status --json`` document, with the timing logs' size and drops."""
     with Target(spec, c) as t:
-        return describe(target_facts(t, recipe), recipe)
+        facts = target_facts(t, recipe)
+        doc = describe(facts, recipe)
+        doc["logs"] = logs_json(t.host, facts)
+        return doc
+
+
+# A timing log's name (the runtime's; hostside/logs.py lists the same): <host>-<pid>-rank<r>.jsonl, then the chain's
+# <host>-<pid>-rank<r>.<i>.jsonl (--max-log-mb)
+_LOG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*-([0-9]+)-rank([0-9]+)(?:\.([0-9]+))?\.jsonl")
+_HEAD_BYTES = 16 << 10  # of each running rank's newest log: its run header and the drops line after it
+_TAIL_BYTES = 128 << 10  # ... and its last lines: the drops line of the last ten seconds' losses
+
+
+def logs_json(host: Any, facts: HostFacts) -> dict[str, Any] | None:
+    """The timing logs of the install's runtime, for ``status``, read by the host's ``logs`` op (its rules: the
+    configured folder and where the servers' runtime really writes): ``{"log_dir", "files", "bytes", "current":
+    {"files", "bytes"} (the running servers' processes'), "max_log_mb", "min_free_mb", "dropped", "reasons"}``;
+    ``dropped``/``reasons``: what the running servers' runtime dropped, as the drops lines say that lie at the head
+    and in the last lines of each rank's newest file (docs/contract.md, "Bounds inside the server"). None when no
+    runtime is installed; ``{"log_dir", "error"}`` when the logs cannot be read."""
+    from eaglepatch.errors import EaglepatchError
+    from eaglepatch.hosts.agent import call
+    from eaglepatch.ops.runtime_file import runtime_config
+
+    if facts.runtime_data is None:
+        return None
+    cfg = runtime_config(facts.runtime_data)
+    log_dir = cfg.get("log_dir") if isinstance(cfg.get("log_dir"), str) else "/tmp/eaglepatch"
+    pids = sorted({p for s in facts.servers for p in (s["pid"], *(s.get("children") or ()))})
+    out: dict[str, Any] = {"log_dir": log_dir, "max_log_mb": cfg.get("max_log_mb"),
+                           "min_free_mb": cfg.get("min_free_mb")}
+
+    def ask(have: dict[str, int], upto: dict[str, int]) -> Any:
+        return call(host, facts.python, "logs", log_dir=log_dir, pids=pids, have=have, upto=upto, budget=4 << 20)
+
+    try:
+        listing = ask({}, {})  # every file's size, no byte of it (each read up to 0)
+    except EaglepatchError as exc:
+        return dict(out, error=str(exc))
+    if not isinstance(listing, dict) or listing.get("error") or not isinstance(listing.get("names"), dict):
+        return dict(out, error=str(listing.get("error") if isinstance(listing, dict) else "no answer")[:300])
+    files = []  # (folder, name, size, pid, rank, index)
+    for folder, names in listing["names"].items():
+        sizes = (listing.get("sizes") or {}).get(folder)
+        if not isinstance(names, list) or not isinstance(sizes, list) or len(sizes) != len(names):
+            continue
+        for name, size in zip(names, sizes):
+            m = _LOG_NAME.fullmatch(name) if isinstance(name, str) else None
+            if m and type(size) is int and size >= 0:
+                files.append((str(folder), name, size, int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)))
+    current = [f for f in files if f[3] in pids]
+    out.update(files=len(files), bytes=sum(f[2] for f in files),
+               current={"files": len(current), "bytes": sum(f[2] for f in current)})
+    newest: dict[tuple[str, int, int], tuple[str, str, int, int, int, int]] = {}
+    for f in current:
+        key = (f[0], f[3], f[4])
+        if key not in newest or f[5] > newest[key][5]:
+            newest[key] = f
+    drops: dict[tuple[int, int], dict[str, Any]] = {}
+    keys = {f"{f[0]}/{f[1]}": f for f in newest.values()}
+    try:
+        for have, upto in (({k: 0 for k in keys}, {k: min(f[2], _HEAD_BYTES) for k, f in keys.items()}),
+                           ({k: max(0, f[2] - _TAIL_BYTES) for k, f in keys.items()}, {k: f[2] for k in keys})):
+            if keys:
+                _drops_seen(ask(have, upto), drops)
+    except EaglepatchError:
+        pass  # the sizes stand; the drops are not known
+    reasons: dict[str, int] = {}
+    for d in drops.values():
+        for why, n in d["reasons"].items():
+            reasons[why] = reasons.get(why, 0) + n
+    out.update(dropped=sum(d["dropped"] for d in drops.values()), reasons=dict(sorted(reasons.items())))
+    return out
+
+
+def _drops_seen(res: Any, drops: dict[tuple[int, int], dict[str, Any]]) -> None:
+    """The drops lines in the bytes of a ``logs`` answer (the host's word: each line checked), the one saying the
+    most kept per process (pid, rank): their counts only grow."""
+    if not isinstance(res, dict) or not isinstance(res.get("files"), list):
+        return
+    blobs = res.get("__blobs__") or []
+    for entry, blob in zip(res["files"], blobs):
+        if not isinstance(entry, dict):
+            continue
+        # an attachment as the agent reads it: a list of pieces (or bytes)
+        data = b"".join(p for p in blob if isinstance(p, bytes)) if isinstance(blob, list) else blob
+        if not isinstance(data, bytes):
+            continue
+        lines = data.split(b"\n")
+        if entry.get("offset"):
+            lines = lines[1:]  # read from inside a line
+        for line in lines:
+            if b'"drops"' not in line or len(line) > 4096:
+                continue
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue
+            if not (isinstance(d, dict) and d.get("kind") == "drops" and type(d.get("pid")) is int
+                    and type(d.get("rank")) is int and type(d.get("dropped")) is int and d["dropped"] >= 0
+                    and isinstance(d.get("reasons"), dict)):
+                continue
+            why = {str(k)[:32]: v for k, v in d["reasons"].items() if type(v) is int and v >= 0}
+            key = (d["pid"], d["rank"])
+            if key not in drops or d["dropped"] > drops[key]["dropped"]:
+                drops[key] = {"dropped": d["dropped"], "reasons": why}
+
+
+def _size_words(n: int) -> str:
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _logs_line(logs: dict[str, Any]) -> str:
+    """``status``'s line on the timing logs: their size, the running servers' share of it, and what was dropped."""
+    where = shown(str(logs.get("log_dir")))
+    if logs.get("error"):
+        return f"timing logs: {where}: {shown(str(logs['error']))}"
+    cur = logs.get("current") or {}
+    line = (f"timing logs: {_size_words(int(logs.get('bytes') or 0))} in {logs.get('files', 0)} file(s) in {where}"
+            f"; the running servers': {_size_words(int(cur.get('bytes') or 0))}")
+    if isinstance(logs.get("max_log_mb"), (int, float)):
+        line += f" (--max-log-mb {logs['max_log_mb']:g} per launch, --min-free-mb {logs.get('min_free_mb') or 0:g})"
+    if logs.get("dropped"):
+        why = ", ".join(f"{shown(k)} {v}" for k, v in (logs.get("reasons") or {}).items())
+        line += f"; {logs['dropped']} record(s) dropped" + (f" ({why})" if why else "")
+    return line
 
 
 def render_status(doc: dict[str, Any]) -> str:
@@ -217,6 +367,8 @@ def render_status(doc: dict[str, Any]) -> str:
         rows.append(f"  MISSING   {runtime['path']}: a patched file imports it, so a server started now fails; "
                     "run eaglepatch revert (or apply again)")
     rows.extend("  " + line for line in _server_lines(doc))
+    if doc.get("logs"):
+        rows.append("  " + _logs_line(doc["logs"]))
     return "\n".join(rows)
 
 

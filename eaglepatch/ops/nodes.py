@@ -41,12 +41,26 @@ def _where(nodes: Nodes) -> str:
 
 def check(restarting: Sequence[ServerProcess], named: Iterable[ServerProcess], verb: str, name: str,
           several: bool = True) -> None:
-    """Refuse, before anything changes, a restart of any server in ``restarting`` that is one node of a multi-node
-    server: ``UsageError`` (exit 2) naming the node ranks that ``named`` (every TARGET's servers) lacks,
+    """Refuse, before anything changes, a restart of any server in ``restarting`` that is one side of a prefill/decode
+    pair whose other side ``named`` lacks (``UsageError``, exit 2; a one-TARGET command always: it cannot name both),
+    or one node of a multi-node server: ``UsageError`` (exit 2) naming the node ranks that ``named`` (every TARGET's
+    servers) lacks,
     ``Unsupported`` (exit 4) when every node is named. Returns for single-node servers. ``several``: the command
     takes several TARGETs (the message says to name the missing nodes; sweep takes one)."""
+    named = list(named)
     ranks = named_ranks(named)
+    sides = {s.disaggregation for s in named}
     for srv in restarting:
+        side = srv.disaggregation
+        if side is not None:
+            other = "decode" if side == "prefill" else "prefill"
+            if other not in sides or not several:
+                fix = (f"name the {other} server's host in the same command (eaglepatch {verb} PREFILL DECODE), or "
+                       "pass --no-restart") if several else f"{verb} takes one TARGET, so it cannot act on one yet"
+                raise UsageError(
+                    f"{name}: the server on :{srv.port} (pid {srv.pid}) is the {side} side of a prefill/decode pair "
+                    f"(--disaggregation-mode {side}): {verb} would restart it without its {other} side, and requests "
+                    f"through the pair would fail meanwhile; nothing was changed: {fix}")
         nodes = srv.nodes
         if nodes is None:
             continue

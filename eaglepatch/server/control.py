@@ -7,6 +7,7 @@ from typing import Any
 
 from eaglepatch.hosts.agent import call
 from eaglepatch.hosts.base import Host
+from eaglepatch.redact import mask_argv
 from eaglepatch.server.process import LaunchSpec, ServerProcess
 
 
@@ -92,21 +93,29 @@ class Started:
     start: int | None
     log_offset: int
     error: str | None = None
-    log_path: str | None = None  # where its output goes (the one asked for, or this user's private folder's)
+    log_path: str | None = None  # where its stderr goes (the server's own file, or the log in a private folder)
     script: str | None = None  # a shell script that starts it by hand, exactly so
+    stdout: str | None = None  # where its stdout goes
+    kept: tuple[str, ...] = ()  # the streams appended to the original's own files ("stdout", "stderr")
+    notes: tuple[str, ...] = ()  # why a stream of the original's own files was not (the file replaced, ...)
 
 
 def start_payload(spec: LaunchSpec) -> dict[str, Any]:
-    """What ``op_start`` takes to start ``spec``."""
+    """What ``op_start`` takes to start ``spec``: ``output``, the original's own output files to append to;
+    ``shown_argv``, the command line its log's marker line shows (secrets masked: the file may be the user's)."""
     return {"argv": list(spec.argv), "cwd": spec.cwd, "env": dict(spec.env), "log_path": spec.log_path,
-            "launcher": spec.launcher, "sig_ign": spec.sig_ign, "port": spec.port}
+            "launcher": spec.launcher, "sig_ign": spec.sig_ign, "port": spec.port,
+            "output": None if spec.output is None else {k: v and dict(v) for k, v in spec.output.items()},
+            "shown_argv": mask_argv(spec.argv)}
 
 
 def started_result(out: dict[str, Any]) -> Started:
     """``op_start``'s answer as a Started."""
+    where = out.get("output") if isinstance(out.get("output"), dict) else {}
     return Started(
         pid=out.get("pid"), start=out.get("start"), log_offset=int(out.get("offset") or 0), error=out.get("error"),
-        log_path=out.get("log_path"), script=out.get("script"),
+        log_path=out.get("log_path"), script=out.get("script"), stdout=where.get("stdout") or out.get("log_path"),
+        kept=tuple(str(k) for k in out.get("kept") or ()), notes=tuple(str(n) for n in out.get("notes") or ()),
     )
 
 

@@ -28,6 +28,28 @@ def default_log_path(port: int) -> str:
     return f"{LOG_DIR}/server-{port}.log"
 
 
+def parse_output(value: Any) -> dict[str, Any] | None:
+    """The scan's ``output`` (where a server's stdout and stderr go, each ``{"path", "dev", "ino"}`` of a regular
+    file or None), checked; None for None. Raises ValueError for anything else."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not set(value) <= {"stdout", "stderr"}:
+        raise ValueError("'output' must be an object of 'stdout' and 'stderr'")
+    out: dict[str, Any] = {}
+    for name in ("stdout", "stderr"):
+        entry = value.get(name)
+        if entry is None:
+            out[name] = None
+            continue
+        path = entry.get("path") if isinstance(entry, Mapping) else None
+        ok = (isinstance(path, str) and path.startswith("/") and "\0" not in path
+              and all(type(entry.get(k)) is int and entry[k] >= 0 for k in ("dev", "ino")))
+        if not ok:
+            raise ValueError(f"'output' {name!r} must be null or a file: an absolute 'path', its 'dev' and 'ino'")
+        out[name] = {"path": entry["path"], "dev": entry["dev"], "ino": entry["ino"]}
+    return out
+
+
 def probe_address(host: str) -> str:
     """The address to connect to for a server started with ``--host host`` (a wildcard becomes the loopback)."""
     return _WILDCARDS.get(host, host)
@@ -67,6 +89,8 @@ class LaunchSpec:
     log_path: str = ""
     launcher: str | None = None  # what argv[0] resolved to when it was read: a relaunch must find the same file
     sig_ign: tuple[str, ...] | None = None  # the signals the original ignored (nohup: SIGHUP): the relaunch too
+    # the original's own output files (``parse_output``): a relaunch appends to them, else writes ``log_path``
+    output: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.log_path:
@@ -90,6 +114,8 @@ class LaunchSpec:
             "log_path": self.log_path,
             "launcher": self.launcher,
             "sig_ign": None if self.sig_ign is None else list(self.sig_ign),
+            "output": None if self.output is None else {k: None if v is None else dict(v)
+                                                        for k, v in self.output.items()},
         }
 
     @classmethod
@@ -117,8 +143,12 @@ class LaunchSpec:
         sig_ign = data.get("sig_ign")
         if sig_ign is not None and (not isinstance(sig_ign, list) or not all(isinstance(x, str) for x in sig_ign)):
             raise ValueError("launch spec: 'sig_ign' must be a list of signal names")
+        try:
+            output = parse_output(data.get("output"))
+        except ValueError as exc:
+            raise ValueError(f"launch spec: {exc}") from None
         return cls(argv=list(argv), cwd=data["cwd"], env=dict(env), port=port, host=host, log_path=log_path,
-                   launcher=launcher, sig_ign=None if sig_ign is None else tuple(sig_ign))
+                   launcher=launcher, sig_ign=None if sig_ign is None else tuple(sig_ign), output=output)
 
 
 
@@ -157,6 +187,15 @@ def nodes_of(args: Sequence[str]) -> Nodes | None:
     return Nodes(count=count, rank=rank, dist_init_addr=addr if isinstance(addr, str) else None)
 
 
+def disaggregation_of(args: Sequence[str]) -> str | None:
+    """``prefill`` or ``decode`` for one side of a prefill/decode pair (``--disaggregation-mode``), else None (the
+    flag absent, or sglang's ``null``)."""
+    from eaglepatch.server.argv import parse_flags
+
+    mode = parse_flags(args).get("disaggregation-mode")
+    return mode if mode in ("prefill", "decode") else None
+
+
 @dataclasses.dataclass(frozen=True)
 class ServerProcess:
     """A running sglang server: its launcher process (the top one), as read from /proc on the host.
@@ -192,6 +231,8 @@ class ServerProcess:
     same_user: bool | None = True
     sig_ign: tuple[str, ...] | None = None
     nodes: Nodes | None = None  # one node of a multi-node server, else None
+    disaggregation: str | None = None  # "prefill" or "decode": one side of a PD pair (``disaggregation_of``)
+    output: Mapping[str, Any] | None = None  # its stdout and stderr files (``parse_output``); None: not known
 
     @property
     def probe_host(self) -> str:
@@ -221,6 +262,18 @@ class ServerProcess:
                "systemd_unit": self.systemd["unit"] if self.systemd else None}
         if self.nodes is not None:
             doc["nodes"] = self.nodes.to_json()
+        if self.disaggregation is not None:
+            doc["disaggregation"] = self.disaggregation
+        return doc
+
+    def output_json(self) -> dict[str, Any]:
+        """``status --json``'s ``output`` of the server: the regular files its ``stdout`` and ``stderr`` write to
+        (null: a terminal, a pipe, a socket, /dev/null, or not readable), which a relaunch appends to; ``log``:
+        where a relaunch writes its output instead when stdout is not a file (else null; a null stderr goes with
+        stdout)."""
+        out = self.output or {}
+        doc = {name: (out.get(name) or {}).get("path") for name in ("stdout", "stderr")}
+        doc["log"] = None if doc["stdout"] else default_log_path(self.port)
         return doc
 
     def launch_spec(self, log_path: str | None = None) -> LaunchSpec:
@@ -269,6 +322,7 @@ class ServerProcess:
             log_path=log_path or default_log_path(self.port),
             launcher=self.launcher,
             sig_ign=self.sig_ign,
+            output=self.output,
         )
 
     @classmethod
@@ -299,7 +353,17 @@ class ServerProcess:
             same_user=item.get("same_user", True),
             sig_ign=None if item.get("sig_ign") is None else tuple(item["sig_ign"]),
             nodes=nodes_of(sglang_args),
+            disaggregation=disaggregation_of(sglang_args),
+            output=_scanned_output(item.get("output")),
         )
+
+
+def _scanned_output(value: Any) -> dict[str, Any] | None:
+    """The scan's ``output``, or None when the host sent something else (nothing of it is used then)."""
+    try:
+        return parse_output(value)
+    except ValueError:
+        return None
 
 
 def describe_launch(server: ServerProcess) -> str:

@@ -192,6 +192,29 @@ def after_relaunch(
     return run.finish(current, spec, answer)
 
 
+def output_words(port: int, started: Started) -> tuple[str, str | None]:
+    """Where a relaunched server's output goes, in words: ``its log: /srv/server.log (its own output file,
+    appended to as before)``, or ``its log: /tmp/eaglepatch/server-30000.log``; and a note when a stream does not go
+    to the original's own file (it had none: a terminal, a pipe, /dev/null; or that file failed a check, and why)."""
+    log = started.log_path or ""
+    out = started.stdout or log
+    kept = set(started.kept)
+    if out == log:
+        where = f"its log: {shown(log)}" + (" (its own output file, appended to as before)" if "stdout" in kept else "")
+    else:
+        where = (f"its log: {shown(log)} (its stderr{', appended to as before' if 'stderr' in kept else ''}; its "
+                 f"stdout {'appended to' if 'stdout' in kept else 'to'} {shown(out)})")
+    if started.notes:
+        private = out if "stdout" not in kept else log
+        why = "; ".join(shown(n) for n in started.notes)
+        return where, (f"the server on :{port} writes its output to {shown(private)}, not to the file it wrote "
+                       f"to before: {why}")
+    if "stdout" not in kept:
+        return where, (f"the server on :{port} wrote its output to no file eaglepatch can append to (a terminal, a "
+                       f"pipe, a socket or /dev/null): restarted, it writes it to {shown(out)}")
+    return where, None
+
+
 class _Run:
     """One restart: the shared pieces of the strategies."""
 
@@ -302,8 +325,11 @@ class _Run:
             )
         if self.on_started is not None:
             self.on_started(started)
-        # the log the host really opened (a private folder when /tmp/eaglepatch is not this user's alone)
-        self.say(f"started sglang (pid {started.pid}) on :{spec.port}; its log: {shown(log_path)}")
+        # where the host really sent its output: the original's own files, or the log in a private folder
+        where, note = output_words(spec.port, started)
+        self.say(f"started sglang (pid {started.pid}) on :{spec.port}; {where}")
+        if note:
+            self.say(f"note: {note}")
         readiness = self.wait(
             spec.port,
             spec.host,

@@ -92,3 +92,28 @@ def test_a_meeting_waits_for_every_target_and_a_target_that_ends_early_releases_
     assert seen == {"gpu1": [1, 2], "gpu2": [1, 2]}
     meeting.leave("gpu1")  # a second end of an arrived TARGET changes nothing
     assert nodes.alone(c).arrive(c, [server(3)])[0].pid == 3
+
+
+def test_one_side_of_a_prefill_decode_pair_is_never_restarted_alone():
+    """--disaggregation-mode prefill|decode: status says which side; a restart of one side exits 2 naming the other
+    unless the command names a server of the other side too; a one-TARGET command (sweep) always refuses; sglang's
+    'null' mode is no pair."""
+    from eaglepatch.server.process import disaggregation_of
+
+    assert [disaggregation_of(a) for a in ((), ("--disaggregation-mode", "null"), ("--disaggregation-mode=decode",),
+                                            ("--disaggregation-mode", "prefill"))] == [None, None, "decode", "prefill"]
+    pre = server(10, "--disaggregation-mode", "prefill")
+    dec = server(20, "--disaggregation-mode", "decode")
+    assert pre.to_json()["disaggregation"] == "prefill" and "disaggregation" not in server(30).to_json()
+    with pytest.raises(UsageError) as e:
+        nodes.check([dec], [dec], "apply", "gpu2")
+    assert str(e.value) == (
+        "gpu2: the server on :30000 (pid 20) is the decode side of a prefill/decode pair (--disaggregation-mode "
+        "decode): apply would restart it without its prefill side, and requests through the pair would fail "
+        "meanwhile; nothing was changed: name the prefill server's host in the same command (eaglepatch apply "
+        "PREFILL DECODE), or pass --no-restart")
+    nodes.check([dec], [pre, dec], "apply", "gpu2")  # both named: on
+    nodes.check([pre], [pre, dec], "revert", "gpu1")
+    with pytest.raises(UsageError, match="sweep takes one TARGET"):
+        nodes.check([pre], [pre, dec], "sweep", "gpu1", several=False)
+    nodes.check([server(30)], [server(30)], "sweep", "gpu1", several=False)  # no pair: nothing to refuse
