@@ -22,8 +22,9 @@ failpoint("startup:imports")  # the tests' Ctrl-C during start-up: typer is in, 
 
 from eaglepatch import __version__
 from eaglepatch.cli_options import (
-    ConcurrencyOpt, CsvOpt, InputLenOpt, JsonOpt, LogWaitOpt, MaxNewOpt, ReadyTimeoutOpt, RecipeOpt, RequestRateOpt,
-    RequestsOpt, RestartCmdOpt, SeedOpt, UnitOpt, WarmupOpt, connected,
+    ConcurrencyOpt, CsvOpt, IgnoreEosOpt, InputLenOpt, JsonOpt, LogWaitOpt, MaxNewOpt, PromptsOpt, ReadyTimeoutOpt,
+    RecipeOpt, RequestRateOpt, RequestsOpt, RestartCmdOpt, SeedOpt, TemperatureOpt, TopPOpt, UnitOpt, WarmupOpt,
+    connected,
 )
 from eaglepatch.cli_output import finish, for_each_target, say, terminal_text
 from eaglepatch.errors import ExitCode, UsageError
@@ -119,6 +120,10 @@ def apply(
                               "it), sync (synchronize + perf_counter) or events (CUDA events)."),
     every: int = typer.Option(1, "--every", help="Time one cycle in N."),
     log_dir: str = typer.Option("/tmp/eaglepatch", "--log-dir", help="Timing log directory on the target."),
+    max_log_mb: int = typer.Option(2048, "--max-log-mb", help="The timing logs of one server launch (all ranks) "
+                                   "stop growing at N MB: each rank rotates its file and removes its own oldest."),
+    min_free_mb: int = typer.Option(1024, "--min-free-mb", help="Stop writing timing logs while their filesystem "
+                                    "has less than M MB free (the records dropped are counted)."),
     recipe: Optional[str] = RecipeOpt,
     no_restart: bool = typer.Option(False, "--no-restart", help="Patch only; do not restart the server."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the diff; change nothing."),
@@ -136,7 +141,8 @@ def apply(
       eaglepatch apply root@gpu-host --no-restart --dry-run
     """
     r = load_recipe(recipe)
-    ropts = RuntimeOptions(mode=mode.value, every=every, log_dir=log_dir)
+    ropts = RuntimeOptions(mode=mode.value, every=every, log_dir=log_dir, max_log_mb=max_log_mb,
+                           min_free_mb=min_free_mb)
     restart = None if no_restart else restart_options(restart_cmd, systemd_unit, timeout)
     meeting = nodes.Meeting(targets)
     outcomes = for_each_target(targets, c, lambda t: change.apply(t, c, r, ropts, restart, dry_run, say, meeting),
@@ -280,7 +286,10 @@ def report(
 
 
 def _bench_options(requests: int, concurrency: str, input_len: int, max_new_tokens: int, warmup: int | None,
-                   seed: int, log_wait: float, request_rate: str | None = None) -> Any:
+                   seed: int, log_wait: float, request_rate: str | None = None, prompts: str = "mixed",
+                   temperature: float = 0.0, top_p: float = 1.0, ignore_eos: bool | None = None) -> Any:
+    """bench's and sweep's load; raises UsageError (a bad --prompts file too: it is read here, before the target
+    is touched)."""
     from eaglepatch.tuning.load import LoadSpec
     from eaglepatch.tuning.bench import BenchOptions, parse_concurrency, parse_request_rate
 
@@ -288,7 +297,8 @@ def _bench_options(requests: int, concurrency: str, input_len: int, max_new_toke
     rates = parse_request_rate(request_rate) if request_rate is not None else ()
     load = LoadSpec(requests=requests, concurrency=ladder[0], input_len=input_len, max_new_tokens=max_new_tokens,
                     warmup=WarmupOpt.default if warmup is None else warmup, seed=seed,
-                    request_rate=rates[0] if rates else None)
+                    request_rate=rates[0] if rates else None, prompt_source=prompts, temperature=temperature,
+                    top_p=top_p, ignore_eos=ignore_eos)
     return BenchOptions(load=load, log_wait=log_wait, ladder=ladder if len(ladder) > 1 else (),
                         rates=rates if len(rates) > 1 else (), auto_warmup=warmup is None)
 
@@ -303,6 +313,8 @@ def bench(
                                          "server younger than 5 minutes, whose first requests run slower)."),
     seed: int = SeedOpt, log_wait: float = LogWaitOpt,
     request_rate: Optional[str] = RequestRateOpt,
+    prompts: str = PromptsOpt, temperature: float = TemperatureOpt, top_p: float = TopPOpt,
+    ignore_eos: Optional[bool] = IgnoreEosOpt,
     json_out: bool = JsonOpt,
     *, c: Connect,
 ) -> None:
@@ -314,10 +326,12 @@ def bench(
       eaglepatch bench root@gpu-host --requests 64 --concurrency 8
       eaglepatch bench root@gpu-host --requests 256 --concurrency 1,8,32,64
       eaglepatch bench root@gpu-host --requests 256 --request-rate 2,8,32 --concurrency 64
+      eaglepatch bench root@gpu-host --prompts my-traffic.jsonl --temperature 0.7 --top-p 0.9
     """
     from eaglepatch.tuning import bench as tuning_bench
 
-    opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait, request_rate)
+    opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait, request_rate,
+                          prompts, temperature, top_p, ignore_eos)
     finish(for_each_target([target], c, lambda t: tuning_bench.bench(t, c, opts, say)), json_out,
            tuning_bench.render_bench)
 
@@ -356,6 +370,8 @@ def sweep(
                                          "before the windows (default 4)."),
     seed: int = SeedOpt, log_wait: float = LogWaitOpt,
     request_rate: Optional[str] = RequestRateOpt,
+    prompts: str = PromptsOpt, temperature: float = TemperatureOpt, top_p: float = TopPOpt,
+    ignore_eos: Optional[bool] = IgnoreEosOpt,
     objective: str = typer.Option("throughput", "--objective", help="What best means: throughput (the most tok/s) "
                                   "or latency (the least time per output token, p50)."),
     max_tpot_ms: Optional[float] = typer.Option(None, "--max-tpot-ms", help="A point whose p90 time per output "
@@ -381,7 +397,7 @@ def sweep(
 
         warmup = WarmupOpt.default if live else LAUNCH_WARMUP
     bench_opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait,
-                                request_rate)
+                                request_rate, prompts, temperature, top_p, ignore_eos)
     goal = sw.Objective(objective, max_tpot_ms)  # bad input: exit 2 before the target is touched
     if live:
         from eaglepatch.tuning import drive_live

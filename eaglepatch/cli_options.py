@@ -39,8 +39,18 @@ ConcurrencyOpt = typer.Option("4", "--concurrency", help="Requests in flight at 
 RequestRateOpt = typer.Option(None, "--request-rate", help="An open loop: requests arrive at R per second "
                               "(Poisson, seeded), --concurrency then caps what is in flight; or a list measured in "
                               "turn (2,8,32), as a --concurrency list is. Default: a closed loop.")
-InputLenOpt = typer.Option(128, "--input-len", help="Prompt tokens per request (seeded random token ids).")
-MaxNewOpt = typer.Option(128, "--max-new-tokens", help="Output tokens per request (ignore_eos).")
+InputLenOpt = typer.Option(128, "--input-len", help="Prompt tokens per request, with --prompts random-ids only "
+                           "(seeded random token ids).")
+MaxNewOpt = typer.Option(128, "--max-new-tokens", help="Output tokens per request: exactly that many with "
+                         "random-ids; at most that many for text, unless a prompt gives its own max_tokens.")
+PromptsOpt = typer.Option("mixed", "--prompts", help="The prompts: a built-in set (mixed, chat, code, summarize, "
+                          "reasoning), random-ids (seeded random token ids), or a file: JSONL of {\"prompt\": ...} "
+                          "or {\"messages\": [...]} lines (optional max_tokens, category), or ShareGPT JSON. Text "
+                          "goes to /generate, messages to /v1/chat/completions (the model's chat template).")
+TemperatureOpt = typer.Option(0.0, "--temperature", help="Sampling temperature sent (0: greedy).")
+TopPOpt = typer.Option(1.0, "--top-p", help="Nucleus sampling top_p sent.")
+IgnoreEosOpt = typer.Option(None, "--ignore-eos/--no-ignore-eos", help="Generate past the end of sequence "
+                            "(default: yes for random-ids, no for text prompts).")
 WarmupOpt = typer.Option(4, "--warmup", help="Unmeasured requests first.")
 SeedOpt = typer.Option(0, "--seed", help="Seed of the prompts.")
 LogWaitOpt = typer.Option(4.5, "--log-wait", help="Seconds to wait after the load for the timing records "

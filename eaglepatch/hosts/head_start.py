@@ -37,14 +37,16 @@ COMMANDS = frozenset({"show", "diff", "apply", "revert", "status", "restart", "r
 # those that take a value, and the flags.
 VALUED = frozenset({
     "--allow-flag", "--by", "--chart", "--concurrency", "--connect-timeout", "--emit-adaptive-config", "--env",
-    "--every", "--grid", "--identity", "--input-len", "--jump", "--log-dir", "--log-wait", "--max-new-tokens",
-    "--max-tpot-ms", "--mode", "--objective", "--port", "--python", "--recipe", "--repeat", "--request-rate",
-    "--requests", "--restart-cmd", "--rounds", "--run",
-    "--seed", "--server-port", "--sglang-path", "--since", "--skip", "--steps", "--systemd-unit", "--timeout",
-    "--trace", "--warmup", "--window", "-J", "-i", "-p"})
+    "--every", "--grid", "--identity", "--input-len", "--jump", "--log-dir", "--log-wait", "--max-log-mb",
+    "--max-new-tokens", "--max-tpot-ms", "--min-free-mb", "--mode", "--objective", "--port", "--prompts", "--python",
+    "--recipe", "--repeat",
+    "--request-rate", "--requests", "--restart-cmd", "--rounds", "--run",
+    "--seed", "--server-port", "--sglang-path", "--since", "--skip", "--steps", "--systemd-unit", "--temperature",
+    "--timeout", "--top-p", "--trace", "--warmup", "--window", "-J", "-i", "-p"})
 FLAGS = frozenset({
     "--accept-new-host-key", "--all-runs", "--baseline", "--compare", "--csv", "--dry-run", "--force", "--fresh",
-    "--json", "--keep-best", "--live", "--merge-runs", "--no-restart", "--predict"})
+    "--ignore-eos", "--json", "--keep-best", "--live", "--merge-runs", "--no-ignore-eos", "--no-restart",
+    "--predict"})
 # The options reaching the host depends on, and the name the guess gives each.
 _READ = {"-i": "identity", "--identity": "identity", "-p": "port", "--port": "port", "-J": "jump", "--jump": "jump",
          "--connect-timeout": "connect_timeout", "--python": "python"}

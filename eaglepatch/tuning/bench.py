@@ -205,8 +205,10 @@ def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | Non
     return {
         "target": name,
         "server": {"pid": server.pid, "argv": mask_argv(server.argv)},  # printed: secrets masked (redact)
-        # request_rate: null for a closed loop (LoadSpec.to_json leaves it out then, for sweeps' identities)
-        "load": dict(opts.load.to_json(), request_rate=opts.load.request_rate),
+        # request_rate: null for a closed loop, and the prompts and sampling always (LoadSpec.to_json leaves them
+        # out then, for sweeps' identities)
+        "load": dict(opts.load.to_json(), request_rate=opts.load.request_rate, **opts.load.sampling_json()),
+        "categories": lr.categories(),
         "window": {"start": round(window[0], 4), "end": round(window[1], 4), "seconds": round(lr.seconds, 4),
                    "clock_offset_s": round(offset, 4), "clock_uncertainty_s": round(unc, 4)},
         "client": lr.to_json(),
@@ -293,9 +295,14 @@ def render_bench(doc: dict[str, Any]) -> str:
     rate = load.get("request_rate")
     how = (f"arriving at {rate:g}/s (Poisson), at most {load['concurrency']} in flight" if rate is not None
            else f"{load['concurrency']} at a time")
+    if load.get("prompts", "random-ids") == "random-ids":
+        what = f"{load['input_len']} random token ids in, {load['max_new_tokens']} out"
+    else:
+        what = f"prompts {load['prompts']}, up to {load['max_new_tokens']} out"
+    if load.get("temperature", 0) or load.get("top_p", 1) != 1:
+        what += f", temperature {load['temperature']:g}, top-p {load['top_p']:g}"
     out = [
-        f"{doc['target']}: {cl['requests']} requests ({how}, {load['input_len']} tokens in, "
-        f"{load['max_new_tokens']} out) in {cl['seconds']:.2f} s; {cl['failed']} failed",
+        f"{doc['target']}: {cl['requests']} requests ({how}, {what}) in {cl['seconds']:.2f} s; {cl['failed']} failed",
         f"  output tokens/s: {cl['tokens_per_s'] if cl['tokens_per_s'] is not None else '-'}",
         f"  TTFT ms:    p50 {_ms(cl['ttft_ms'])}  p90 {_ms(cl['ttft_ms'], 'p90')}  p99 {_ms(cl['ttft_ms'], 'p99')}  "
         f"max {_ms(cl['ttft_ms'], 'max')}",
@@ -307,6 +314,12 @@ def render_bench(doc: dict[str, Any]) -> str:
         f"p90 {_ms(cl.get('itl_ms'), 'p90')}  p99 {_ms(cl.get('itl_ms'), 'p99')}",
         f"  accept length (server): {cl['accept_len'] if cl['accept_len'] is not None else '-'}",
     ]
+    lens = cl.get("output_len")
+    if lens:
+        eos = {True: " (end of sequence ignored)", False: " (end of sequence honoured)"}.get(load.get("ignore_eos"), "")
+        out.append(f"  output tokens per request: p50 {lens['p50']:g}  p90 {lens['p90']:g}  min {lens['min']}  "
+                   f"max {lens['max']:g}{eos}")
+    out += _render_categories(doc.get("categories") or {})
     waited = cl.get("waited")
     if waited is not None:
         out.append(f"  waited for a slot: {waited['requests']} of {cl['requests']} arrivals, {waited['seconds']:.2f} s "
@@ -331,3 +344,20 @@ def render_bench(doc: dict[str, Any]) -> str:
     for n in doc.get("notes") or []:
         out.append(f"note: {n}")
     return "\n".join(out)
+
+
+def _render_categories(cats: dict[str, Any]) -> list[str]:
+    """A line per prompt category, when the load had more than one."""
+    if len(cats) < 2:
+        return []
+    out = ["  by prompt category:"]
+    for name, c in cats.items():
+        acc = "-" if c.get("accept_len") is None else f"{c['accept_len']:.2f}"
+        tps = "-" if c.get("tokens_per_s") is None else f"{c['tokens_per_s']:.1f}"
+        line = f"    {name:<14} {c['requests']:>4} requests  {tps:>8} output tokens/s  accept length {acc}"
+        sa = c.get("acceptance")
+        if sa:
+            line += "  acceptance, at least " + "  ".join(f"{i + 1}: {x:.2f}" for i, x in enumerate(sa["at_least"])
+                                                          if i)
+        out.append(line)
+    return out

@@ -1,9 +1,14 @@
-"""A fixed, seeded synthetic load against a running sglang server's ``/generate`` (what ``eaglepatch bench`` sends).
+"""A fixed, seeded load against a running sglang server (what ``eaglepatch bench`` sends).
 
-Standard library only (urllib, a thread pool). Each request is ``input_len`` token ids drawn from a seeded
-generator (the same seed gives the same prompts, so two runs see the same work) and asks for exactly
-``max_new_tokens`` tokens (``ignore_eos``, greedy), streamed (``"stream": true``) so that the time to the first
-token is seen. A server that does not stream (a plain JSON answer) still counts; its TTFT is then null.
+Standard library only (urllib, a thread pool). The prompts (``LoadSpec.prompt_source``, ``--prompts``): a set of text
+prompts and chat messages (``eaglepatch.tuning.prompts``: a built-in set or the user's own file), drawn in a seeded
+order, text to ``/generate`` as ``text`` and messages to the OpenAI-compatible ``/v1/chat/completions`` (so that the
+model's chat template applies), each asking for its own ``max_tokens`` or ``max_new_tokens``, the model's end of
+sequence honoured unless ``ignore_eos``; or ``random-ids``: ``input_len`` token ids drawn from a seeded generator,
+exactly ``max_new_tokens`` out (``ignore_eos``). The same seed gives the same requests, so two runs see the same
+work. Sampling: ``temperature`` and ``top_p`` (greedy by default). Every request is streamed (``"stream": true``) so
+that the time to the first token is seen. A server that does not stream (a plain JSON answer) still counts; its
+TTFT is then null.
 
 Measured per request: latency (send to last byte), TTFT (send to the first streamed chunk that carries output),
 the inter-token latencies (the gaps between successive streamed chunks that carry new output: with speculative
@@ -30,7 +35,8 @@ import time
 from typing import Any, Callable, Sequence
 
 from eaglepatch.errors import Unsupported, UsageError
-from eaglepatch.tuning.load_http import RequestResult, _Client
+from eaglepatch.tuning.load_http import Request, RequestResult, _Client
+from eaglepatch.tuning.prompts import RANDOM_IDS, PromptSet, load_prompts
 
 # token ids drawn for prompts: low ids exist in every vocabulary, and 0-9 (often special tokens) are avoided
 _TOKEN_LO, _TOKEN_HI = 10, 1000
@@ -68,10 +74,12 @@ class LoadFailed(Unsupported):
 
 @dataclasses.dataclass(frozen=True)
 class LoadSpec:
-    """The load: ``requests`` measured requests, ``concurrency`` at a time, each ``input_len`` prompt tokens and
-    ``max_new_tokens`` output tokens, after ``warmup`` unmeasured ones. ``request_rate``: an open loop, Poisson
+    """The load: ``requests`` measured requests, ``concurrency`` at a time, each ``max_new_tokens`` output tokens
+    (or its prompt's own ``max_tokens``), after ``warmup`` unmeasured ones. ``request_rate``: an open loop, Poisson
     arrivals at that many requests per second (``concurrency`` then caps what is in flight); None: a closed loop.
-    Raises UsageError for values out of range."""
+    ``prompt_source``: ``--prompts`` (``random-ids``: ``input_len`` random token ids each; else a set read at once
+    into ``prompt_set``), ``temperature`` and ``top_p`` the sampling sent, ``ignore_eos`` None for the source's default
+    (``eos_ignored``). Raises UsageError for values out of range and for a bad ``--prompts``."""
 
     requests: int = 32
     concurrency: int = 4
@@ -80,6 +88,11 @@ class LoadSpec:
     warmup: int = 4
     seed: int = 0
     request_rate: float | None = None
+    prompt_source: str = RANDOM_IDS
+    temperature: float = 0.0
+    top_p: float = 1.0
+    ignore_eos: bool | None = None
+    prompt_set: PromptSet | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name, low in (("requests", 1), ("concurrency", 1), ("input_len", 1), ("max_new_tokens", 1),
@@ -91,14 +104,66 @@ class LoadSpec:
         if rate is not None and (not isinstance(rate, (int, float)) or isinstance(rate, bool)
                                  or not math.isfinite(rate) or rate <= 0):
             raise UsageError(f"--request-rate must be a positive number of requests per second, not {rate!r}")
+        t, top = self.temperature, self.top_p
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
+            raise UsageError(f"--temperature must be a number from 0 (greedy), not {t!r}")
+        if not isinstance(top, (int, float)) or isinstance(top, bool) or not math.isfinite(top) or not 0 < top <= 1:
+            raise UsageError(f"--top-p must be a number above 0 and at most 1, not {top!r}")
+        if not isinstance(self.prompt_source, str):
+            raise UsageError(f"--prompts must name a file or a built-in set, not {self.prompt_source!r}")
+        if self.prompt_set is None or self.prompt_set.source != self.prompt_source:
+            object.__setattr__(self, "prompt_set", load_prompts(self.prompt_source))
+
+    @property
+    def eos_ignored(self) -> bool:
+        """``ignore_eos`` as sent: as given, else ignored for ``random-ids`` and honoured for text prompts."""
+        return self.ignore_eos if self.ignore_eos is not None else self.prompt_set is None
+
+    @property
+    def token_soup(self) -> bool:
+        """The load before --prompts existed: random token ids, greedy, ``ignore_eos``."""
+        return (self.prompt_set is None and self.temperature == 0 and self.top_p == 1
+                and self.eos_ignored)
+
+    def sampling_json(self) -> dict[str, Any]:
+        """``{"prompts", "temperature", "top_p", "ignore_eos"}`` (and ``"prompts_digest"`` for a set: what its
+        prompts are), as bench's ``load`` carries them."""
+        doc: dict[str, Any] = {"prompts": self.prompt_source, "temperature": self.temperature, "top_p": self.top_p,
+                               "ignore_eos": self.eos_ignored}
+        if self.prompt_set is not None:
+            doc["prompts_digest"] = self.prompt_set.digest
+        return doc
 
     def to_json(self) -> dict[str, Any]:
-        """The load's fields; ``request_rate`` only when set, so that a closed loop's is what it was before open
-        loops existed (a sweep's identity, and its saved state file, are keyed on it)."""
-        doc = dataclasses.asdict(self)
+        """The load's fields (what a sweep's identity, and its saved state file, are keyed on). ``request_rate``
+        only when set, and the prompts and sampling only when they are not the random token ids, greedy, of the
+        load before they existed: such a load's is what it always was. ``input_len`` only for random token ids."""
+        doc: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                               if f.name not in ("prompt_source", "temperature", "top_p", "ignore_eos", "prompt_set")}
         if self.request_rate is None:
             del doc["request_rate"]
+        if not self.token_soup:
+            doc.update(self.sampling_json())
+        if self.prompt_set is not None:
+            del doc["input_len"]
         return doc
+
+    def describe(self) -> str:
+        """What each request is, for progress lines: ``128 tokens in, 128 out`` or ``prompts mixed, up to 128 out``."""
+        if self.prompt_set is None:
+            return f"{self.input_len} tokens in, {self.max_new_tokens} out"
+        return f"prompts {self.prompt_source}, up to {self.max_new_tokens} out"
+
+    def draw(self, n: int, offset: int = 0) -> list[Request]:
+        """The requests ``offset`` to ``offset + n - 1``: request ``i`` depends only on the seed and ``i`` (random
+        token ids, ``prompts``, or the set's ``i``-th prompt in its seeded order)."""
+        sampling = dict(temperature=float(self.temperature), top_p=float(self.top_p), ignore_eos=self.eos_ignored)
+        if self.prompt_set is None:
+            return [Request(self.max_new_tokens, ids=ids, category=RANDOM_IDS, **sampling)  # type: ignore[arg-type]
+                    for ids in self.prompts(n, offset)]
+        return [Request(p.max_tokens or self.max_new_tokens, text=p.text, messages=p.messages, category=p.category,
+                        **sampling)  # type: ignore[arg-type]
+                for p in self.prompt_set.draw(self.seed, n, offset)]
 
     def arrivals(self, n: int) -> list[float]:
         """The open loop's schedule: ``n`` arrival times in seconds after the first (which is at 0), the gaps drawn
@@ -123,8 +188,9 @@ class LoadSpec:
         return out
 
 
-def _dist(values: Sequence[float]) -> dict[str, float] | None:
-    """``{"mean","p50","p90","p99","max"}`` in milliseconds of seconds ``values``; None when empty."""
+def _dist(values: Sequence[float], scale: float = 1000.0, digits: int = 3) -> dict[str, float] | None:
+    """``{"mean","p50","p90","p99","max"}`` of ``values`` times ``scale`` (seconds to milliseconds by default);
+    None when empty."""
     if not values:
         return None
     s = sorted(values)
@@ -135,8 +201,9 @@ def _dist(values: Sequence[float]) -> dict[str, float] | None:
         c = min(f + 1, len(s) - 1)
         return s[f] + (s[c] - s[f]) * (k - f)
 
-    return {"mean": round(sum(s) / len(s) * 1000, 3), "p50": round(pct(50) * 1000, 3),
-            "p90": round(pct(90) * 1000, 3), "p99": round(pct(99) * 1000, 3), "max": round(s[-1] * 1000, 3)}
+    return {"mean": round(sum(s) / len(s) * scale, digits), "p50": round(pct(50) * scale, digits),
+            "p90": round(pct(90) * scale, digits), "p99": round(pct(99) * scale, digits),
+            "max": round(s[-1] * scale, digits)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,35 +241,37 @@ class LoadResult:
 
     @property
     def accept_len(self) -> float | None:
-        """The server's accept length over the load: all tokens / all verify steps when the server gives
-        ``spec_verify_ct``, else the token-weighted mean of ``spec_accept_length``; None when it gives neither."""
-        with_ct = [r for r in self.ok if r.verify_ct]
-        if with_ct and len(with_ct) == len(self.ok):
-            return sum(r.completion_tokens for r in with_ct) / sum(r.verify_ct or 0 for r in with_ct)
-        with_len = [r for r in self.ok if r.accept_len is not None and r.completion_tokens > 0]
-        if not with_len:
-            return None
-        return sum(r.accept_len * r.completion_tokens for r in with_len) / sum(r.completion_tokens for r in with_len)  # type: ignore[operator]
+        """The server's accept length over the load (``accept_len_of``)."""
+        return accept_len_of(self.ok)
 
     @property
     def server_acceptance(self) -> dict[str, Any] | None:
-        """The server's own acceptance profile over the load, from the requests' ``spec_correct_drafts_histogram``
-        summed (a verify step that accepted ``d`` drafts produced ``d + 1`` tokens): ``{"samples", "at_least"}``
-        as ``report`` shows its own; None when the server gives no histogram."""
-        total: list[int] = []
-        for r in self.ok:
-            for d, n in enumerate(r.draft_hist or ()):
-                if d >= len(total):
-                    total.extend([0] * (d + 1 - len(total)))
-                total[d] += n
-        samples = sum(total)
-        if not samples:
-            return None
-        at_least, left = [], samples
-        for n in total:
-            at_least.append(round(left / samples, 4))
-            left -= n
-        return {"samples": samples, "at_least": at_least}
+        """The server's own acceptance profile over the load (``acceptance_of``)."""
+        return acceptance_of(self.ok)
+
+    def categories(self) -> dict[str, dict[str, Any]]:
+        """Per prompt category (``--prompts``; random token ids are ``random-ids``): ``{"requests", "failed",
+        "output_tokens", "tokens_per_s", "accept_len", "acceptance"}``, where ``tokens_per_s`` is the category's
+        completion tokens over the whole load's seconds (its share of the load's tok/s)."""
+        by: dict[str, list[RequestResult]] = {}
+        for r in self.results:
+            by.setdefault(r.category or RANDOM_IDS, []).append(r)
+        out = {}
+        for name in sorted(by):
+            ok = [r for r in by[name] if r.ok]
+            tokens = sum(r.completion_tokens for r in ok)
+            acc = accept_len_of(ok)
+            out[name] = {"requests": len(by[name]), "failed": len(by[name]) - len(ok), "output_tokens": tokens,
+                         "tokens_per_s": round(tokens / self.seconds, 3) if ok and self.seconds > 0 else None,
+                         "accept_len": None if acc is None else round(acc, 4), "acceptance": acceptance_of(ok)}
+        return out
+
+    def output_lens(self) -> dict[str, float] | None:
+        """The output lengths (completion tokens) of the requests that succeeded: ``{"mean", "min", "p50", "p90",
+        "p99", "max"}`` (with the end of sequence honoured they vary; with ``ignore_eos`` they are the lengths
+        asked); None when none succeeded."""
+        d = _dist([r.completion_tokens for r in self.ok], scale=1.0, digits=2)
+        return None if d is None else {"min": min(r.completion_tokens for r in self.ok), **d}
 
     def itls(self) -> list[float]:
         """Every streamed request's inter-token latencies (seconds): the gaps between the successive chunks that
@@ -249,6 +318,7 @@ class LoadResult:
             "itl_ms": _dist(self.itls()) if self.streamed else None,
             "accept_len": None if acc is None else round(acc, 4),
             "server_acceptance": self.server_acceptance,
+            "output_len": self.output_lens(),
             "streamed": self.streamed,
             "errors": self.errors(),
         }
@@ -256,6 +326,39 @@ class LoadResult:
             doc["request_rate"] = self.spec.request_rate
             doc["waited"] = self.waits()
         return doc
+
+
+def accept_len_of(ok: Sequence[RequestResult]) -> float | None:
+    """The server's accept length over the requests ``ok``: all tokens / all verify steps when the server gives
+    ``spec_verify_ct`` for every one, else the token-weighted mean of ``spec_accept_length``; None when it gives
+    neither."""
+    with_ct = [r for r in ok if r.verify_ct]
+    if with_ct and len(with_ct) == len(ok):
+        return sum(r.completion_tokens for r in with_ct) / sum(r.verify_ct or 0 for r in with_ct)
+    with_len = [r for r in ok if r.accept_len is not None and r.completion_tokens > 0]
+    if not with_len:
+        return None
+    return sum(r.accept_len * r.completion_tokens for r in with_len) / sum(r.completion_tokens for r in with_len)  # type: ignore[operator]
+
+
+def acceptance_of(ok: Sequence[RequestResult]) -> dict[str, Any] | None:
+    """The server's own acceptance profile over the requests ``ok``, from their ``spec_correct_drafts_histogram``
+    summed (a verify step that accepted ``d`` drafts produced ``d + 1`` tokens): ``{"samples", "at_least"}`` as
+    ``report`` shows its own; None when the server gives no histogram."""
+    total: list[int] = []
+    for r in ok:
+        for d, n in enumerate(r.draft_hist or ()):
+            if d >= len(total):
+                total.extend([0] * (d + 1 - len(total)))
+            total[d] += n
+    samples = sum(total)
+    if not samples:
+        return None
+    at_least, left = [], samples
+    for n in total:
+        at_least.append(round(left / samples, 4))
+        left -= n
+    return {"samples": samples, "at_least": at_least}
 
 
 def run_load(
@@ -283,30 +386,31 @@ def run_load(
     # one pool for the warm-up and the load: its threads, and their open connections, carry over
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=spec.concurrency)
 
-    def batch(prompts: list[list[int]]) -> list[RequestResult]:
-        results = list(pool.map(lambda ids: client.generate(ids, spec.max_new_tokens, stream, clock), prompts))
+    def batch(reqs: list[Request]) -> list[RequestResult]:
+        results = list(pool.map(lambda req: client.send(req, stream, clock), reqs))
         if any(r.streamed for r in results):
             streamed.set()
         return results
 
-    def measured(prompts: list[list[int]]) -> list[RequestResult]:
+    def measured(reqs: list[Request]) -> list[RequestResult]:
         if spec.request_rate is None:
-            return batch(prompts)
-        results = open_loop(pool, spec, prompts, lambda ids: client.generate(ids, spec.max_new_tokens, stream, clock),
-                            clock)
+            return batch(reqs)
+        results = open_loop(pool, spec, reqs, lambda req: client.send(req, stream, clock), clock)
         if any(r.streamed for r in results):
             streamed.set()
         return results
 
     try:
+        if spec.prompt_set is not None and spec.prompt_set.has_chat:
+            client.find_model()
         return _load(spec, batch, measured, base_url, say, pause, clock, wall, streamed)
     finally:
         pool.shutdown(wait=True)
         client.close()
 
 
-def open_loop(pool: concurrent.futures.Executor, spec: LoadSpec, prompts: list[list[int]],
-              send: Callable[[list[int]], RequestResult], clock: Callable[[], float],
+def open_loop(pool: concurrent.futures.Executor, spec: LoadSpec, prompts: Sequence[Any],
+              send: Callable[[Any], RequestResult], clock: Callable[[], float],
               sleep: Callable[[float], None] = time.sleep) -> list[RequestResult]:
     """``prompts`` sent at ``spec.arrivals`` (an open loop, its first arrival now), through ``pool`` (at least
     ``spec.concurrency`` workers): a request that arrives while ``spec.concurrency`` are in flight waits for one to
@@ -314,7 +418,7 @@ def open_loop(pool: concurrent.futures.Executor, spec: LoadSpec, prompts: list[l
     apart, as sglang's bench_serving counts them under ``--max-concurrency``. The results in the prompts' order."""
     slots = threading.Semaphore(spec.concurrency)
 
-    def one(ids: list[int], waited: float) -> RequestResult:
+    def one(ids: Any, waited: float) -> RequestResult:
         try:
             r = send(ids)
         finally:
@@ -342,28 +446,35 @@ def open_loop(pool: concurrent.futures.Executor, spec: LoadSpec, prompts: list[l
     return [f.result() for f in futures]
 
 
-def _load(spec: LoadSpec, batch: Callable[[list[list[int]]], list[RequestResult]],
-          measured: Callable[[list[list[int]]], list[RequestResult]], base_url: str,
+def endpoints(base_url: str, spec: LoadSpec) -> str:
+    """The endpoints the load sends to, for its errors: ``http://...:PORT/generate``."""
+    ps = spec.prompt_set
+    if ps is None or not ps.has_chat:
+        return f"{base_url}/generate"
+    return f"{base_url}/v1/chat/completions" if not ps.has_text else f"{base_url} (/generate, /v1/chat/completions)"
+
+
+def _load(spec: LoadSpec, batch: Callable[[list[Request]], list[RequestResult]],
+          measured: Callable[[list[Request]], list[RequestResult]], base_url: str,
           say: Callable[[str], None], pause: float, clock: Callable[[], float], wall: Callable[[], float],
           streamed: threading.Event) -> LoadResult:
     if spec.warmup:
         say(f"warm-up: {spec.warmup} request(s)")
-        warm = batch(spec.prompts(spec.warmup, offset=1_000_000))
+        warm = batch(spec.draw(spec.warmup, offset=1_000_000))
         if not any(r.ok for r in warm):
-            raise LoadFailed(f"{base_url}/generate: every warm-up request failed: {warm[0].error}")
+            raise LoadFailed(f"{endpoints(base_url, spec)}: every warm-up request failed: {warm[0].error}")
         if pause > 0:
             time.sleep(pause)
     if spec.request_rate is None:
-        say(f"load: {spec.requests} request(s), {spec.concurrency} at a time, {spec.input_len} tokens in, "
-            f"{spec.max_new_tokens} out")
+        say(f"load: {spec.requests} request(s), {spec.concurrency} at a time, {spec.describe()}")
     else:
         say(f"load: {spec.requests} request(s) arriving at {spec.request_rate:g} per second (Poisson), at most "
-            f"{spec.concurrency} in flight, {spec.input_len} tokens in, {spec.max_new_tokens} out")
+            f"{spec.concurrency} in flight, {spec.describe()}")
     start, t0 = wall(), clock()  # a closed loop's first send; an open loop's first arrival
-    results = measured(spec.prompts(spec.requests))
+    results = measured(spec.draw(spec.requests))
     end, elapsed = wall(), clock() - t0
     if not any(r.ok for r in results):
-        raise LoadFailed(f"{base_url}/generate: every request failed: {results[0].error}")
+        raise LoadFailed(f"{endpoints(base_url, spec)}: every request failed: {results[0].error}")
     return LoadResult(spec=spec, start=start, end=end, results=tuple(results), streamed=streamed.is_set(),
                       elapsed=elapsed)
 
@@ -388,6 +499,8 @@ def run_window(
 
     Never raises for a failed request; raises ``LoadFailed`` when every request failed."""
     client = _Client(base_url, api_key, timeout)
+    if spec.prompt_set is not None and spec.prompt_set.has_chat:
+        client.find_model()
     streamed = threading.Event()
     lock = threading.Lock()
     counter = iter(range(1 << 62))
@@ -398,8 +511,7 @@ def run_window(
         while clock() - t0 < seconds:
             with lock:
                 i = next(counter)
-            r = client.generate(spec.prompts(1, offset=offset + i)[0], spec.max_new_tokens, stream, clock,
-                                f"{rid_prefix}{i}")
+            r = client.send(spec.draw(1, offset=offset + i)[0], stream, clock, f"{rid_prefix}{i}")
             if r.streamed:
                 streamed.set()
             with lock:
@@ -417,7 +529,7 @@ def run_window(
         client.close()
     end, elapsed = wall(), clock() - t0
     if not any(r.ok for r in results):
-        raise LoadFailed(f"{base_url}/generate: every request failed: "
+        raise LoadFailed(f"{endpoints(base_url, spec)}: every request failed: "
                          f"{results[0].error if results else 'no request was sent'}")
     return LoadResult(spec=spec, start=start, end=end, results=tuple(sorted(results, key=lambda r: r.start)),
                       streamed=streamed.is_set(), elapsed=elapsed)

@@ -1,5 +1,7 @@
-"""The load's HTTP side: one request to sglang's ``/generate`` on a persistent connection, streamed, and what it
-measured (``RequestResult``). ``eaglepatch.tuning.load`` drives the requests (closed and open loops, windows).
+"""The load's HTTP side: one request (``Request``) on a persistent connection, streamed, and what it measured
+(``RequestResult``): token ids or text to sglang's ``/generate``, chat messages to its OpenAI-compatible
+``/v1/chat/completions`` (so that the model's chat template applies). ``eaglepatch.tuning.load`` drives the
+requests (closed and open loops, windows).
 
 Standard library only.
 """
@@ -12,7 +14,7 @@ import json
 import socket
 import threading
 import urllib.parse
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +38,50 @@ class RequestResult:
     itls: tuple[float, ...] = ()
     # an open loop's wait for a free slot (seconds) between the request's arrival and its send
     queued: float = 0.0
+    category: str | None = None  # the prompt's category (--prompts)
+
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One request of the load: its prompt (``ids``: token ids, or ``text``: to ``/generate``; ``messages``: to
+    the chat endpoint), its output length, the sampling sent, and the prompt's category."""
+
+    max_tokens: int
+    ids: Sequence[int] | None = None
+    text: str | None = None
+    messages: Sequence[Mapping[str, Any]] | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    ignore_eos: bool = True
+    category: str | None = None
+
+    @property
+    def chat(self) -> bool:
+        return self.messages is not None
+
+    def body(self, stream: bool, rid: str | None, model: str) -> dict[str, Any]:
+        """The request's JSON: sglang's ``/generate`` (``input_ids`` or ``text``, ``sampling_params``), or an OpenAI
+        chat completion (``messages``; streamed with ``stream_options.include_usage``, whose last chunk carries the
+        token counts). ``top_p`` only when it is not 1, so that the greedy load's body is what it always was."""
+        if self.messages is not None:
+            doc: dict[str, Any] = {"model": model, "messages": [dict(m) for m in self.messages],
+                                   "max_tokens": self.max_tokens, "temperature": self.temperature,
+                                   "top_p": self.top_p, "ignore_eos": self.ignore_eos, "stream": stream}
+            if stream:
+                doc["stream_options"] = {"include_usage": True}
+        else:
+            sp: dict[str, Any] = {"max_new_tokens": self.max_tokens, "temperature": self.temperature,
+                                  "ignore_eos": self.ignore_eos}
+            if self.top_p != 1.0:
+                sp["top_p"] = self.top_p
+            doc = {"text": self.text} if self.ids is None else {"input_ids": list(self.ids)}
+            doc.update(sampling_params=sp, stream=stream)
+        if rid is not None:
+            doc["rid"] = rid
+        return doc
 
 
 class _Client:
@@ -52,13 +98,17 @@ class _Client:
     def __init__(self, base_url: str, api_key: str | None, timeout: float):
         parts = urllib.parse.urlsplit(base_url)
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
-        self.path = (parts.path.rstrip("/") or "") + "/generate"
+        self.prefix = parts.path.rstrip("/") or ""
+        self.path = self.prefix + "/generate"
         self.url = base_url.rstrip("/") + "/generate"
         netloc = f"[{self.host}]" if ":" in self.host else self.host
-        self.head = (f"POST {self.path} HTTP/1.1\r\nHost: {netloc}:{self.port}\r\n"
-                     "Content-Type: application/json\r\nConnection: keep-alive\r\n"
-                     + (f"Authorization: Bearer {api_key}\r\n" if api_key else ""))
+        self.api_key = api_key
+        self.heads = {p: (f"POST {self.prefix}{p} HTTP/1.1\r\nHost: {netloc}:{self.port}\r\n"
+                          "Content-Type: application/json\r\nConnection: keep-alive\r\n"
+                          + (f"Authorization: Bearer {api_key}\r\n" if api_key else ""))
+                      for p in ("/generate", CHAT_PATH)}
         self.timeout = timeout
+        self.model = "default"  # the chat endpoint's "model": the served model's name (find_model)
         self._local = threading.local()
         self._lock = threading.Lock()
         self._all: list[socket.socket] = []
@@ -87,18 +137,40 @@ class _Client:
         for s in socks:
             s.close()
 
+    def find_model(self) -> str:
+        """The served model's name (``GET /v1/models``' first), which the chat endpoint's ``"model"`` names; kept in
+        ``model``. Asked once, before the load, on a connection of its own; ``"default"`` (sglang's own default
+        name) when the server does not say."""
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=min(self.timeout, 30.0))
+        try:
+            conn.request("GET", self.prefix + "/v1/models",
+                         headers={"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})
+            resp = conn.getresponse()
+            doc = json.loads(resp.read(1 << 20)) if resp.status == 200 else {}
+            name = ((doc.get("data") or [{}])[0] or {}).get("id") if isinstance(doc, dict) else None
+            if isinstance(name, str) and name:
+                self.model = name
+        except (OSError, ValueError, AttributeError, IndexError, TypeError, http.client.HTTPException):
+            pass
+        finally:
+            conn.close()
+        return self.model
+
     def generate(self, ids: list[int], max_new_tokens: int, stream: bool, clock: Callable[[], float],
                  rid: str | None = None) -> RequestResult:
-        """One request (``rid``: its request id, sglang's ``"rid"``; the server makes one when None)."""
-        doc: dict[str, Any] = {
-            "input_ids": ids,
-            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True},
-            "stream": stream,
-        }
-        if rid is not None:
-            doc["rid"] = rid
-        body = json.dumps(doc).encode()
-        request = (self.head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        """One request of token ids, greedy, ``ignore_eos`` (``rid``: its request id, sglang's ``"rid"``; the server
+        makes one when None)."""
+        return self.send(Request(max_new_tokens, ids=ids), stream, clock, rid)
+
+    def send(self, req: Request, stream: bool, clock: Callable[[], float], rid: str | None = None) -> RequestResult:
+        """One request, to ``/generate`` or, for chat messages, to the chat endpoint."""
+        result = self._send(req, stream, clock, rid)
+        return dataclasses.replace(result, category=req.category) if req.category is not None else result
+
+    def _send(self, req: Request, stream: bool, clock: Callable[[], float], rid: str | None) -> RequestResult:
+        body = json.dumps(req.body(stream, rid, self.model)).encode()
+        head = self.heads[CHAT_PATH if req.chat else "/generate"]
+        request = (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
         try:
             sock = self._sock()  # opened (when it must be) before the clock starts
         except OSError as exc:
@@ -114,14 +186,15 @@ class _Client:
                     result = RequestResult(False, t0, clock() - t0,
                                            error=f"HTTP {resp.status}: {detail or resp.reason}")
                 elif stream and "event-stream" in (resp.getheader("Content-Type") or ""):
-                    result = self._read_stream(resp, t0, clock)
+                    result = (read_chat_stream(resp, t0, clock) if req.chat else self._read_stream(resp, t0, clock))
                 else:
                     data = resp.read()
                     latency = clock() - t0
                     doc = json.loads(data)
                     if isinstance(doc, list):
                         doc = doc[0] if doc else {}
-                    result = _finish(doc, t0, latency, None, streamed=False)
+                    result = (finish_chat(doc, {}, t0, latency, None, streamed=False) if req.chat
+                              else _finish(doc, t0, latency, None, streamed=False))
                 resp.read()  # the rest of the answer: the connection is reused only once it is read whole
                 if resp.will_close:
                     self._drop()
@@ -202,3 +275,80 @@ def _finish(doc: Any, t0: float, latency: float, ttft: float | None, streamed: b
         verify_ct=int(ct) if isinstance(ct, int) and not isinstance(ct, bool) and ct > 0 else None,
         streamed=streamed, draft_hist=tuple(hist) if ok_hist and hist else None,
     )
+
+
+def read_chat_stream(resp: Any, t0: float, clock: Callable[[], float]) -> RequestResult:
+    """An OpenAI-compatible streamed chat completion: ``data: {json}`` chunks whose ``choices[0].delta.content``
+    carries new text, then (``stream_options.include_usage``) a chunk with ``usage`` and no choices, then ``data:
+    [DONE]``. TTFT: the first chunk with content (the first chunk, the role alone, carries none); the inter-token
+    latencies: the gaps between the chunks with content. A chunk's ``meta_info`` (sglang's, when a release sends
+    one) is kept for the accept length (``finish_chat``)."""
+    ttft = None
+    marks: list[float] = []
+    usage: dict[str, Any] = {}
+    meta: dict[str, Any] = {}
+    chunks = 0
+    while True:
+        line = resp.readline()
+        now = clock()
+        if not line:
+            break
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            break
+        doc = json.loads(payload)
+        if not isinstance(doc, dict):
+            continue
+        chunks += 1
+        if doc.get("error"):
+            return RequestResult(False, t0, clock() - t0, error=f"server error: {str(doc['error'])[:200]}")
+        choices = doc.get("choices") or []
+        if any(isinstance(c, dict) and isinstance(c.get("delta"), dict)
+               and (c["delta"].get("content") or c["delta"].get("reasoning_content")) for c in choices):
+            if ttft is None:
+                ttft = now - t0
+            marks.append(now)
+        if isinstance(doc.get("usage"), dict):
+            usage = doc["usage"]
+        for m in [doc.get("meta_info")] + [c.get("meta_info") for c in choices if isinstance(c, dict)]:
+            if isinstance(m, dict):
+                meta.update(m)
+    latency = clock() - t0
+    if not chunks:
+        return RequestResult(False, t0, latency, error="the stream ended without a result")
+    itls = tuple(b - a for a, b in zip(marks, marks[1:]))
+    return dataclasses.replace(finish_chat({"usage": usage}, meta, t0, latency, ttft, streamed=True), itls=itls)
+
+
+def finish_chat(doc: Any, meta: dict[str, Any], t0: float, latency: float, ttft: float | None,
+                streamed: bool) -> RequestResult:
+    """A chat completion's result: its completion tokens from ``usage`` (else sglang's ``meta_info``); the accept
+    length from sglang's ``meta_info`` when a chunk carried one, else from ``usage``: ``spec_accept_length`` /
+    ``spec_verify_ct`` when there, else ``completion_tokens_details.accepted_prediction_tokens`` (the drafts
+    accepted: verify steps = completion tokens - 1 - accepted drafts, the first token coming from prefill); else
+    null, as sglang's chat endpoint gives none in some releases."""
+    usage = (doc.get("usage") or {}) if isinstance(doc, dict) else {}
+    if isinstance(doc, dict):  # a whole answer's: at the top, or its choice's (sglang's return_meta_info)
+        choices = doc.get("choices") if isinstance(doc.get("choices"), list) else []
+        for m in [doc.get("meta_info")] + [c.get("meta_info") for c in choices[:1] if isinstance(c, dict)]:
+            if isinstance(m, dict):
+                meta = {**m, **meta}
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if not isinstance(tokens, int) or isinstance(tokens, bool):
+        tokens = meta.get("completion_tokens")
+    if not isinstance(tokens, int) or isinstance(tokens, bool):
+        return RequestResult(False, t0, latency, streamed=streamed,
+                             error="no usage.completion_tokens in the answer (stream_options.include_usage)")
+    spec = {k: meta[k] for k in ("spec_accept_length", "spec_verify_ct", "spec_correct_drafts_histogram",
+                                 "spec_accept_histogram") if k in meta}
+    if not spec and isinstance(usage, dict):
+        spec = {k: usage[k] for k in ("spec_accept_length", "spec_verify_ct") if k in usage}
+        details = usage.get("completion_tokens_details")
+        accepted = details.get("accepted_prediction_tokens") if isinstance(details, dict) else None
+        if (not spec and isinstance(accepted, int) and not isinstance(accepted, bool) and accepted >= 0
+                and tokens - 1 - accepted > 0):
+            spec = {"spec_verify_ct": tokens - 1 - accepted}
+    return _finish({"meta_info": dict(spec, completion_tokens=tokens)}, t0, latency, ttft, streamed=streamed)

@@ -32,7 +32,9 @@ ARGS = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "5", "--
         "--tp", "1")
 # every time of the world x2: the stand-in's own host time per token (threads, streaming) weighs less against it
 SLOWDOWN = 2
-LOAD = ("--requests", "16", "--input-len", "16", "--max-new-tokens", "48", "--warmup", "2", "--log-wait", "1")
+# random token ids: the world's acceptance is drawn per prompt by construction, as calibrated on them
+LOAD = ("--prompts", "random-ids", "--requests", "16", "--input-len", "16", "--max-new-tokens", "48", "--warmup", "2",
+        "--log-wait", "1")
 
 
 def acceptance(j: int) -> float:

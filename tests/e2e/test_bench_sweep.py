@@ -39,8 +39,10 @@ WORKER = H.V1_WORKER
 SPEC_ARGS = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
              "--startup-delay", "0.2",
              "--tp", "1")
-# a small load: 6 requests, 2 at a time, 16 tokens in, 32 out (1 from prefill, 31 in decode cycles)
-LOAD = ["--requests", "6", "--concurrency", "2", "--input-len", "16", "--max-new-tokens", "32", "--warmup", "2"]
+# a small load: 6 requests, 2 at a time, 16 random token ids in (the designed prefill time counts them), 32 out (1
+# from prefill, 31 in decode cycles)
+LOAD = ["--prompts", "random-ids", "--requests", "6", "--concurrency", "2", "--input-len", "16", "--max-new-tokens",
+        "32", "--warmup", "2"]
 CONTRACT_POINT_KEYS = {"flags", "env", "status", "runs", "tokens_per_s", "accept_len", "phases_p50", "speedup"}
 
 
@@ -157,7 +159,9 @@ def check_bench(doc: dict, srv: Server, patched: bool) -> None:
     pid, argv, _env = srv.running()
     assert doc["server"] == {"pid": pid, "argv": argv}
     assert doc["load"] == {"requests": 6, "concurrency": 2, "input_len": 16, "max_new_tokens": 32, "warmup": 2,
-                           "seed": 0, "request_rate": None}
+                           "seed": 0, "request_rate": None, "prompts": "random-ids", "temperature": 0.0,
+                           "top_p": 1.0, "ignore_eos": True}
+    assert doc["categories"]["random-ids"]["requests"] == 6
     cl = doc["client"]
     assert (cl["requests"], cl["failed"], cl["output_tokens"], cl["streamed"], cl["errors"]) == (6, 0, 192, True, [])
     designed = 2 * per_request_tps(3)  # two requests at a time
@@ -497,8 +501,9 @@ def test_a_restart_sweep_warms_each_launch_with_32_requests_unless_told(standins
     unmeasured requests before the measured ones; --warmup N still says how many. Counted where the server saw them:
     the /generate requests in the launched server's own log."""
     srv = spec_server(standins, tmp_path)
-    log = Path(default_log_path(srv.port))
-    load = ["--requests", "3", "--concurrency", "2", "--input-len", "16", "--max-new-tokens", "8", "--timeout", "30"]
+    log = tmp_path / "work dir" / f"stand-in-{srv.port}.log"  # a relaunch appends to the server's own output file
+    load = ["--prompts", "random-ids", "--requests", "3", "--concurrency", "2", "--input-len", "16",
+            "--max-new-tokens", "8", "--timeout", "30"]
     for extra, warm in (([], 32), (["--warmup", "1"], 1)):
         r = local.run("sweep", srv.tree, "--grid", "speculative-num-steps=2", *load, *extra, "--json")
         assert r.returncode == 0, r.stderr

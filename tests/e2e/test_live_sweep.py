@@ -207,7 +207,11 @@ def test_a_live_sweep_over_a_concurrency_ladder_measures_every_pair_in_one_launc
     windows = [s for s in state if s["kind"] == "run"]
     assert sorted((w["steps"], w["concurrency"], w["rep"]) for w in windows) == [
         (k, c, rep) for k in (1, 3) for c in (1, 3) for rep in (0, 1)]
-    assert [w["concurrency"] for w in windows if w["rep"] == 0] != [1, 1, 3, 3]  # interleaved, not in blocks
+    # each round holds every (concurrency, step count) pair once; the order, shuffled per round from the sweep's
+    # identity (tests/unit/test_live_plan.py), is the plan's
+    for rep in (0, 1):
+        assert sorted((w["concurrency"], w["steps"]) for w in windows if w["rep"] == rep) == [
+            (1, 1), (1, 3), (3, 1), (3, 3)]
     for p in doc["points"]:
         assert p["windows"] == 2 and p["cycles"]["other"] == 0, p  # the first concurrency's windows
         assert [ld["concurrency"] for ld in p["loads"]] == [1, 3] and all(ld["runs"] == 2 for ld in p["loads"])

@@ -6,7 +6,12 @@ startup with a traceback and exit status 1; SIGTERM stops it with its children.
 
 ``/generate`` takes simulated time that depends on the launch flags (``Speed``), so that a sweep over them has a
 best point known in advance; with speculation on it drives the tree's ``EAGLEWorker`` (patched or not) through
-its entry method once per simulated cycle, so a patched worker writes real timing records.
+its entry method once per simulated cycle, so a patched worker writes real timing records. It takes token ids
+(``input_ids``) or ``text``; ``/v1/chat/completions`` serves chat messages the same way (OpenAI's shape, streamed
+with a last ``usage`` chunk under ``stream_options.include_usage``, the drafts accepted in
+``usage.completion_tokens_details`` as recent sglang releases give them). ``--record-requests FILE``: each POST's
+path and JSON body appended to FILE, one line each. ``--sim-eos``: a request that does not ``ignore_eos`` stops at
+a length its prompt decides (from half its ``max_new_tokens`` to all of it), as a model's end of sequence would.
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--fail-if-exists", metavar="PATH")
     p.add_argument("--sim-sglang-log", action="store_true")
     p.add_argument("--sim-between-ms", type=float, default=0.0)
+    p.add_argument("--record-requests", metavar="FILE")
+    p.add_argument("--sim-eos", action="store_true")
     # the simulated speed (milliseconds), see Speed
     p.add_argument("--sim-base-ms", type=float, default=5.0)
     p.add_argument("--sim-verify-ms", type=float, default=6.0)
@@ -527,7 +534,7 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 return self._send(401, {"error": "unauthorized"})
             if path == "/flush_cache":
                 return self._send(200, {})
-            if path != "/generate":
+            if path not in ("/generate", "/v1/chat/completions"):
                 return self._send(404, {"detail": "Not Found"})
             if not state.ready:
                 return self._send(503, {"detail": "loading"})
@@ -535,15 +542,81 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 req = json.loads(raw or b"{}")
             except ValueError:
                 return self._send(400, {"error": "bad JSON"})
+            record(state, path, req)
+            name = req.get("rid") if isinstance(req.get("rid"), str) else None
+            if path == "/v1/chat/completions":
+                return self._chat(req, name)
             texts = req.get("text", req.get("input_ids", ""))
             batch = isinstance(texts, list) and (not texts or not isinstance(texts[0], int))
             items = texts if batch else [texts]
-            n = max(1, int((req.get("sampling_params") or {}).get("max_new_tokens", 16)))
-            name = req.get("rid") if isinstance(req.get("rid"), str) else None
+            sp = req.get("sampling_params") or {}
+            n = max(1, int(sp.get("max_new_tokens", 16)))
             if req.get("stream") and not batch:
-                return self._stream(items[0], n, name)
-            out = [self._generate(item, n, name=name if not batch else None) for item in items]
+                return self._stream(items[0], eos_cut(state, items[0], n, sp.get("ignore_eos")), name)
+            out = [self._generate(item, eos_cut(state, item, n, sp.get("ignore_eos")), name=name if not batch else None)
+                   for item in items]
             return self._send(200, out if batch else out[0])
+
+        def _chat(self, req: dict, name: str | None) -> None:
+            """OpenAI's chat completion: the messages are the prompt (their text hashed as /generate's is); streamed,
+            a chunk with the role, one per decode step with the new text as ``delta.content``, a last one with
+            ``finish_reason``, then (``stream_options.include_usage``) one with ``usage`` and no choices."""
+            msgs = req.get("messages")
+            if not isinstance(msgs, list) or not msgs:
+                return self._send(400, {"object": "error", "message": "messages: a non-empty list", "code": 400})
+            n = max(1, int(req.get("max_tokens") or req.get("max_completion_tokens") or 16))
+            n = eos_cut(state, msgs, n, req.get("ignore_eos"))
+            cid, model = f"chatcmpl-stand-in-{state.requests + 1}", args.served_model_name or args.model_path
+
+            def usage(d: dict) -> dict:
+                meta = d["meta_info"]
+                u = {"prompt_tokens": meta["prompt_tokens"], "completion_tokens": meta["completion_tokens"],
+                     "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"]}
+                if "spec_verify_ct" in meta:  # the drafts accepted: every token but prefill's and each cycle's own
+                    accepted = max(0, meta["completion_tokens"] - 1 - meta["spec_verify_ct"])
+                    u["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
+                                                      "rejected_prediction_tokens": 0}
+                return u
+
+            def chunk_doc(choices: list, **more) -> dict:
+                return {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+                        "choices": choices, **more}
+
+            if not req.get("stream"):
+                d = self._generate(msgs, n, name=name)
+                return self._send(200, {
+                    "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": d["text"]},
+                                 "finish_reason": "length"}], "usage": usage(d)})
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+
+            def send(doc: dict) -> None:
+                data = b"data: " + json.dumps(doc).encode() + b"\n\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+
+            seen = {"text": ""}
+
+            def step(d: dict) -> None:
+                new = d["text"][len(seen["text"]):]
+                seen["text"] = d["text"]
+                if new:
+                    send(chunk_doc([{"index": 0, "delta": {"content": new}, "finish_reason": None}]))
+
+            try:
+                send(chunk_doc([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]))
+                last = self._generate(msgs, n, step, name)
+                send(chunk_doc([{"index": 0, "delta": {}, "finish_reason": "length"}]))
+                if (req.get("stream_options") or {}).get("include_usage"):
+                    send(chunk_doc([], usage=usage(last)))
+                data = b"data: [DONE]\n\n"
+                self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
 
         def _generate(self, item: object, n: int, emit=None, name: str | None = None) -> dict:
             """Simulate one request (prefill, then decode cycles), calling ``emit(doc)`` after each step; ``name``:
@@ -553,7 +626,7 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 state.requests += 1
                 rid = state.requests
             t = self.arrived
-            prompt_tokens = len(item) if isinstance(item, list) else max(1, len(str(item).split()))
+            prompt_tokens = prompt_len(item)
 
             def doc(done: int, cycles: int) -> dict:
                 meta = {"id": name or f"stand-in-{rid}", "prompt_tokens": prompt_tokens, "completion_tokens": done,
@@ -745,6 +818,33 @@ def run_v2_request(state: "State", req: _Req, prefill_s: float, n: int, emit, do
         state.decode_log.cycle(produced)
         emit(done, cycles)
     return doc(done, cycles)
+
+
+def prompt_len(item: object) -> int:
+    """A prompt's tokens: token ids counted, a text's or chat messages' words."""
+    if isinstance(item, list) and all(isinstance(x, int) for x in item):
+        return len(item)
+    if isinstance(item, list):
+        return max(1, sum(len(str(m.get("content", "")).split()) if isinstance(m, dict) else 1 for m in item))
+    return max(1, len(str(item).split()))
+
+
+def eos_cut(state: "State", item: object, n: int, ignore_eos: object) -> int:
+    """With ``--sim-eos``, a request that does not ignore the end of sequence ends where its prompt decides: from
+    half of ``n`` to ``n`` tokens; else ``n``."""
+    if not state.args.sim_eos or ignore_eos or n < 2:
+        return n
+    return n // 2 + int(prompt_key(item), 16) % (n - n // 2 + 1)
+
+
+def record(state: "State", path: str, body: object) -> None:
+    """``--record-requests FILE``: the request's path and JSON body appended to FILE, a line each."""
+    if not state.args.record_requests:
+        return
+    line = json.dumps({"path": path, "body": body}) + "\n"
+    with state.lock:
+        with open(state.args.record_requests, "a", encoding="utf-8") as f:
+            f.write(line)
 
 
 def prompt_key(item: object) -> str:
