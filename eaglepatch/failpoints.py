@@ -4,7 +4,8 @@
 runs, no lock is released, nothing is cleaned up, exactly as a ``kill -9`` or a lost laptop would leave it.
 ``EAGLEPATCH_FAILPOINT=NAME:sigint`` sends it SIGINT there instead: a Ctrl-C at exactly that step, handled as any
 Ctrl-C is (exit 130, the state of the target said). ``EAGLEPATCH_FAILPOINT=NAME:pause`` holds it there for
-``EAGLEPATCH_FAILPOINT_PAUSE`` seconds (default 5), then goes on: another run meets the state of that step for
+``EAGLEPATCH_FAILPOINT_PAUSE`` seconds (default 5), or until the file ``EAGLEPATCH_FAILPOINT_RELEASE`` names
+exists when that is set (at most the pause), then goes on: another run meets the state of that step for
 sure (a lock held), where a race would meet it only now and then (the client's names only: the host's below take
 the plain name alone). Names
 that happen on the target (``execute:after-backup``, ``execute:between-renames``, ``execute:after-upload``) are
@@ -59,4 +60,9 @@ def failpoint(name: str) -> None:
     elif armed_name == name + ":pause":
         import time
 
-        time.sleep(float(os.environ.get(ENV + "_PAUSE", "5")))
+        deadline = time.monotonic() + float(os.environ.get(ENV + "_PAUSE", "5"))
+        release = os.environ.get(ENV + "_RELEASE")
+        while time.monotonic() < deadline:
+            if release and os.path.exists(release):
+                return
+            time.sleep(0.05 if release else max(0.0, deadline - time.monotonic()))

@@ -794,10 +794,14 @@ def scenario_concurrent(via: Via, tree: Tree, workdir: Path) -> None:
     """Two applies on one install, the second started while the first holds the install's lock (the first is held
     there by the failpoint ``apply:after-lock:pause``, so the race is not left to the machine's timing: on a busy
     machine two applies started together often ran one after the other): the second exits 5 naming the lock and
-    changes nothing; the first patches; the result is one clean apply and nothing left behind."""
+    changes nothing; the first patches; the result is one clean apply and nothing left behind. The first is let go
+    by a file once the second is checked (a fixed pause ran out under CI's load before the check, and the first's
+    own changes were taken for the second's)."""
+    release = workdir / f"release-{os.getpid()}-{time.monotonic_ns()}"  # the first goes on once this exists
     first_argv, first = via.popen("apply", "--no-restart", "--json", target=tree.root,
                                   env={"EAGLEPATCH_FAILPOINT": "apply:after-lock:pause",
-                                       "EAGLEPATCH_FAILPOINT_PAUSE": "10"})
+                                       "EAGLEPATCH_FAILPOINT_PAUSE": "240",
+                                       "EAGLEPATCH_FAILPOINT_RELEASE": str(release)})
     try:
         deadline = time.monotonic() + 60
         while not leftovers(tree.root):  # the lock file: the first apply holds the install now
@@ -809,6 +813,7 @@ def scenario_concurrent(via: Via, tree: Tree, workdir: Path) -> None:
         line = second.error_line()
         assert "lock" in line, line
         assert snapshot(tree.root) == before, "the second apply changed something"
+        release.touch()
         out, err = first.communicate(timeout=120)
     finally:
         if first.poll() is None:
