@@ -27,6 +27,7 @@ from typing import Any, Callable
 import pytest
 
 from eaglepatch.hostside import execute, install, live, lock, logs
+from unprivileged import as_unprivileged, give, user_folder
 from eaglepatch.ops.plan import Write
 
 TOKEN = "0123456789abcdef"
@@ -283,14 +284,20 @@ def test_writability_and_owner(inst: Install) -> None:
     assert install.facts_writable(str(inst.spec)) == {"writable": True, "owner": me}
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may write a folder whatever its mode")
-def test_a_read_only_folder_is_not_writable(inst: Install) -> None:
-    """Without write permission on the folder, apply could not create its temp files: ``writable`` says so."""
-    inst.spec.chmod(0o555)
-    try:
-        assert install.facts_writable(str(inst.spec))["writable"] is False
-    finally:
-        inst.spec.chmod(0o755)
+def test_a_read_only_folder_is_not_writable() -> None:
+    """Without write permission on the folder, apply could not create its temp files: ``writable`` says so (its
+    owner, without the w bit). As root (CI) the check runs as ``nobody``: root may write a folder whatever its mode."""
+    with user_folder() as base:
+        spec = base / "speculative"
+        spec.mkdir()
+        give(spec)
+
+        def writable(path: str) -> bool:
+            return install.facts_writable(path)["writable"]
+
+        assert as_unprivileged(writable, str(spec)) is True
+        spec.chmod(0o555)
+        assert as_unprivileged(writable, str(spec)) is False
 
 
 def test_op_facts_answers_from_its_steps(inst: Install, monkeypatch: pytest.MonkeyPatch) -> None:

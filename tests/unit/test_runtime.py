@@ -40,6 +40,7 @@ from runtime_helpers import (
     records, run_script, scripted_worker, wait_until, worker_script,
 )
 from torch_fakes import FakeDist
+from unprivileged import as_unprivileged, give, user_folder
 
 
 # --- the record -----------------------------------------------------------------------------------------
@@ -699,19 +700,35 @@ def test_unusable_log_dir_falls_back_to_a_private_one_and_says_so_once(load, tmp
     assert not_a_dir.read_text() == "x"
 
 
-@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes anywhere")
-def test_read_only_log_dir_never_raises(load, tmp_path, capsys):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    os.chmod(str(ro), 0o500)
-    try:
-        rt = load(log_dir=str(ro))
-        assert decode_worker(rt).forward_batch_generation(Batch())[0] == "result"
-        rt.flush()
-        err = capsys.readouterr().err
-        assert err.count("[eaglepatch]") == 1 and "instead" in err
-    finally:
-        os.chmod(str(ro), 0o700)
+def test_read_only_log_dir_never_raises(load):
+    """A log folder the server's user may not write: the cycle runs, one line says where the log goes instead. As
+    root (CI) the runtime runs as ``nobody`` in a child: root writes anywhere."""
+    def cycle(ro, fallback_in):
+        import io
+
+        tempfile.tempdir = fallback_in  # the private folder it falls back to: in the test's own folder
+        sys.stderr = err = io.StringIO()
+        rt = load(log_dir=ro)
+        try:
+            result = decode_worker(rt).forward_batch_generation(Batch())[0]
+            rt.flush()
+        finally:
+            rt._stop_flusher()
+        return result, err.getvalue()
+
+    with user_folder() as base:
+        ro = base / "ro"
+        ro.mkdir()
+        give(ro)
+        os.chmod(str(ro), 0o500)
+        saved = sys.stderr
+        try:
+            result, err = as_unprivileged(cycle, str(ro), str(base))
+        finally:
+            sys.stderr = saved
+            tempfile.tempdir = None
+    assert result == "result"
+    assert err.count("[eaglepatch]") == 1 and "instead" in err, err
 
 
 @pytest.mark.parametrize("broken", ["_perf", "_wall", "_emit", "_batch_size", "_start"])
