@@ -11,6 +11,11 @@ a server pays that too. Records the writer could not keep up with are dropped by
 `records_dropped` says how many (a real server leaves the GIL far more often than this tight loop does).
 It also reports the cost of an untimed call under `every=N` sampling.
 
+`--per-call 1,8,64` measures instead the runtime's cost per entry call, every call counted, under `apply --every N`
+for each N given (one timed call in N, each of its records saying `"every": N`): the hooked loop at each N and the
+bare loop, interleaved repeat by repeat, (hooked - bare) / calls, median over repeats. Output: {"timer",
+"per_call_us": {"1": ..., "8": ..., "64": ...}, "records_written": {...}, ...}.
+
 `--timer`:
 - `cpu` (default): perf_counter only. This is the number the runtime is held to (under 20 us per cycle).
 - `sync` (needs CUDA): every boundary synchronises. The bare loop does the same 8 `torch.cuda.synchronize()`
@@ -177,6 +182,61 @@ def measure(timer, cycles, repeats, bs, every, runtime=None):
     }
 
 
+def measure_per_call(timer, cycles, repeats, bs, ns, runtime=None):
+    """The runtime's cost per entry call (every call, timed or not) at each `every` N of `ns`, `cpu` timer."""
+    if timer != "cpu":
+        raise SystemExit("--per-call measures the cpu timer only")
+    rt = load_runtime(runtime)
+    log_dir = tempfile.mkdtemp(prefix="ep-runtime-bench-")  # not /tmp/eaglepatch*: other tools clean those
+    out = Output([3] * bs)
+    batch = Batch(bs)
+    hooked, bare = make_workers(rt, out, None)
+    per = {n: [] for n in ns}
+    bare_s = []
+    written = {}
+    errors = 0
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            for i in range(repeats + 1):                    # the first round warms up (caches, the writer)
+                b = time_loop(bare, batch, cycles)
+                for n in ns:
+                    sub = os.path.join(log_dir, str(n))
+                    rt.configure(mode=timer, log_dir=sub, summary_every=2000, flush_records=256, flush_seconds=2.0,
+                                 every=n)
+                    took = time_loop(hooked, batch, cycles)
+                    rt.flush()
+                    errors += rt._stats()["errors"]
+                    if i:
+                        per[n].append(took)
+                if i:
+                    bare_s.append(b)
+        for n in ns:
+            sub = os.path.join(log_dir, str(n))
+            lines = 0
+            for name in os.listdir(sub):
+                with open(os.path.join(sub, name)) as f:
+                    lines += sum(1 for line in f if '"kind"' not in line)
+            written[str(n)] = lines
+    finally:
+        stop = getattr(rt, "_stop_writer", None) or rt._stop_flusher
+        stop()
+        shutil.rmtree(log_dir, ignore_errors=True)
+    bare_us = statistics.median(bare_s) / cycles * 1e6
+    return {
+        "timer": timer,
+        "per_call_us": {str(n): round(statistics.median(per[n]) / cycles * 1e6 - bare_us, 3) for n in ns},
+        "bare_us_per_call": round(bare_us, 3),
+        "cycles": cycles,
+        "repeats": repeats,
+        "bs": bs,
+        "records_written": written,
+        "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        "runtime_errors": errors,
+        "runtime": os.path.normpath(runtime or RUNTIME),
+        "python": platform.python_version(),
+    }
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--timer", choices=("cpu", "sync", "events"), default="cpu")
@@ -184,10 +244,21 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--bs", type=int, default=4, help="requests per batch (len of accept_lens)")
     ap.add_argument("--every", type=int, default=10, help="N for the sampled-out (untimed) measurement")
+    ap.add_argument("--per-call", default=None, metavar="N,N,...",
+                    help="instead: the cost per entry call (timed or not) under every=N for each N, e.g. 1,8,64")
     ap.add_argument("--json", action="store_true", help="only the JSON line on stdout (human line on stderr)")
     ap.add_argument("--runtime", default=None, help="the runtime module file to measure (default: this checkout's)")
     args = ap.parse_args(argv)
     cycles = args.cycles or (200000 if args.timer == "cpu" else 20000)
+    if args.per_call is not None:
+        ns = [max(1, int(x)) for x in args.per_call.split(",") if x.strip()]
+        res = measure_per_call(args.timer, cycles, max(1, args.repeats), max(1, args.bs), ns, args.runtime)
+        print(json.dumps(res))
+        human = "eaglepatch runtime, timer %s, per entry call: %s (bare call %.3f us, median of %d x %d calls)" % (
+            res["timer"], ", ".join("%.2f us at every=%s" % (v, k) for k, v in res["per_call_us"].items()),
+            res["bare_us_per_call"], res["repeats"], res["cycles"])
+        print(human, file=sys.stderr if args.json else sys.stdout)
+        return 0
     res = measure(args.timer, cycles, max(1, args.repeats), max(1, args.bs), max(1, args.every), args.runtime)
     print(json.dumps(res))
     human = ("eaglepatch runtime, timer %s: %.2f us per timed cycle (entry + 3 phases + accepted; %.2f vs %.2f "

@@ -15,7 +15,8 @@ it cannot vouch for:
   own); no ``kind``. A record that decodes is thus one the line loop takes, with the same values (msgspec and
   json read the same numbers, and the later of two equal keys wins in both); a line that does not decode goes to
   the line loop (msgspec names the record or byte where a piece failed; the lines around it are decoded again).
-  Run header lines (``"kind"``) are such lines.
+  Run header lines (``"kind"``) are such lines, and so are records with ``"every"`` (apply --every N: a log N times
+  shorter, read line by line; ``cut`` hands them over, the decoders made for a process refuse them).
 * A piece is decoded as the JSON array its lines make when each newline becomes a comma: anything but one JSON
   value per line (two records on a line, a record over two lines, a blank line) does not decode. A piece with a
   ``\\r`` (a line break to Python's universal newlines, whitespace to JSON) goes to the line loop whole.
@@ -60,6 +61,9 @@ try:
     import msgspec as _msgspec
 except ImportError:  # pragma: no cover - msgspec is a dependency; the line loop stands in without it
     _msgspec = None  # type: ignore[assignment]
+    _UNSET: Any = object()
+else:
+    _UNSET = _msgspec.UNSET
 
 PIECE = 1 << 16  # bytes read and decoded at a time (larger buffers cost more to allocate than they save)
 BATCH = 2048  # records added together (more: the garbage collector walks the waiting records' lists more often)
@@ -91,13 +95,13 @@ def _record_type(phases: tuple[str, ...], key: tuple[Any, ...] | None) -> Any:
     if key is None:
         who: list[Any] = [("host", str), ("pid", whole), ("rank", whole)]
         rest: list[Any] = [("run", Optional[Annotated[str, Meta(min_length=1)]], None), ("spec", Any, None),
-                           ("timer", Any, None)]
+                           ("timer", Any, None), ("every", Any, UNSET)]
     else:
         host, pid, rank, run, timer = key
         who = [("host", Literal[host]), ("pid", Literal[pid]), ("rank", Literal[rank])]
         rest = [("run", None, None) if run is None else ("run", Literal[run]), ("spec", None, None),
-                ("timer", None, None) if timer is None else ("timer", Literal[timer])]
-    run_field, spec_field, timer_field = rest
+                ("timer", None, None) if timer is None else ("timer", Literal[timer]), ("every", UnsetType, UNSET)]
+    run_field, spec_field, timer_field, every_field = rest
     # The fields in the order the runtime writes them: msgspec looks a key up from the field after the one found
     # last, so a record decodes quicker (keyword-only fields: the required ones need not come first).
     fields = [
@@ -118,6 +122,7 @@ def _record_type(phases: tuple[str, ...], key: tuple[Any, ...] | None) -> Any:
         ("host_cycle_ms", Optional[ms], None),
         spec_field,
         ("accept_hist", Any, None),
+        every_field,  # any "every" (the generic decoder's, checked by ``cut``): the line loop reads the record
         ("kind", UnsetType, UNSET),  # any "kind": a run header (or no record), for the line loop
     ]
     return defstruct("Record", fields, kw_only=True, gc=False)
@@ -139,9 +144,9 @@ def _skipped_fit(recs: list[Any], cap: int) -> bool:
 
 def _key(r: Any) -> tuple[Any, ...] | None:
     """The (host, pid, rank, run, timer) a decoder can be made for from record ``r``, or None (a spec, a timer
-    that is not a string)."""
+    that is not a string, an ``every``)."""
     timer = r.timer
-    if r.spec is not None or not (timer is None or type(timer) is str):
+    if r.spec is not None or not (timer is None or type(timer) is str) or r.every is not _UNSET:
         return None
     return (r.host, r.pid, r.rank, r.run, timer)
 
@@ -330,6 +335,9 @@ class Batches:
         n = len(kept)
         if not n:
             return len(recs)
+        if [r.every for r in kept].count(_UNSET) < n:
+            self.skip = _SKIP  # records that stand for several cycles (apply --every N): the line loop's, as the
+            return 0  # next pieces are (a log at N > 1 is N times shorter: its records are few)
         keys = [(r.host, r.pid, r.rank, r.run, r.spec) for r in kept]
         cuts = [i for i in range(1, n) if keys[i] != keys[i - 1]]
         cuts.append(n)

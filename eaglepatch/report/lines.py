@@ -15,6 +15,7 @@ from eaglepatch.report.groups import Acc
 from eaglepatch.report.record import (
     MAX_ACCEPTS,
     MAX_COUNT,
+    MAX_EVERY,
     MAX_MS,
     MAX_T,
     BadLine,
@@ -73,6 +74,35 @@ def drops(line: str) -> dict[str, Any] | None:
     return d
 
 
+_EVERY_MEAN = 16  # records the moving mean of a process's cycle time follows (per_cycle)
+
+
+def per_cycle(means: dict[Any, tuple[int, float]], proc: Any, gap_s: float, wc: float, n: int,
+              idle: float) -> tuple[float | None, float]:
+    """A record that stands for ``n`` > 1 cycles (``"every": n``, apply --every N): the between (ms) and the cycle
+    time (ms) each cycle of its stretch is charged, from ``gap_s``, the seconds since the process's previous
+    record ended, and ``wc``, this record's own cycle (host clock, ms). The between is None (left out) where the
+    gap is idle per cycle (``gap_s / n`` over ``idle``) or not positive (no room for the untimed cycles); the
+    cycle is then ``wc`` alone, as after an idle gap at N = 1. ``means``: per process ``proc``, the moving mean of
+    its records' cycle times (every mode), updated here.
+
+    The gap holds the ``n - 1`` untimed cycles of the stretch and ``n`` betweens. The untimed cycles are taken at
+    the process's recent mean cycle (the records are a sample of every ``n``-th cycle, prefill ones among them):
+    this record's own time would put the prefill cycles of the stretch into its between. Per cycle, the wall
+    time is (gap + wc) / n, exactly as the stretch took; the between is that less the estimated mean cycle, and
+    may come out below 0 where the stretch's cycles ran quicker than the mean: it is not clamped, so that the
+    mean between and the wall time stay right (a percentile of these per-cycle figures is of stretch means,
+    never of single gaps: docs/contract.md, "The timing log")."""
+    k, u = means.get(proc, (0, wc))
+    if k < _EVERY_MEAN:
+        k += 1
+    means[proc] = (k, u + (wc - u) / k)
+    if not 0.0 < gap_s <= idle * n:
+        return None, wc
+    between = (gap_s * 1000.0 - (n - 1) * u) / n
+    return between, (gap_s * 1000.0 + wc) / n - between
+
+
 def read_lines(st: Any, source: Iterable[str]) -> None:
     """The line-by-line loop over ``source``'s lines (text, as a file opened in text mode gives them), for the
     scan's state ``st`` (``eaglepatch.report.scan.Scan``).
@@ -96,6 +126,7 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
     max_ms = MAX_MS
     max_count = MAX_COUNT
     max_accepts = MAX_ACCEPTS
+    max_every = MAX_EVERY
     acap = st.c_acap  # the current spec's accept_cap
     idle = st.idle
     nidle = -idle
@@ -186,6 +217,9 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
             ahs = d.get("accept_hist") if acs is None else None
             rraw = d.get("run")
             sraw = d.get("spec")
+            ev = d.get("every", NO)  # apply --every N: the cycles this record stands for (NO: itself alone)
+            if ev is not NO and (type(ev) is not int or not 0 < ev <= max_every):
+                raise BadLine("bad every")
 
             if host != c_host or pid != c_pid or rank != c_rank:
                 if (type(host) is not str or type(pid) is not int or type(rank) is not int
@@ -341,11 +375,16 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
             # Nothing below can fail.
             cyc_app(cyc)
             gap = t - last_end
-            if nidle <= gap <= idle:
-                gap = gap * 1000.0 if gap > 0.0 else 0.0
-                btw_app(gap)
-            else:
-                gap = -1.0
+            if ev is NO or ev == 1:
+                if nidle <= gap <= idle:
+                    gap = gap * 1000.0 if gap > 0.0 else 0.0
+                    btw_app(gap)
+                else:
+                    gap = None
+            else:  # a record of ev cycles: this one's share of the stretch before it, per cycle (per_cycle)
+                gap, wc = per_cycle(st.every_u, (c_host, c_pid, c_rank), gap, wc, ev, idle)
+                if gap is not None:
+                    btw_app(gap)
             if acc is not None:
                 s_acc = x_acc
                 s_cyc_acc += cyc
@@ -354,7 +393,7 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
                 wc += carry
                 carry = 0.0
                 g.wcyc_acc += wc
-                if gap >= 0.0:
+                if gap is not None:
                     s_btw_acc += gap
                     wc += gap
                 g.accs.append(acc)
@@ -362,7 +401,7 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
                 if bs is not None:
                     s_acc_ab = x_accab
                     s_bs_ab = x_bsab
-            elif gap >= 0.0:
+            elif gap is not None:
                 carry += wc + gap
             else:
                 carry = wc  # after an idle gap only this cycle itself

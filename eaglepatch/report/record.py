@@ -3,9 +3,10 @@ applies beyond the plain look-ups of its hot loop, and the ``BadLine`` they rais
 
 A valid record has ``"v": 1``, a number ``t``, a string ``host``, int ``pid`` and ``rank``, a string ``mode``, a
 number ``cycle_ms`` and an object ``phases`` of numbers; ``bs`` and ``accepted`` are numbers or null;
-``host_cycle_ms`` / ``host_phases`` are optional. Anything else (bad JSON, trailing garbage, a non-object, a
-missing or mistyped field, ``NaN``/``Infinity`` literals, another ``v``) is counted in ``skipped_lines``. Blank
-lines are ignored and not counted.
+``host_cycle_ms`` / ``host_phases`` are optional; so is ``every`` (written by apply --every N: the cycles
+the record stands for, itself and the untimed ones after it), a whole number from 1 to ``MAX_EVERY``. Anything
+else (bad JSON, trailing garbage, a non-object, a missing or mistyped field, ``NaN``/``Infinity`` literals,
+another ``v``) is counted in ``skipped_lines``. Blank lines are ignored and not counted.
 
 Every value is bounded before it costs memory or time (docs/safety.md, "Hostile logs"), and a record with one out
 of bounds is counted in ``skipped_lines`` like any other: ``t`` at least 0 and at most ``MAX_T``; a duration
@@ -27,6 +28,7 @@ MAX_MS = 3_600_000  # a duration (ms) at most: a cycle or phase of more than an 
 MAX_COUNT = 10**12  # bs, accepted, pid, rank and an accept_hist count at most
 MAX_TOKENS = 64  # tokens one request produces in a cycle at most (an accepts entry, an accept_hist key)
 MAX_ACCEPTS = 4096  # entries of an accepts list at most (the runtime writes 256 at most, then accept_hist)
+MAX_EVERY = 1_000_000  # the cycles one record stands for at most ("every": apply --every N)
 LINE_CAP = 1 << 20  # bytes of a line at most (the runtime's records are a few KB): a longer one is skipped unread
 
 

@@ -24,6 +24,11 @@ Assumptions, stated once:
   own duration (as for ``between``), the gap before it, and the durations and gaps of the process's records
   without ``accepted`` (prefill cycles) since its previous one; ``wall_tokens_per_s`` is the accepted tokens over
   that time, ``cadence_ms`` that time per such record.
+* A record with ``"every": N`` (apply --every N) stands for N cycles: itself and the N - 1 untimed ones after it.
+  The gap before it then holds N - 1 untimed cycles and N betweens; each series and sum above takes this record's
+  share per cycle (``lines.per_cycle``: wall (gap + its cycle) / N, between that less the process's recent mean
+  cycle; idle where gap / N is over ``idle_gap_s``), so its tokens over its per-cycle wall time give what the
+  cycles it stands for gave. The line loop alone reads such records.
 
 Runs (docs/contract.md "The timing log"), as the scan learns them:
 
@@ -186,6 +191,9 @@ class Scan:
         self.fast_errors = _FAST_ERRORS
         self.spec_cache: dict[Any, str | None] = {}
         self.procs: dict[tuple[Any, Any, Any], tuple[int, float, float]] = {}
+        # per process whose records stand for several cycles ("every"): (records seen, up to lines._EVERY_MEAN; the
+        # moving mean of their cycle times), read by the line loop alone (the batch path leaves such records to it)
+        self.every_u: dict[tuple[Any, Any, Any], tuple[int, float]] = {}
         self.records = 0
         self.bad = 0
         self.file_index = 0

@@ -69,6 +69,7 @@ import tempfile
 import threading
 import time
 import traceback
+import types
 from collections import Counter as _Counter, deque
 
 __all__ = ["entry", "begin", "end", "accepted", "flush", "configure"]
@@ -423,7 +424,8 @@ def _reset():
     _live = None            # the live sweep's lease, as the writer last read it (see _live_start)
     _live_watch = False     # an adaptive worker has run: the writer looks for a lease
     _live_next = 0.0        # perf_counter time of the writer's next look
-    _pins = {}              # id(controller) -> controller whose policy a live sweep holds off now
+    _pins = {}              # id(controller) -> controller whose policy a live sweep holds off now (or handed back
+                            # on a call that was not a decode batch: its state is still owed, see _live_start)
 
 
 def _resolve_cuda():
@@ -539,6 +541,11 @@ def _spec_of(w):
 #   _Pinned (the same interface: it answers those steps and learns nothing) and the worker's
 #   apply_runtime_state() is called with the controller's state for them. The first cycle without such a
 #   request, past the deadline, or once the lease is gone, puts sglang's policy back and the state it chooses.
+# - The state switches on decode batches only, as sglang's own controller does (its entry method's guard, read
+#   the same way: _decode_batch): a prefill/extend call runs in whatever state the worker is in (one whose requests
+#   name no held steps, or others, gives sglang its policy back, so its record is not "pinned", and the state waits
+#   for the next decode batch); a batch whose mode cannot be read switches nothing and is counted. A switch is all or nothing (_switch): when it raises part way,
+#   every attribute it touched is put back, the policy too, and the cycle runs in the previous state.
 # The request ids decide, not the lease alone: every TP rank sees the same batch at the same cycle, so all ranks
 # switch together, where a lease read at slightly different moments would have them run different step counts
 # (the client waits for every rank's answer before it sends such requests). A killed client's requests end with
@@ -590,14 +597,15 @@ def _marked_steps(batch, prefix):
 
 
 def _live_start(args, kwargs):
-    """At the start of an outermost entry call while a lease is held (or a policy is held off): pin the step
-    count the batch's marked requests name, or put sglang's policy back. Never raises."""
+    """At the start of an outermost entry call while a lease is held, a policy is held off or a hand-back owes its
+    state: pin the step count the batch's marked requests name, or put sglang's policy back. The worker's state is
+    switched on a decode batch only (_decode_batch), all or nothing (_switch). Never raises."""
     w = args[0] if args else None
-    ctl = None
     try:
         ctl = getattr(w, "adaptive_controller", None)
         if ctl is None:
             return
+        key = id(ctl)
         pol = ctl.params
         lease = _live
         steps = None
@@ -605,42 +613,141 @@ def _live_start(args, kwargs):
             steps = _marked_steps(_batch_of(args, kwargs), lease[0])
             if steps not in lease[1]:
                 steps = None
-        if steps is None:
-            if type(pol) is _Pinned:
-                _live_release(w, ctl, args, kwargs)
+        held = type(pol) is _Pinned
+        if steps is None and not held and key not in _pins:
+            return                      # sglang's own, nothing owed
+        if steps is not None and held and pol.steps == steps and w.speculative_num_steps == steps:
+            return                      # pinned there already: nothing to switch
+        decode = _decode_batch(args, kwargs)
+        if decode and steps is not None:
+            _switch(w, ctl, steps, args, kwargs)
             return
-        state = ctl._states[steps]      # KeyError: no state was built for it (not a candidate of this launch)
-        if type(pol) is _Pinned:
-            pol.steps = steps
-        else:
-            ctl.params = _Pinned(pol, steps)
-            _pins[id(ctl)] = ctl
-        if w.speculative_num_steps != steps:
-            w.apply_runtime_state(state)
+        if held and pol.steps != steps:
+            # No request of the batch names the held steps: sglang's policy back at once, whatever the batch
+            # (sglang asks it on decode batches only, and this cycle's record must not say pinned). Its state waits
+            # for a decode batch: ctl stays in _pins, its params sglang's own, until one comes (or pins again).
+            ctl.params = pol.policy
+        if decode and key in _pins:
+            del _pins[key]
+            _switch(w, ctl, None, args, kwargs)
     except Exception:
         _error("live")
-        try:
-            if ctl is not None and type(getattr(ctl, "params", None)) is _Pinned:
-                _live_release(w, ctl, args, kwargs)
-        except Exception:
-            pass
 
 
-def _live_release(w, ctl, args, kwargs):
-    """Put sglang's policy back on `ctl`, and the state it chooses for this batch: 0.5.16+ would switch at a
-    decode cycle's start anyway (activate_step_by_batch), 0.5.12 only once its moving average moves."""
-    policy = ctl.params.policy
-    ctl.params = policy
-    _pins.pop(id(ctl), None)
+def _decode_batch(args, kwargs):
+    """Whether the entry call's batch is a decode batch, read as sglang's own entry method reads it before its
+    controller may switch (eagle_worker.py and eagle_worker_v2.py of every release with the adaptive mode, 0.5.12
+    to 0.5.23: `if batch.forward_mode.is_extend() or batch.is_extend_in_batch:` is the prefill path; 0.5.16+ call
+    activate_step_by_batch in the other one, 0.5.12 on_verify_complete after its verify). The argument is a
+    ScheduleBatch (0.5.12's V2: a ModelWorkerBatch), both carrying the two. False for a prefill/extend batch; None
+    when it cannot be read (counted as a "live mode" error, said once): nothing is switched then."""
+    try:
+        b = _batch_of(args, kwargs)
+        extend = b.forward_mode.is_extend()
+        if type(extend) is not bool:
+            raise TypeError("forward_mode.is_extend() gave %s, not a bool" % type(extend).__name__)
+        if extend:
+            return False
+        mixed = b.is_extend_in_batch
+        if type(mixed) is not bool:
+            raise TypeError("is_extend_in_batch is %s, not a bool" % type(mixed).__name__)
+        return not mixed
+    except Exception:
+        _error("live mode")
+        return None
+
+
+def _switch(w, ctl, steps, args, kwargs):
+    """On a decode batch: pin `steps` (hold sglang's policy off and apply the controller's state for them), or with
+    `steps` None apply the state sglang's policy (handed back already) chooses for this batch. All or nothing: when
+    anything raises part way (no state built for `steps`, the worker's apply_runtime_state after some of its
+    attributes were set), every attribute touched since is put back (_snapshot, _restore), the controller's policy
+    with them, and the error is counted and said once as the live sweep's; the cycle runs in the previous state."""
+    snap = _snapshot(w)
+    try:
+        if steps is None:
+            want = _policy_steps(ctl.params, args, kwargs)
+            state = ctl._states.get(want) if type(want) is int else None
+        else:
+            want = steps
+            state = ctl._states[steps]  # KeyError: no state was built for it (not a candidate of this launch)
+            pol = ctl.params
+            if type(pol) is _Pinned:
+                pol.steps = steps
+            else:
+                ctl.params = _Pinned(pol, steps)
+        if state is not None and w.speculative_num_steps != want:
+            w.apply_runtime_state(state)
+    except BaseException as exc:        # KeyboardInterrupt too: put back, then let it go on
+        if isinstance(exc, Exception):
+            _error("live")
+        _restore(snap)
+        if not isinstance(exc, Exception):
+            raise
+        return
+    if steps is not None:
+        _pins[id(ctl)] = ctl
+
+
+def _policy_steps(policy, args, kwargs):
+    """The step count sglang's policy chooses for this batch: 0.5.16+ by its size (activate_step_by_batch would
+    switch at a decode cycle's start anyway), 0.5.12 its current_steps (it switches only once its moving average
+    moves); None when it chooses none."""
     get = getattr(policy, "get_steps_for_batch", None)
     if get is not None:
         bs = _batch_size(args, kwargs)
-        want = get(bs) if bs else None
-    else:
-        want = getattr(policy, "current_steps", None)
-    state = ctl._states.get(want) if type(want) is int else None
-    if state is not None and w.speculative_num_steps != want:
-        w.apply_runtime_state(state)
+        return get(bs) if bs else None
+    return getattr(policy, "current_steps", None)
+
+
+# What a switch may touch, snapshotted before it starts: the worker and every object one or two attribute steps from
+# it (sglang's apply_runtime_state, every release: the worker's own attributes, its draft worker's, and those of
+# the draft runner and the target's model runner one step further, its server_args; the controller and its policy
+# are one and two steps from it). Values of these types hold no attributes of their own and are not looked into.
+_SNAP_DEPTH = 2
+_ATOMS = (type(None), bool, int, float, complex, str, bytes, tuple, list, dict, set, frozenset)
+_ABSENT = object()
+
+
+def _snapshot(w):
+    """[(object, copy of its __dict__)] for `w` and each object within _SNAP_DEPTH attribute steps of it that keeps
+    its attributes in a plain dict, each once (no classes, no modules, nothing with __slots__ only)."""
+    out = []
+    seen = set()
+    level = [w]
+    for depth in range(_SNAP_DEPTH + 1):
+        below = []
+        for o in level:
+            if type(o) in _ATOMS or isinstance(o, (type, types.ModuleType)) or id(o) in seen:
+                continue
+            seen.add(id(o))
+            try:
+                d = object.__getattribute__(o, "__dict__")
+            except Exception:
+                continue
+            if type(d) is not dict:
+                continue
+            out.append((o, d.copy()))
+            if depth < _SNAP_DEPTH:
+                below.extend(d.values())
+        level = below
+    return out
+
+
+def _restore(snap):
+    """Put each snapshotted object's attributes back as they were: a value set since is set back (by identity), one
+    added is removed, one removed comes back. Written into __dict__ itself (a setter that raised once is not asked
+    again); what a switch changes inside a value (a tensor filled in place, a dict it adds to) is not undone."""
+    for o, before in snap:
+        try:
+            d = object.__getattribute__(o, "__dict__")
+            for k in [k for k in d if k not in before]:
+                del d[k]
+            for k, v in before.items():
+                if d.get(k, _ABSENT) is not v:
+                    d[k] = v
+        except Exception:
+            _error("live restore")
 
 
 def _live_wait(timeout, now):
@@ -1287,6 +1394,8 @@ def _emit(c, cycle_s, phases, host_cycle_s, host_phases):
         tail += ', "host_phases": {%s}, "host_cycle_ms": %r' % (", ".join(hparts), round(host_cycle_s * 1000.0, 4))
     if c.spec is not None:
         tail += ", " + c.spec
+    if _every > 1:              # the entry calls this record stands for: itself and the untimed ones after it
+        tail += ', "every": %d' % _every
     tail += "}\n"
     wake = False
     with _lock:

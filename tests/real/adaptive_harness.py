@@ -103,3 +103,50 @@ def feed(ctl: Any, drafts: list[int]) -> None:
         ctl.on_verify_complete(drafts, batch_size=len(drafts))
     else:
         ctl.on_verify_complete(drafts)
+
+
+# The module-level names a release's apply_runtime_state uses, and what stands in for them here: its log line on
+# rank 0, the module's logger, and (0.5.21+) the process-wide server-args context it syncs last.
+APPLY_GLOBALS = ("log_info_on_rank0", "logger", "get_context", "SpecRuntimeState")
+
+
+def real_apply(site: Path, filename: str, cls: str, stand_ins: dict[str, Any]) -> Any:
+    """``cls.apply_runtime_state`` of the release's ``sglang/srt/speculative/<filename>``, its own code (compiled
+    from the file, with the file's name and line numbers) without importing the module (it needs torch and CUDA):
+    the module-level names it uses are ``stand_ins``. A name it uses that is not one of APPLY_GLOBALS raises
+    KeyError, so a release that does something new is seen, not half run."""
+    import ast
+    import builtins
+
+    path = site / "sglang" / "srt" / "speculative" / filename
+    tree = ast.parse(path.read_text(), filename=str(path))
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    func = next(n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "apply_runtime_state")
+    local = {a.arg for a in func.args.args} | {n.id for n in ast.walk(func)
+                                               if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    used = {n.id for n in ast.walk(func) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    free = sorted(used - local - set(dir(builtins)))
+    unknown = [n for n in free if n not in APPLY_GLOBALS]
+    if unknown:
+        raise KeyError(f"{filename} {cls}.apply_runtime_state uses {unknown}: no stand-in for them")
+    namespace: dict[str, Any] = {"__name__": f"sglang.srt.speculative.{filename[:-3]}"}
+    namespace.update({n: stand_ins[n] for n in free})
+    namespace.setdefault("SpecRuntimeState", stand_ins.get("SpecRuntimeState"))  # its annotation
+    module = ast.Module(body=[func], type_ignores=[])
+    exec(compile(module, str(path), "exec"), namespace)
+    return namespace["apply_runtime_state"]
+
+
+def apply_classes(site: Path) -> list[tuple[str, str]]:
+    """(file name, class name) of every class of the release's speculative package with an apply_runtime_state."""
+    import ast
+
+    out = []
+    for path in sorted((site / "sglang" / "srt" / "speculative").glob("*.py")):
+        if path.name == "adaptive_runtime_state.py":  # the protocol's declaration, not a worker
+            continue
+        for n in ast.parse(path.read_text(), filename=str(path)).body:
+            if isinstance(n, ast.ClassDef) and any(isinstance(f, ast.FunctionDef) and f.name == "apply_runtime_state"
+                                                   for f in n.body):
+                out.append((path.name, n.name))
+    return out

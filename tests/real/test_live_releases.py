@@ -185,9 +185,20 @@ class _Req:
         self.rid = rid
 
 
+class _Mode:
+    def __init__(self, extend: bool):
+        self.extend = extend
+
+    def is_extend(self) -> bool:
+        return self.extend
+
+
 class _Batch:
-    def __init__(self, *rids: str):
+    """A ScheduleBatch as the entry method reads it: a decode batch, or with ``extend`` a prefill one."""
+
+    def __init__(self, *rids: str, extend: bool = False):
         self.reqs = [_Req(r) for r in rids]
+        self.forward_mode, self.is_extend_in_batch = _Mode(extend), False
 
 
 def _worker(rt, state_mod, params_mod, rel: ad.AdaptiveRelease, cfg: Path, launch: int):
@@ -223,7 +234,7 @@ def _worker(rt, state_mod, params_mod, rel: ad.AdaptiveRelease, cfg: Path, launc
 
         @rt.entry
         def forward_batch_generation(self, batch):
-            if rel.bs_switch:
+            if rel.bs_switch and not (batch.forward_mode.is_extend() or batch.is_extend_in_batch):
                 self.adaptive_controller.activate_step_by_batch(len(batch.reqs))
             rt.begin("draft", "decode")
             rt.end("draft")
@@ -254,6 +265,8 @@ def test_the_runtime_pins_each_step_count_through_the_real_controller(sglang_rel
         assert (logs / answer).exists()
         for n, s in enumerate(steps * 2):
             rid = f"eaglepatch-{token}-s{s}-{n}-0"
+            was = w.speculative_num_steps
+            assert w.forward_batch_generation(_Batch(rid, rid + "b", extend=True)) == was  # a prefill: untouched
             assert w.forward_batch_generation(_Batch(rid, rid + "b")) == s
             for _ in range(30):  # nothing accepted, ever: sglang's policy would move down, and learns nothing
                 feed(w.adaptive_controller, [0, 0])
@@ -261,8 +274,10 @@ def test_the_runtime_pins_each_step_count_through_the_real_controller(sglang_rel
         assert w.adaptive_controller.params.policy is policy
         rt.flush()
         recs = [json.loads(x) for f in logs.glob("*.jsonl") for x in f.read_text().splitlines()]
-        pinned = [r["spec"]["steps"] for r in recs if r.get("spec", {}).get("pinned")]
-        assert pinned == steps * 2
+        cycles = [r for r in recs if "spec" in r][1:]  # after user-0's: (prefill, decode) per window
+        assert [(r["spec"]["steps"], r["spec"].get("pinned", False)) for r in cycles[1::2]] == [(s, True)
+                                                                                               for s in steps * 2]
+        assert [r["spec"]["steps"] for r in cycles[0::2]] == [7] + (steps * 2)[:-1]  # each prefill: the state before
         # hand back: the policy's own choice, and it learns again
         back = w.forward_batch_generation(_Batch("user-1"))
         assert w.adaptive_controller.params is policy and back in steps
@@ -308,3 +323,30 @@ def test_the_real_files_have_what_the_runtime_calls(sglang_release, version):
                      "set_cuda_graph_bs", "cuda_graph_bs_for_step"}, asked
     assert ({"get_steps_for_batch", "on_verify_complete"} <= asked) == rel.bs_switch
     assert ({"update", "current_steps"} <= asked) == (not rel.bs_switch)
+
+
+@pytest.mark.parametrize("version", ADAPTIVE)
+def test_the_real_entry_methods_switch_on_the_guard_the_runtime_reads(sglang_release, version):
+    """Every worker class with apply_runtime_state takes the prefill path on ``<batch>.forward_mode.is_extend() or
+    <batch>.is_extend_in_batch`` (its entry method's first test; <batch> its first argument after self) and lets its
+    controller switch only in the other branch (0.5.16+: activate_step_by_batch; 0.5.12 V1: on_verify_complete
+    after its verify; 0.5.12 V2: not in the entry method at all, the scheduler calls on_verify_complete_cpu after a
+    decode cycle), the guard the runtime's _decode_batch reads before it switches a pinned state."""
+    spec = sglang_release(version) / "sglang" / "srt" / "speculative"
+    seen = 0
+    for path in sorted(spec.glob("eagle_worker*.py")):
+        tree = ast.parse(path.read_text())
+        for cls in tree.body:
+            methods = _methods(tree, cls.name) if isinstance(cls, ast.ClassDef) else {}
+            if "apply_runtime_state" not in methods:
+                continue
+            entry = methods["forward_batch_generation"]
+            arg = entry.args.args[1].arg
+            first = next(n for n in entry.body if isinstance(n, ast.If))
+            assert ast.unparse(first.test) == f"{arg}.forward_mode.is_extend() or {arg}.is_extend_in_batch", path
+            switch = [n for n in ast.walk(entry) if isinstance(n, ast.Attribute) and n.attr in (
+                "activate_step_by_batch", "on_verify_complete")]
+            in_prefill = [n for stmt in first.body for n in ast.walk(stmt) if n in switch]
+            assert (switch or "on_verify_complete_cpu" in methods) and not in_prefill, (path, cls.name)
+            seen += 1
+    assert seen == (2 if version == "0.5.12" else 1)

@@ -588,7 +588,7 @@ def test_only_stdlib_and_torch_are_imported():
             assert node.level == 0
             names.add(node.module.split(".")[0])
     stdlib = {"atexit", "functools", "json", "os", "socket", "sys", "threading", "time", "traceback",
-              "collections", "errno", "stat", "tempfile", "ctypes", "re"}
+              "collections", "errno", "stat", "tempfile", "ctypes", "re", "types"}
     assert names - stdlib <= {"torch"}, names - stdlib
 
 

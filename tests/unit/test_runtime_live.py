@@ -79,7 +79,9 @@ class Controller(object):
 
 
 def worker(rt, policy=None, bs_switch=True):
-    """An EAGLEWorkerV2-shaped adaptive worker whose decode cycles call activate_step_by_batch (0.5.16+)."""
+    """An EAGLEWorkerV2-shaped adaptive worker whose decode cycles call activate_step_by_batch (0.5.16+), behind
+    sglang's own guard (eagle_worker_v2.py, every release: ``if batch.forward_mode.is_extend() or
+    batch.is_extend_in_batch:`` prefill, else decode)."""
 
     class EAGLEWorkerV2(object):
         def __init__(self):
@@ -89,7 +91,8 @@ def worker(rt, policy=None, bs_switch=True):
 
         @rt.entry
         def forward_batch_generation(self, batch):
-            if bs_switch and self.adaptive_controller is not None:
+            if bs_switch and self.adaptive_controller is not None and not (
+                    batch.forward_mode.is_extend() or batch.is_extend_in_batch):
                 self.adaptive_controller.activate_step_by_batch(len(batch.reqs))
             rt.begin("draft", "decode")
             rt.end("draft")
@@ -110,8 +113,22 @@ class Req(object):
         self.rid = rid
 
 
-def batch(*rids):
-    return Obj(reqs=[Req(r) for r in rids])
+class Mode(object):
+    """sglang's ForwardMode as the entry method asks it (model_executor/forward_batch_info.py)."""
+
+    def __init__(self, extend):
+        self.extend = extend
+
+    def is_extend(self):
+        return self.extend
+
+
+def batch(*rids, **kw):
+    """A decode batch of requests ``rids``; ``mode="prefill"``: an extend batch, ``mode="mixed"``: a decode batch
+    that DP attention runs as extend (``is_extend_in_batch``), as sglang's ScheduleBatch carries them."""
+    mode = kw.pop("mode", "decode")
+    return Obj(reqs=[Req(r) for r in rids], forward_mode=Mode(mode == "prefill"), is_extend_in_batch=mode != "decode",
+               **kw)
 
 
 def marked(steps, n=0):
@@ -618,3 +635,160 @@ def test_an_answer_that_cannot_be_a_file_is_an_error_and_nothing_is_written_into
     err = capfd.readouterr().err
     assert "[eaglepatch] internal error in live (" in err, err
     assert "_Unsafe: %s is not a regular file\n" % live.ack.name in err, err
+
+
+# --- issue 41: a pin switches state on decode batches only, and a failed switch leaves the previous state whole ---
+
+def watched(rt, **kw):
+    """``worker(rt)`` whose ``calls`` lists, per entry call, (the batch's mode, steps at the call's start as the
+    entry method's body saw them, steps after): the runtime's own switch happens before the body runs."""
+    w = worker(rt, **kw)
+    cls = type(w)
+    inner = cls.forward_batch_generation.__wrapped__
+    w.calls = []
+
+    def body(self, b):
+        before = self.speculative_num_steps
+        out = inner(self, b)
+        mode = "prefill" if b.forward_mode.is_extend() else "mixed" if b.is_extend_in_batch else "decode"
+        self.calls.append((mode, before, self.speculative_num_steps))
+        return out
+
+    cls.forward_batch_generation = rt.entry(body)
+    return w
+
+
+def test_prefill_and_extend_calls_never_switch_and_decode_calls_do(rt, logs, live):
+    """A window's request arrives as a prefill (extend) call first: it runs in the state the worker is in; its
+    first decode call switches. A mixed batch (DP attention's is_extend_in_batch) is sglang's prefill path too."""
+    w = leased(rt, live, watched(rt))
+    w.calls[:] = []
+    w.forward_batch_generation(batch(marked(7), mode="prefill"))
+    w.forward_batch_generation(batch(marked(7)))
+    w.forward_batch_generation(batch(marked(1), mode="mixed"))
+    w.forward_batch_generation(batch(marked(1), mode="prefill"))
+    w.forward_batch_generation(batch(marked(1)))
+    w.forward_batch_generation(batch(marked(1)))
+    assert w.calls == [("prefill", 3, 3), ("decode", 7, 7), ("mixed", 7, 7), ("prefill", 7, 7), ("decode", 1, 1),
+                       ("decode", 1, 1)]
+    assert w.switches == [7, 1] and rt._stats()["errors"] == 0
+    # a record says pinned only where the cycle ran at the steps its requests name: not the next window's prefills
+    rt.flush()
+    assert [(r["spec"]["steps"], r["spec"].get("pinned", False)) for r in records(logs)][1:] == [
+        (3, False), (7, True), (7, False), (7, False), (1, True), (1, True)]
+
+
+def test_a_prefill_hands_the_policy_back_but_the_state_waits_for_the_next_decode_batch(rt, logs, live):
+    """The sweep over, an unmarked prefill gives sglang its policy back (sglang asks it on decode batches only, and
+    the record of that prefill must not say pinned) without touching the state; the next decode batch runs in the
+    policy's choice (here by the runtime: a worker that does not switch by batch size)."""
+    w = leased(rt, live, watched(rt, bs_switch=False))
+    policy = w.adaptive_controller.params
+    w.forward_batch_generation(batch(marked(7)))
+    w.calls[:] = []
+    w.forward_batch_generation(batch("user-1", mode="prefill"))
+    assert w.adaptive_controller.params is policy and w.speculative_num_steps == 7
+    w.forward_batch_generation(batch("user-1"))
+    assert w.calls == [("prefill", 7, 7), ("decode", 3, 3)] and w.switches == [7, 3]
+    assert rt._stats()["pinned"] == 0 and rt._stats()["errors"] == 0
+    rt.flush()
+    assert [r["spec"].get("pinned", False) for r in records(logs)][-3:] == [True, False, False]
+
+
+@pytest.mark.parametrize("spoil", [
+    lambda b: delattr(b, "forward_mode"),
+    lambda b: delattr(b, "is_extend_in_batch"),
+    lambda b: setattr(b.forward_mode, "is_extend", lambda: "no"),      # not sglang's bool
+    lambda b: setattr(b, "is_extend_in_batch", None),
+], ids=["no-forward-mode", "no-is-extend-in-batch", "is-extend-not-bool", "in-batch-not-bool"])
+def test_a_batch_whose_mode_cannot_be_read_switches_nothing_and_is_counted(rt, live, spoil, capfd):
+    """A batch sglang's guard could not read either (a release the runtime does not know): no pin, no switch, each
+    such cycle counted, the first said."""
+    w = leased(rt, live, worker(rt, bs_switch=False))
+    for n in range(3):
+        b = batch(marked(7))
+        spoil(b)
+        assert w.forward_batch_generation(b) == 3
+    assert w.switches == [] and type(w.adaptive_controller.params) is Policy16
+    assert rt._stats()["errors"] == 3 and rt._stats()["pinned"] == 0
+    rt.flush()
+    err = capfd.readouterr().err
+    assert err.count("[eaglepatch] internal error in live mode (") == 1, err
+
+
+class Runner(object):
+    """A model runner the switch sets attributes on (the draft runner, the target's model runner)."""
+
+
+def two_sided(rt, fail_at=None, **kw):
+    """``watched(rt)`` whose apply_runtime_state sets attributes on itself, its draft worker and that one's runner, as
+    sglang's EAGLEWorkerV2.apply_runtime_state does, raising at its ``fail_at``-th attribute (1 = the first)."""
+    w = watched(rt, **kw)
+    w._draft_worker = Obj(speculative_num_steps=3, draft_attn_backend="attn@3", draft_runner=Runner())
+    w._draft_worker.draft_runner.attn_backend = "extend@3"
+    w.fail_at = fail_at
+
+    def apply(state):
+        if w.speculative_num_steps == state.speculative_num_steps:
+            return
+        sets = [(w, "speculative_num_steps", state.speculative_num_steps),
+                (w, "speculative_num_draft_tokens", state.speculative_num_draft_tokens),
+                (w._draft_worker, "speculative_num_steps", state.speculative_num_steps),
+                (w._draft_worker, "draft_attn_backend", "attn@%d" % state.speculative_num_steps),
+                (w._draft_worker, "topk1_parents", object()),                      # added by the switch
+                (w._draft_worker.draft_runner, "attn_backend", "extend@%d" % state.speculative_num_steps)]
+        for n, (obj, name, value) in enumerate(sets, 1):
+            if n == w.fail_at:
+                raise RuntimeError("CUDA out of memory (injected at set %d)" % n)
+            setattr(obj, name, value)
+        w.switches.append(state.speculative_num_steps)
+
+    w.apply_runtime_state = apply
+    return w
+
+
+def picture(w):
+    """Everything a switch may have touched, by identity."""
+    dw = w._draft_worker
+    ctl = w.adaptive_controller
+    pol = ctl.params
+    return ([(k, id(v)) for k, v in sorted(vars(w).items()) if k not in ("calls", "fail_at")],
+            [(k, id(v)) for k, v in sorted(vars(dw).items())],
+            [(k, id(v)) for k, v in sorted(vars(dw.draft_runner).items())],
+            id(pol), getattr(pol, "steps", None))
+
+
+@pytest.mark.parametrize("fail_at", range(1, 7))
+@pytest.mark.parametrize("held", [False, True], ids=["from-sglangs-policy", "from-a-pin"])
+def test_a_switch_that_fails_half_way_leaves_the_previous_state_whole(rt, live, capfd, fail_at, held):
+    """Whichever attribute the switch fails at, every one it set is put back, its policy too (sglang's, or the pin
+    it held); the cycle runs in the previous state, the error is the live sweep's, said once; a later decode cycle
+    switches when the switch works again."""
+    w = leased(rt, live, two_sided(rt))
+    if held:
+        w.forward_batch_generation(batch(marked(1)))
+    before = picture(w)
+    steps = w.speculative_num_steps
+    w.fail_at = fail_at
+    w.calls[:] = []
+    assert w.forward_batch_generation(batch(marked(7))) == steps
+    assert w.forward_batch_generation(batch(marked(7))) == steps
+    assert picture(w) == before and w.calls == [("decode", steps, steps)] * 2
+    assert rt._stats()["errors"] == 2 and rt._stats()["pinned"] == int(held)
+    rt.flush()
+    err = capfd.readouterr().err
+    assert err.count("[eaglepatch] internal error in live (") == 1 and "injected at set %d" % fail_at in err, err
+    w.fail_at = None
+    assert w.forward_batch_generation(batch(marked(7))) == 7
+    assert (w._draft_worker.speculative_num_steps, w._draft_worker.draft_runner.attn_backend) == (7, "extend@7")
+
+
+def test_a_hand_back_whose_switch_fails_keeps_sglangs_policy_and_the_previous_state(rt, live):
+    w = leased(rt, live, two_sided(rt, bs_switch=False))
+    policy = w.adaptive_controller.params
+    w.forward_batch_generation(batch(marked(7)))
+    before = picture(w)[:3]
+    w.fail_at = 4
+    assert w.forward_batch_generation(batch("user")) == 7
+    assert picture(w)[:3] == before and w.adaptive_controller.params is policy
+    assert rt._stats()["errors"] == 1 and rt._stats()["pinned"] == 0
