@@ -285,13 +285,22 @@ def report(
     sys.stdout.write(text if json_out else terminal_text(text))
 
 
+# bench's and sweep's --url: where the load goes instead of the server's own port
+URL_HELP = ("Send the load to URL (http or https://HOST[:PORT][/PREFIX]): the router or load balancer in front of "
+            "the server (required for one side of a prefill/decode pair). Over SSH, URL's host is reached from the "
+            "target host, through a forwarded port (localhost is the target host); for a local target, from here. "
+            "The server's own facts are still read from the server.")
+
+
 def _bench_options(requests: int, concurrency: str, input_len: int, max_new_tokens: int, warmup: int | None,
                    seed: int, log_wait: float, request_rate: str | None = None, prompts: str = "mixed",
-                   temperature: float = 0.0, top_p: float = 1.0, ignore_eos: bool | None = None) -> Any:
+                   temperature: float = 0.0, top_p: float = 1.0, ignore_eos: bool | None = None,
+                   url: str | None = None) -> Any:
     """bench's and sweep's load; raises UsageError (a bad --prompts file too: it is read here, before the target
-    is touched)."""
+    is touched; a bad --url likewise)."""
     from eaglepatch.tuning.load import LoadSpec
     from eaglepatch.tuning.bench import BenchOptions, parse_concurrency, parse_request_rate
+    from eaglepatch.tuning.target_url import parse_url
 
     ladder = parse_concurrency(concurrency)
     rates = parse_request_rate(request_rate) if request_rate is not None else ()
@@ -300,7 +309,8 @@ def _bench_options(requests: int, concurrency: str, input_len: int, max_new_toke
                     request_rate=rates[0] if rates else None, prompt_source=prompts, temperature=temperature,
                     top_p=top_p, ignore_eos=ignore_eos)
     return BenchOptions(load=load, log_wait=log_wait, ladder=ladder if len(ladder) > 1 else (),
-                        rates=rates if len(rates) > 1 else (), auto_warmup=warmup is None)
+                        rates=rates if len(rates) > 1 else (), auto_warmup=warmup is None,
+                        url=parse_url(url) if url is not None else None)
 
 
 @app.command()
@@ -315,6 +325,7 @@ def bench(
     request_rate: Optional[str] = RequestRateOpt,
     prompts: str = PromptsOpt, temperature: float = TemperatureOpt, top_p: float = TopPOpt,
     ignore_eos: Optional[bool] = IgnoreEosOpt,
+    url: Optional[str] = typer.Option(None, "--url", metavar="URL", help=URL_HELP),
     json_out: bool = JsonOpt,
     *, c: Connect,
 ) -> None:
@@ -327,11 +338,12 @@ def bench(
       eaglepatch bench root@gpu-host --requests 256 --concurrency 1,8,32,64
       eaglepatch bench root@gpu-host --requests 256 --request-rate 2,8,32 --concurrency 64
       eaglepatch bench root@gpu-host --prompts my-traffic.jsonl --temperature 0.7 --top-p 0.9
+      eaglepatch bench root@decode-host --url http://router-host:8000
     """
     from eaglepatch.tuning import bench as tuning_bench
 
     opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait, request_rate,
-                          prompts, temperature, top_p, ignore_eos)
+                          prompts, temperature, top_p, ignore_eos, url)
     finish(for_each_target([target], c, lambda t: tuning_bench.bench(t, c, opts, say)), json_out,
            tuning_bench.render_bench)
 
@@ -376,6 +388,7 @@ def sweep(
                                   "or latency (the least time per output token, p50)."),
     max_tpot_ms: Optional[float] = typer.Option(None, "--max-tpot-ms", help="A point whose p90 time per output "
                                                 "token exceeds MS is never best."),
+    url: Optional[str] = typer.Option(None, "--url", metavar="URL", help=URL_HELP),
     *, c: Connect,
 ) -> None:
     """Restart the server once per point of a grid of launch flags, bench each, one table with the speedup over
@@ -397,7 +410,7 @@ def sweep(
 
         warmup = WarmupOpt.default if live else LAUNCH_WARMUP
     bench_opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait,
-                                request_rate, prompts, temperature, top_p, ignore_eos)
+                                request_rate, prompts, temperature, top_p, ignore_eos, url)
     goal = sw.Objective(objective, max_tpot_ms)  # bad input: exit 2 before the target is touched
     if live:
         from eaglepatch.tuning import drive_live

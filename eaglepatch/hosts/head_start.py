@@ -42,7 +42,7 @@ VALUED = frozenset({
     "--recipe", "--repeat",
     "--request-rate", "--requests", "--restart-cmd", "--rounds", "--run",
     "--seed", "--server-port", "--sglang-path", "--since", "--skip", "--steps", "--systemd-unit", "--temperature",
-    "--timeout", "--top-p", "--trace", "--warmup", "--window", "-J", "-i", "-p"})
+    "--timeout", "--top-p", "--trace", "--url", "--warmup", "--window", "-J", "-i", "-p"})
 FLAGS = frozenset({
     "--accept-new-host-key", "--all-runs", "--baseline", "--compare", "--csv", "--dry-run", "--force", "--fresh",
     "--ignore-eos", "--json", "--keep-best", "--live", "--merge-runs", "--no-ignore-eos", "--no-restart",

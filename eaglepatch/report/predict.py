@@ -51,6 +51,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from eaglepatch.errors import UsageError
+from eaglepatch.report.labels import CLIENT, UNSCALED
 from eaglepatch.report.model import Acceptance, GroupStats, ReportResult
 from eaglepatch.report.stats import round_json
 
@@ -520,7 +521,11 @@ def predict_group(g: GroupStats, shape: Shape, *, steps: Sequence[int] | None = 
                          "14-21% under plain decoding (H200, three comparisons: verify's mode of the forward costs "
                          "more than a plain decode's, whatever the tokens it checks)")
     elif baseline is not None:
-        notes.append(f"no speculation: measured by {baseline.source}")
+        notes.append(f"no speculation: measured by {baseline.source}, " + (
+            f"its {CLIENT} put on the records' scale by its ratio to the sweep's own point at {k} steps"
+            if baseline.ratio is not None else
+            f"its {CLIENT} as the sweep measured it, {UNSCALED} (the sweep has no point at {k} steps to scale it "
+            "by)"))
     best = max(range(len(points)), key=lambda i: points[i].tokens_per_s) if points else None
     return Prediction(points=tuple(points), best=best, notes=tuple(notes), measured_steps=k)
 

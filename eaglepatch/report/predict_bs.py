@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from eaglepatch.report import costs
+from eaglepatch.report.labels import CLIENT, UNSCALED, WALL
 from eaglepatch.report.model import Acceptance, GroupStats, ReportResult
 from eaglepatch.report.predict import (LAUNCH_SPREAD, Point, _int, _profile, _window_spread, baseline_from_sweep,
                                        default_steps, shape_of)
@@ -206,6 +207,7 @@ def predict_by_bs(groups: Sequence[tuple[int, int, GroupStats]], *, max_bs: int 
         spread = math.hypot(prof.stderr(j) / a_j if a_j > 0 else 0.0, model.error(bs, j))
         return Point(j, j + 1, a_j, cad, 0.0, tps, spread, model.basis(bs, j))
 
+    unscaled = [b.bs for b in baseline if b.ratio is None]  # for the note: figures left on the client's scale
     baseline = [b if b.ratio is None else BaselinePoint(b.bs, b.ratio * at(b.bs, k).tokens_per_s, b.spread)
                 for b in baseline]
     rows = []
@@ -226,6 +228,12 @@ def predict_by_bs(groups: Sequence[tuple[int, int, GroupStats]], *, max_bs: int 
     if not baseline:
         notes.append("no speculation: estimated at every batch size (the verify curve at one token per request "
                      "plus the rest); a sweep with --baseline at the same load measures it")
+    else:
+        notes.append(f"no speculation: measured at {', '.join(str(b.bs) for b in baseline)} request(s) by a launch "
+                     f"without speculation (a sweep's --baseline), its {CLIENT} put on the records' scale ({WALL}) "
+                     f"by its ratio to the sweep's own point at {k} steps at the same load"
+                     + (f"; at {', '.join(map(str, unscaled))} request(s) the sweep ran no such point: there it is "
+                        f"its {CLIENT} as measured, {UNSCALED}" if unscaled else ""))
     return ByBs(model, tuple(rows), crossover(rows), max_bs, tuple(notes))
 
 

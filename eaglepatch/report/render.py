@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from tabulate import tabulate
 
 from eaglepatch.redact import shown as escaped
+from eaglepatch.report.labels import CYCLE, WALL
 from eaglepatch.report.model import Acceptance, GroupStats, ReportResult, Stats
 
 if TYPE_CHECKING:
@@ -62,7 +63,8 @@ def _opt(v: float | None, fmt: str) -> str:
 
 
 def group_title(g: GroupStats) -> str:
-    """The header line of one group: mode, key, n, accept length, tok/s and wall tok/s."""
+    """The header line of one group: mode, key, n, accept length, in-cycle tok/s (``tokens_per_s``) and records'
+    wall tok/s (``wall_tokens_per_s``), each by its label (``eaglepatch.report.labels``)."""
     parts = [g.mode]
     label = g.key_label()
     if label:
@@ -70,7 +72,7 @@ def group_title(g: GroupStats) -> str:
     head = " ".join(parts)
     return (
         f"{head}  n={g.n}  accept len {_opt(g.accept_len, '.3f')}  "
-        f"tok/s {_opt(g.tokens_per_s, '.1f')}  wall tok/s {_opt(g.wall_tokens_per_s, '.1f')}"
+        f"{CYCLE} {_opt(g.tokens_per_s, '.1f')}  {WALL} {_opt(g.wall_tokens_per_s, '.1f')}"
     )
 
 
@@ -111,8 +113,9 @@ def acceptance_line(a: Acceptance) -> str:
 
 
 def render_prediction(p: "Prediction", *, tablefmt: str = "simple") -> str:
-    """The prediction of one group: a table of step counts (tok/s with its uncertainty and basis), the best point,
-    and what each basis rests on; or the one line that says why there is none."""
+    """The prediction of one group: a table of step counts (records' wall tok/s, the scale of the group's own
+    figure beside it, with its uncertainty and basis), the best point, and what each basis rests on; or the one
+    line that says why there is none."""
     if p.why is not None:
         return f"prediction: none: {p.why}"
     rows = []
@@ -120,9 +123,9 @@ def render_prediction(p: "Prediction", *, tablefmt: str = "simple") -> str:
         rows.append([f"{pt.steps}{' *' if i == p.best else ''}", str(pt.draft_tokens), f"{pt.accept_len:.3f}",
                      f"{pt.cycle_ms:.3f}", f"{pt.between_ms:.3f}", f"{pt.tokens_per_s:.1f}",
                      f"\u00b1{pt.spread * 100:.0f}%", pt.basis])
-    headers = ["steps", "draft tokens", "accept len", "cycle ms", "between ms", "tok/s", "spread", "basis"]
+    headers = ["steps", "draft tokens", "accept len", "cycle ms", "between ms", WALL, "spread", "basis"]
     colalign = ("left",) + ("right",) * 6 + ("left",)
-    out = ["predicted, per draft step count (* the best; steps 0: no speculation):",
+    out = [f"predicted {WALL}, per draft step count (* the best; steps 0: no speculation):",
            tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True, colalign=colalign)]
     best, here = p.best_point, p.point(p.measured_steps) if p.measured_steps is not None else None
     zero = p.point(0)
@@ -138,14 +141,15 @@ def render_prediction(p: "Prediction", *, tablefmt: str = "simple") -> str:
         confirm = (f"eaglepatch sweep TARGET --baseline --repeat 3 --grid speculative-num-steps={grid}"
                    if best.steps == 0 else
                    f"eaglepatch sweep TARGET --live --grid speculative-num-steps={grid}")
-        out.append(f"best: {steps(best.steps)}, {best.tokens_per_s:.1f} tok/s, {gain * 100:+.0f}% over the "
-                   f"{steps(here.steps)} measured ({best.basis}; confirm with {confirm})")
+        out.append(f"best: {steps(best.steps)}, {best.tokens_per_s:.1f} {WALL}, {gain * 100:+.0f}% over the "
+                   f"{here.tokens_per_s:.1f} at the {steps(here.steps)} measured ({best.basis}; confirm with "
+                   f"{confirm})")
     elif best is not None:
-        out.append(f"best: the {steps(best.steps)} measured ({best.tokens_per_s:.1f} tok/s)")
+        out.append(f"best: the {steps(best.steps)} measured ({best.tokens_per_s:.1f} {WALL})")
     if (best is not None and best.steps > 0 and zero is not None and zero.basis == "estimate"
             and zero.tokens_per_s * (1 + zero.spread) >= best.tokens_per_s):
         grid = ",".join(str(s) for s in sorted({best.steps, p.measured_steps or best.steps}))
-        out.append(f"no speculation: estimated {zero.tokens_per_s:.1f} tok/s (\u00b1{zero.spread * 100:.0f}%), within "
+        out.append(f"no speculation: estimated {zero.tokens_per_s:.1f} {WALL} (\u00b1{zero.spread * 100:.0f}%), within "
                    f"reach of the best: only a launch without speculation tells whether speculation pays here "
                    f"(eaglepatch sweep TARGET --baseline --repeat 3 --grid speculative-num-steps={grid})")
     out.extend(f"basis: {n}" for n in p.notes)
@@ -168,9 +172,9 @@ def _groups_text(groups: tuple[GroupStats, ...] | list[GroupStats], tablefmt: st
 
 
 def render_by_bs(b: "ByBs", *, tablefmt: str = "simple") -> str:
-    """A run's best step count per batch size: a row per batch size (the best, its tok/s, no speculation's, the
-    gain), the batch size from which speculation stops paying, the notes; or the line that says why there is
-    none."""
+    """A run's best step count per batch size: a row per batch size (the best, its records' wall tok/s, no
+    speculation's, the gain), the batch size from which speculation stops paying, the notes; or the line that
+    says why there is none."""
     if b.why is not None:
         return f"best step count per batch size: none: {b.why}"
     rows = []
@@ -184,8 +188,8 @@ def render_by_bs(b: "ByBs", *, tablefmt: str = "simple") -> str:
                      f"{zero.tokens_per_s:.1f} \u00b1{zero.spread * 100:.0f}% {zero.basis}" if zero else "", gain])
         if r.note:
             estimated.append(r.bs)
-    out = ["best step count per batch size (the records' wall tok/s at that many requests a cycle):",
-           tabulate(rows, headers=["bs", "best steps", "tok/s", "no speculation", "gain"], tablefmt=tablefmt,
+    out = [f"best step count per batch size (predicted {WALL} at that many requests a cycle):",
+           tabulate(rows, headers=["bs", "best steps", WALL, "no speculation", "gain"], tablefmt=tablefmt,
                     disable_numparse=True, colalign=("right", "right", "right", "right", "right"))]
     if b.crossover_bs is None:
         out.append(f"speculation beats no speculation beyond the spreads up to {b.max_bs} requests a cycle")

@@ -14,16 +14,18 @@ import os
 import time
 from typing import Any, Callable, Sequence
 
-from eaglepatch.errors import ConnectionFailed, Unsupported, UsageError
+from eaglepatch.errors import Unsupported, UsageError
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.spec import TargetSpec
 from eaglepatch.redact import mask_argv
+from eaglepatch.report.labels import CLIENT, CYCLE, MEANING, WALL
 from eaglepatch.tuning.load import (
     FRESH_S, LAUNCH_WARMUP, SHORT_LOAD_S, LoadSpec, fresh_server_note, run_load, short_load_note,
 )
 from eaglepatch.ops.lifecycle import launch_of
 from eaglepatch.ops.logs import fetch_logs_from, logs_of
 from eaglepatch.ops.target import Connect, Target, target_facts
+from eaglepatch.tuning.target_url import LoadURL, check_side, load_route
 from eaglepatch.transform.recipe import builtin_recipe
 
 Say = Callable[[str], None]
@@ -44,6 +46,8 @@ class BenchOptions:
     # --warmup not given: a server younger than FRESH_S gets LAUNCH_WARMUP requests first (its first requests run
     # slower), any other the load's own warm-up
     auto_warmup: bool = False
+    # --url: the router or load balancer the load goes through (None: the target server's own address)
+    url: LoadURL | None = None
 
     def __post_init__(self) -> None:
         if self.log_wait < 0:
@@ -72,6 +76,8 @@ class BenchOptions:
             doc["concurrency_ladder"] = list(self.ladder)
         if len(self.rates) > 1:
             doc["request_rate_ladder"] = list(self.rates)
+        if self.url is not None:  # another way in is another load; kept masked (the state file is printed)
+            doc["url"] = self.url.shown
         return doc
 
 
@@ -145,39 +151,29 @@ def clock_offset(host: Host, python: str, samples: int = 3) -> tuple[float, floa
     return 0.0, 0.0
 
 
-def server_url(host: Host, addr: str, port: int) -> str:
-    where = addr if host.is_local else "127.0.0.1"
-    if ":" in where:
-        where = f"[{where}]"
-    return f"http://{where}:{port}"
-
-
 def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | None, opts: BenchOptions,
              say: Say) -> dict[str, Any]:
     """Load ``server`` (a ServerProcess) on ``host`` and collect the timing records of the load's window."""
     offset, unc = clock_offset(host, python)
-    probe = getattr(host, "probe_tunnel", None)
-    why = probe(server.probe_host, server.port) if probe is not None else None
-    if why:
-        raise Unsupported(f"{name}: {why}: is the server (pid {server.pid}) up and listening on :{server.port}?")
-    try:
-        port = host.open_tunnel(server.probe_host, server.port)  # type: ignore[attr-defined]
-    except OSError as exc:
-        raise ConnectionFailed(f"{name}: cannot forward a local port to :{server.port}: {exc}") from None
-    if opts.auto_warmup and server.started_at is not None and opts.load.warmup < LAUNCH_WARMUP:
-        age = time.time() + offset - server.started_at
-        if age < FRESH_S:
-            say(f"the server started {max(age, 0):.0f} s ago: {LAUNCH_WARMUP} warm-up requests first (a fresh "
-                "launch's first requests run slower; --warmup N sets it)")
-            opts = dataclasses.replace(opts, load=dataclasses.replace(opts.load, warmup=LAUNCH_WARMUP))
-    try:
+    # the load's requests go to --url when given (the router or load balancer in front of the server), else to the
+    # server's own port; what is read of the server itself (its start, its timing records) comes from the target
+    with load_route(host, name, server, opts.url) as route:
+        if opts.auto_warmup and server.started_at is not None and opts.load.warmup < LAUNCH_WARMUP:
+            age = time.time() + offset - server.started_at
+            if age < FRESH_S:
+                say(f"the server started {max(age, 0):.0f} s ago: {LAUNCH_WARMUP} warm-up requests first (a fresh "
+                    "launch's first requests run slower; --warmup N sets it)")
+                opts = dataclasses.replace(opts, load=dataclasses.replace(opts.load, warmup=LAUNCH_WARMUP))
+        if opts.url is not None:
+            say(f"the load goes through {route.shown}")
         # the pause after the warm-up keeps its cycles out of the window, widened by the clock's uncertainty
-        lr = run_load(server_url(host, server.probe_host, port), opts.load, api_key=server.api_key, progress=say,
+        lr = run_load(route.base_url, opts.load, api_key=server.api_key, progress=say, connect=route.connect,
                       timeout=opts.request_timeout, pause=2 * unc + 0.05 if opts.load.warmup else 0.0)
-    finally:
-        host.close_tunnel(port)  # type: ignore[attr-defined]
     window = (lr.start + offset - unc, lr.end + offset + unc)
     notes: list[str] = []
+    if opts.url is not None:
+        notes.append(f"the load went through {route.shown}: the client's figures are of every server behind it, "
+                     "the timing records of the target's server alone")
     timings = None
     if log_dir is None:
         notes.append("the target is not patched: no per-phase timings (eaglepatch apply TARGET first)")
@@ -207,7 +203,8 @@ def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | Non
         "server": {"pid": server.pid, "argv": mask_argv(server.argv)},  # printed: secrets masked (redact)
         # request_rate: null for a closed loop, and the prompts and sampling always (LoadSpec.to_json leaves them
         # out then, for sweeps' identities)
-        "load": dict(opts.load.to_json(), request_rate=opts.load.request_rate, **opts.load.sampling_json()),
+        "load": dict(opts.load.to_json(), request_rate=opts.load.request_rate, **opts.load.sampling_json(),
+                     **({"url": opts.url.shown} if opts.url is not None else {})),
         "categories": lr.categories(),
         "window": {"start": round(window[0], 4), "end": round(window[1], 4), "seconds": round(lr.seconds, 4),
                    "clock_offset_s": round(offset, 4), "clock_uncertainty_s": round(unc, 4)},
@@ -259,6 +256,8 @@ def bench(spec: TargetSpec, c: Connect, opts: BenchOptions, say: Say) -> dict[st
         server = launch_of(facts, c.facts.server_ports)
         if server is None:
             raise no_server(t.spec.name)
+        check_side(t.spec.name, server.disaggregation, f"the server on :{server.port} (pid {server.pid})", opts.url,
+                   "bench")
         docs = []
         for one in opts.each():
             if len(opts.ladder) > 1:
@@ -280,12 +279,12 @@ def render_bench(doc: dict[str, Any]) -> str:
         parts = [render_bench(d) for d in doc["loads"]]
         by_rate = len({d["load"].get("request_rate") for d in doc["loads"]}) > 1
         if by_rate:
-            rows = [f"  {d['load']['request_rate']:>6g} requests/s: {d['client']['tokens_per_s']} output tokens/s "
-                    f"(client), time per output token p50 {_ms(d['client'].get('tpot_ms'))} ms"
+            rows = [f"  {d['load']['request_rate']:>6g} requests/s: {d['client']['tokens_per_s']} {CLIENT}, "
+                    f"time per output token p50 {_ms(d['client'].get('tpot_ms'))} ms"
                     for d in doc["loads"]]
         else:
-            rows = [f"  {d['load']['concurrency']:>4} at a time: {d['client']['tokens_per_s']} output tokens/s "
-                    "(client)" for d in doc["loads"]]
+            rows = [f"  {d['load']['concurrency']:>4} at a time: {d['client']['tokens_per_s']} {CLIENT}"
+                    for d in doc["loads"]]
         return ("\n\n".join(parts) + f"\n\n{doc['target']}: by {'request rate' if by_rate else 'concurrency'}\n"
                 + "\n".join(rows))
     from eaglepatch import report as rep
@@ -303,7 +302,7 @@ def render_bench(doc: dict[str, Any]) -> str:
         what += f", temperature {load['temperature']:g}, top-p {load['top_p']:g}"
     out = [
         f"{doc['target']}: {cl['requests']} requests ({how}, {what}) in {cl['seconds']:.2f} s; {cl['failed']} failed",
-        f"  output tokens/s: {cl['tokens_per_s'] if cl['tokens_per_s'] is not None else '-'}",
+        f"  {CLIENT}: {cl['tokens_per_s'] if cl['tokens_per_s'] is not None else '-'} ({MEANING[CLIENT]})",
         f"  TTFT ms:    p50 {_ms(cl['ttft_ms'])}  p90 {_ms(cl['ttft_ms'], 'p90')}  p99 {_ms(cl['ttft_ms'], 'p99')}  "
         f"max {_ms(cl['ttft_ms'], 'max')}",
         f"  latency ms: p50 {_ms(cl['latency_ms'])}  p90 {_ms(cl['latency_ms'], 'p90')}  "
@@ -330,7 +329,8 @@ def render_bench(doc: dict[str, Any]) -> str:
         out.append(f"  acceptance (server's histogram, {sa['samples']} request-cycles): at least {shares}")
     t = doc.get("timings")
     if t:
-        out.append(f"\ntiming log of the same window ({t['records']} cycles):")
+        out.append(f"\ntiming log of the same window ({t['records']} cycles; {WALL}: {MEANING[WALL]}; {CYCLE}: "
+                   f"{MEANING[CYCLE]}):")
         out.append(rep.render_table(rep.ReportResult.from_json(t)))
         for g in t.get("groups") or []:
             pts, best = g.get("predict") or [], g.get("predict_best")
@@ -338,9 +338,9 @@ def render_bench(doc: dict[str, Any]) -> str:
             if best is not None and here is not None:
                 b = pts[best]
                 what = "no speculation" if b["steps"] == 0 else f"{b['steps']} steps"
-                out.append(f"predicted best: {what}, {b['tokens_per_s']:.1f} tok/s ({b['basis']}) against "
-                           f"{here['tokens_per_s']:.1f} at the {here['steps']} steps measured (report --predict "
-                           "for every step count)")
+                out.append(f"predicted best: {what}, {b['tokens_per_s']:.1f} {WALL} ({b['basis']}) against "
+                           f"{here['tokens_per_s']:.1f} {WALL} at the {here['steps']} steps measured (report "
+                           "--predict for every step count)")
     for n in doc.get("notes") or []:
         out.append(f"note: {n}")
     return "\n".join(out)
@@ -354,7 +354,7 @@ def _render_categories(cats: dict[str, Any]) -> list[str]:
     for name, c in cats.items():
         acc = "-" if c.get("accept_len") is None else f"{c['accept_len']:.2f}"
         tps = "-" if c.get("tokens_per_s") is None else f"{c['tokens_per_s']:.1f}"
-        line = f"    {name:<14} {c['requests']:>4} requests  {tps:>8} output tokens/s  accept length {acc}"
+        line = f"    {name:<14} {c['requests']:>4} requests  {tps:>8} {CLIENT}  accept length {acc}"
         sa = c.get("acceptance")
         if sa:
             line += "  acceptance, at least " + "  ".join(f"{i + 1}: {x:.2f}" for i, x in enumerate(sa["at_least"])

@@ -19,6 +19,7 @@ from eaglepatch.errors import EaglepatchError, Interrupted, Unsupported, UsageEr
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.spec import TargetSpec
 from eaglepatch.redact import mask_argv, shown_argv
+from eaglepatch.report.labels import CLIENT
 from eaglepatch.tuning.load import LoadFailed
 from eaglepatch.failpoints import failpoint
 from eaglepatch.ops import nodes
@@ -29,6 +30,7 @@ from eaglepatch.server.eagle_limits import check_speculative_point
 from eaglepatch.transform.recipe import builtin_recipe
 
 from eaglepatch.tuning.bench import BenchOptions, bench_on, no_server, patched_log_dir
+from eaglepatch.tuning.target_url import check_side
 
 Say = Callable[[str], None]
 
@@ -181,7 +183,7 @@ def sweep(spec: TargetSpec, c: Connect, opts: SweepOptions, say: Say) -> dict[st
     from eaglepatch.tuning import cmdline, sweep_state
     from eaglepatch.tuning import sweep as sw
     from eaglepatch.hostside.launchers import launcher_args_index
-    from eaglepatch.server.process import LaunchSpec
+    from eaglepatch.server.process import LaunchSpec, disaggregation_of
 
     opts.points()  # the syntax, before anything is read
     with Target(spec, c) as t:
@@ -204,11 +206,17 @@ def sweep(spec: TargetSpec, c: Connect, opts: SweepOptions, say: Say) -> dict[st
             summary.update(state_file=state.path, restore=dict(state.restore, restarted=False))
             return summary
         server = launch_of(facts, c.facts.server_ports)
+        if server is not None:  # before anything changes: one side of a PD pair is loaded through --url only
+            check_side(name, server.disaggregation, f"the server on :{server.port} (pid {server.pid})",
+                       opts.bench.url, "sweep")
         if server is not None:  # before anything changes: one node of a multi-node server is never restarted alone
             nodes.check([server], [server], "sweep", name, several=False)
         if state.header is not None:
             original = LaunchSpec.from_json(state.header["original"])
             args_index = int(state.header["args_index"])
+            if server is None:  # resumed while no server runs: the launch it puts back says which side it is
+                check_side(name, disaggregation_of(original.argv[args_index:]),
+                           f"the server it launches on :{original.port}", opts.bench.url, "sweep")
         else:
             if server is None:
                 raise no_server(name)
@@ -300,7 +308,7 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
         say(f"sweep: {len(points)} point(s) x {opts.repeat} run(s), in shuffled order; results saved as they "
             f"complete in {state.path}")
     if log_dir is None:
-        say("note: the target is not patched: tok/s and accept length only, no per-phase timings")
+        say(f"note: the target is not patched: {CLIENT} and accept length only, no per-phase timings")
     restore_doc: dict[str, Any] | None = None
     interrupted: BaseException | None = None
     took: list[float] = []  # seconds of each run of this invocation: the estimate of what is left
@@ -394,7 +402,7 @@ def _one_run(host: Host, name: str, python: str, launch: Any, ropts: Any, log_di
             return dict(base, status="failed", error=str(exc), pid=server.pid, log_tail="")
         fig = sweep_summary.run_figures(doc)
         acc = fig["accept_len"]
-        say(f"  {fig['tokens_per_s']:.1f} tok/s" + (f" at {one.load.concurrency} at a time" if ladder else "")
+        say(f"  {fig['tokens_per_s']:.1f} {CLIENT}" + (f" at {one.load.concurrency} at a time" if ladder else "")
             + (f", accept length {acc:.2f}" if acc is not None else "")
             + (f", cycle p50 {fig['phases_p50']['cycle']:.2f} ms" if "cycle" in fig["phases_p50"] else ""))
         # the load's window on the host's clock, as a live window keeps it: what its timing records are read within

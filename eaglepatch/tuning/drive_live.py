@@ -23,6 +23,7 @@ lease's deadline passes). The same command again resumes and puts the original s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -31,12 +32,13 @@ import secrets
 import time
 from typing import Any, Sequence
 
-from eaglepatch.errors import ConnectionFailed, EaglepatchError, RestartFailed, Unsupported, UsageError
+from eaglepatch.errors import EaglepatchError, RestartFailed, Unsupported, UsageError
 from eaglepatch.failpoints import failpoint
 from eaglepatch.hosts.agent import call
 from eaglepatch.hosts.base import Host
 from eaglepatch.hosts.spec import TargetSpec
 from eaglepatch.redact import mask_argv, shown_argv
+from eaglepatch.report.labels import CLIENT
 from eaglepatch.ops import nodes
 from eaglepatch.ops.lifecycle import launch_of
 from eaglepatch.ops.logs import fetch_logs_from, logs_of
@@ -45,7 +47,7 @@ from eaglepatch.transform.recipe import builtin_recipe
 from eaglepatch.tuning import adaptive as ad
 from eaglepatch.tuning import live as lv
 from eaglepatch.tuning import cmdline, sweep_state
-from eaglepatch.tuning.bench import BenchOptions, clock_offset, no_server, patched_log_dir, server_url
+from eaglepatch.tuning.bench import BenchOptions, clock_offset, no_server, patched_log_dir
 from eaglepatch.tuning.drive import (
     Say,
     _Owned,
@@ -57,6 +59,7 @@ from eaglepatch.tuning.drive import (
 )
 from eaglepatch.tuning.live_finish import CURVE, SERVER, curve_of, max_running_requests, summary, window_key
 from eaglepatch.tuning.load import LoadFailed, run_load, run_window
+from eaglepatch.tuning.target_url import Route, check_side, load_route, target_route
 
 ANSWER_TIMEOUT_S = 20.0  # for every rank's runtime to answer the lease (it looks every 0.5 s)
 MIN_LEASE_S = 60.0
@@ -170,6 +173,9 @@ def live_sweep(spec: TargetSpec, c: Connect, opts: LiveOptions, say: Say) -> dic
             say(f"{name}: this live sweep is complete ({state.path}): nothing was started; --fresh runs it again")
             return summary(name, release, steps, state, opts, dict(state.restore, restarted=False), say)
         server = launch_of(facts, c.facts.server_ports)
+        if server is not None:  # before anything changes: one side of a PD pair is loaded through --url only
+            check_side(name, server.disaggregation, f"the server on :{server.port} (pid {server.pid})",
+                       opts.bench.url, "sweep --live")
         if server is not None:  # before anything changes: one node of a multi-node server is never restarted alone
             nodes.check([server], [server], "sweep --live", name, several=False)
         if state.header is not None:
@@ -331,62 +337,64 @@ class _LiveRun:
 
     def measure(self, server: Any, pending: Sequence[tuple[int, int, int]], total: int) -> None:
         """The lease, the warm-up, every rank's answer, then each pending window, saved as it ends."""
+        offset, unc = clock_offset(self.host, self.python)
+        # the server's own address, for what is read of the server itself (its /server_info); the load's requests go
+        # to --url when given (the router in front of it: a window pins its step count in this server alone)
+        with target_route(self.host, self.name, server) as own, contextlib.ExitStack() as stack:
+            route = own if self.opts.bench.url is None else stack.enter_context(
+                load_route(self.host, self.name, server, self.opts.bench.url))
+            if self.opts.bench.url is not None:
+                self.say(f"the load goes through {route.shown}")
+            self._measure(server, pending, total, own, route, offset, unc)
+
+    def _measure(self, server: Any, pending: Sequence[tuple[int, int, int]], total: int, own: Route, route: Route,
+                 offset: float, unc: float) -> None:
+        """``measure`` with the server's own address (``own``) and the load's (``route``) open."""
         load = self.opts.bench.load
         ladder = _ladder(self.opts)
-        offset, unc = clock_offset(self.host, self.python)
-        probe = getattr(self.host, "probe_tunnel", None)
-        why = probe(server.probe_host, server.port) if probe is not None else None
-        if why:
-            raise Unsupported(f"{self.name}: {why}: is the server (pid {server.pid}) up on :{server.port}?")
-        try:
-            local = self.host.open_tunnel(server.probe_host, server.port)  # type: ignore[attr-defined]
-        except OSError as exc:
-            raise ConnectionFailed(f"{self.name}: cannot forward a local port to :{server.port}: {exc}") from None
-        url = server_url(self.host, server.probe_host, local)
-        try:
-            self.leases = [f"live-{pid}.json" for pid in sorted({server.pid, *server.children})]
+        self.leases = [f"live-{pid}.json" for pid in sorted({server.pid, *server.children})]
+        self.lease()
+        warm = dataclasses.replace(load, requests=max(1, load.warmup), warmup=0)
+        self.say(f"warm-up: {warm.requests} request(s), then every rank's answer to the lease")
+        run_load(route.base_url, warm, api_key=server.api_key, timeout=self.opts.bench.request_timeout,
+                 connect=route.connect)
+        # a fact of the target server itself: read from its own address, never through --url
+        limit = max_running_requests(own.base_url, server.api_key)
+        if limit is not None:  # the largest batch the server runs, as sglang derived it: the curve's last
+            self.state.add_timings({"point": SERVER, "rep": 0, "max_running_requests": limit})
+        self.answers(server)
+        failpoint("live:after-lease")
+        self.warm_states(route, server)
+        for n, (r, j, i) in enumerate(pending, 1):
+            p, s, c = self.points[i], self.steps[i], ladder[j]
+            w = lv.window_number(r, j, i, len(ladder), len(self.points))
+            self.say(f"run {total - len(pending) + n}/{total}: window of point #{i} ({p.label})"
+                     + (f" at {c} at a time" if len(ladder) > 1 else "") + f", round {r + 1}/{self.opts.rounds}")
             self.lease()
-            warm = dataclasses.replace(load, requests=max(1, load.warmup), warmup=0)
-            self.say(f"warm-up: {warm.requests} request(s), then every rank's answer to the lease")
-            run_load(url, warm, api_key=server.api_key, timeout=self.opts.bench.request_timeout)
-            limit = max_running_requests(url, server.api_key)
-            if limit is not None:  # the largest batch the server runs, as sglang derived it: the curve's last
-                self.state.add_timings({"point": SERVER, "rep": 0, "max_running_requests": limit})
-            self.answers(server)
-            failpoint("live:after-lease")
-            self.warm_states(url, server)
-            for n, (r, j, i) in enumerate(pending, 1):
-                p, s, c = self.points[i], self.steps[i], ladder[j]
-                w = lv.window_number(r, j, i, len(ladder), len(self.points))
-                self.say(f"run {total - len(pending) + n}/{total}: window of point #{i} ({p.label})"
-                         + (f" at {c} at a time" if len(ladder) > 1 else "") + f", round {r + 1}/{self.opts.rounds}")
-                self.lease()
-                # the window is widened by the host clock's uncertainty on both sides: a pause of twice that keeps
-                # the last cycles of the window before out of it
-                time.sleep(2 * unc + 0.05)
-                base = {"point": p.key, "index": i, "rep": r, "steps": s, "t": round(time.time(), 3),
-                        "pid": server.pid, "pids": sorted({server.pid, *server.children})}
-                if len(ladder) > 1:
-                    base["concurrency"] = c
-                try:
-                    lr = self.pinned(url, server, self.opts.window, s, w, c)
-                except LoadFailed as exc:
-                    self.say(f"  failed: {exc}")
-                    self.state.add_run(dict(base, status="failed", error=str(exc)))
-                    if self.owned.current(server.port) is None:
-                        raise
-                    continue
-                client = lr.to_json()
-                acc = client.get("accept_len")
-                self.say(f"  {client['tokens_per_s']:.1f} tok/s" + (f", accept length {acc:.2f}" if acc else ""))
-                self.state.add_run(dict(base, status="ok", tokens_per_s=client["tokens_per_s"], accept_len=acc,
-                                        phases_p50={}, client=client,
-                                        window=[round(lr.start + offset - unc, 4), round(lr.end + offset + unc, 4)]))
-                failpoint("live:after-window")
-        finally:
-            self.host.close_tunnel(local)  # type: ignore[attr-defined]
+            # the window is widened by the host clock's uncertainty on both sides: a pause of twice that keeps
+            # the last cycles of the window before out of it
+            time.sleep(2 * unc + 0.05)
+            base = {"point": p.key, "index": i, "rep": r, "steps": s, "t": round(time.time(), 3),
+                    "pid": server.pid, "pids": sorted({server.pid, *server.children})}
+            if len(ladder) > 1:
+                base["concurrency"] = c
+            try:
+                lr = self.pinned(route, server, self.opts.window, s, w, c)
+            except LoadFailed as exc:
+                self.say(f"  failed: {exc}")
+                self.state.add_run(dict(base, status="failed", error=str(exc)))
+                if self.owned.current(server.port) is None:
+                    raise
+                continue
+            client = lr.to_json()
+            acc = client.get("accept_len")
+            self.say(f"  {client['tokens_per_s']:.1f} {CLIENT}" + (f", accept length {acc:.2f}" if acc else ""))
+            self.state.add_run(dict(base, status="ok", tokens_per_s=client["tokens_per_s"], accept_len=acc,
+                                    phases_p50={}, client=client,
+                                    window=[round(lr.start + offset - unc, 4), round(lr.end + offset + unc, 4)]))
+            failpoint("live:after-window")
 
-    def warm_states(self, url: str, server: Any) -> None:
+    def warm_states(self, route: Route, server: Any) -> None:
         """Every point's state run, pinned, before the first window: on the H200 without it a state's first window
         read 1-2.5% under its others (the launch's own state, which the warm-up ran, did not); with it the
         points' windows spread 0.3-3.1% in two runs. Not measured: these requests fall outside every window."""
@@ -398,15 +406,15 @@ class _LiveRun:
         base = self.opts.rounds * len(self.points) * len(ladder)  # window numbers past the sweep's own
         for i, s in enumerate(self.steps):
             self.lease()
-            self.pinned(url, server, seconds, s, base + i, top)
+            self.pinned(route, server, seconds, s, base + i, top)
 
-    def pinned(self, url: str, server: Any, seconds: float, steps: int, w: int, concurrency: int) -> Any:
+    def pinned(self, route: Route, server: Any, seconds: float, steps: int, w: int, concurrency: int) -> Any:
         """``seconds`` of the load pinned at ``steps``, as window number ``w``, ``concurrency`` requests at a time:
         request ids that name the step count (``live.rid_prefix``) and prompts of its own (no window finds
         another's in the prefix cache)."""
         load = dataclasses.replace(self.opts.bench.load, concurrency=concurrency)
-        return run_window(url, load, seconds, lv.rid_prefix(self.token, steps, w),
-                          offset=10_000_000 * (w + 1), api_key=server.api_key,
+        return run_window(route.base_url, load, seconds, lv.rid_prefix(self.token, steps, w),
+                          offset=10_000_000 * (w + 1), api_key=server.api_key, connect=route.connect,
                           timeout=self.opts.bench.request_timeout)
 
     def timings(self) -> None:

@@ -16,6 +16,7 @@ import statistics
 from typing import Any, Iterable, Mapping, Sequence
 
 from eaglepatch.errors import UsageError
+from eaglepatch.report.labels import CLIENT
 from eaglepatch.tuning import cmdline, sweep_summary
 from eaglepatch.tuning import sweep as sw
 
@@ -241,7 +242,7 @@ def summarize(target: str, steps: Sequence[int], runs: Sequence[Mapping[str, Any
     if 0 in steps:
         notes.append("steps 0 is sglang's adaptive zero-step state, not plain decoding: it still runs the draft "
                      "extend and keeps the speculative launch's batch limit (on an H100 at 64 requests at a time it "
-                     "ran 3,180 tok/s where a launch without speculation ran 7,974): whether to speculate at all, "
+                     f"ran 3,180 {CLIENT} where a launch without speculation ran 7,974): whether to speculate at all, "
                      "only a restart sweep with --baseline measures")
     other = sum((d.get("cycles") or {}).get("other", 0) for d in oks)
     if other:

@@ -37,6 +37,7 @@ from typing import Any, Callable, Sequence
 from eaglepatch.errors import Unsupported, UsageError
 from eaglepatch.tuning.load_http import Request, RequestResult, _Client
 from eaglepatch.tuning.prompts import RANDOM_IDS, PromptSet, load_prompts
+from eaglepatch.tuning.target_url import masked_url
 
 # token ids drawn for prompts: low ids exist in every vocabulary, and 0-9 (often special tokens) are avoided
 _TOKEN_LO, _TOKEN_HI = 10, 1000
@@ -370,17 +371,19 @@ def run_load(
     timeout: float = 600.0,
     progress: Callable[[str], None] | None = None,
     pause: float = 0.0,
+    connect: tuple[str, int] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     wall: Callable[[], float] = time.time,
 ) -> LoadResult:
     """Send ``spec``'s load to the sglang server at ``base_url`` (``http://127.0.0.1:PORT``) and measure it: a closed
     loop, or with ``spec.request_rate`` an open one (``open_loop``).
 
-    ``pause``: seconds to wait between the warm-up and the measured requests.
+    ``pause``: seconds to wait between the warm-up and the measured requests. ``connect``: the (host, port) the
+    load's connections open instead of ``base_url``'s (a port forwarded to it; ``target_url.load_route``).
     Never raises for a failed request (it is counted, with its error); raises ``LoadFailed`` (exit 4) when every
     warm-up or every measured request failed (the message carries the first error).
     """
-    client = _Client(base_url, api_key, timeout)
+    client = _Client(base_url, api_key, timeout, connect)
     say = progress or (lambda _l: None)
     streamed = threading.Event()
     # one pool for the warm-up and the load: its threads, and their open connections, carry over
@@ -447,11 +450,16 @@ def open_loop(pool: concurrent.futures.Executor, spec: LoadSpec, prompts: Sequen
 
 
 def endpoints(base_url: str, spec: LoadSpec) -> str:
-    """The endpoints the load sends to, for its errors: ``http://...:PORT/generate``."""
+    """The endpoints the load sends to, for its errors: ``http://...:PORT/generate`` (credentials in ``--url``
+    masked)."""
+    base, _, query = masked_url(base_url).partition("?")
+    base, query = base.rstrip("/"), f"?{query}" if query else ""
     ps = spec.prompt_set
     if ps is None or not ps.has_chat:
-        return f"{base_url}/generate"
-    return f"{base_url}/v1/chat/completions" if not ps.has_text else f"{base_url} (/generate, /v1/chat/completions)"
+        return f"{base}/generate{query}"
+    if not ps.has_text:
+        return f"{base}/v1/chat/completions{query}"
+    return f"{base}{query} (/generate, /v1/chat/completions)"
 
 
 def _load(spec: LoadSpec, batch: Callable[[list[Request]], list[RequestResult]],
@@ -489,16 +497,17 @@ def run_window(
     api_key: str | None = None,
     stream: bool = True,
     timeout: float = 600.0,
+    connect: tuple[str, int] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     wall: Callable[[], float] = time.time,
 ) -> LoadResult:
     """A window of load lasting ``seconds``: ``spec.concurrency`` slots each send ``spec``'s requests (the ``i``-th
     request of the window gets prompt ``offset + i``: a window of its own ``offset`` sends prompts no other window
     sent, so that no window finds another's in the server's prefix cache) back to back until the time is up; those
-    under way then finish, and count. Request ``i``'s id is ``rid_prefix + str(i)``.
+    under way then finish, and count. Request ``i``'s id is ``rid_prefix + str(i)``. ``connect``: as ``run_load``'s.
 
     Never raises for a failed request; raises ``LoadFailed`` when every request failed."""
-    client = _Client(base_url, api_key, timeout)
+    client = _Client(base_url, api_key, timeout, connect)
     if spec.prompt_set is not None and spec.prompt_set.has_chat:
         client.find_model()
     streamed = threading.Event()

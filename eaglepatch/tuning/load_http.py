@@ -8,10 +8,12 @@ Standard library only.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import http.client
 import json
 import socket
+import ssl
 import threading
 import urllib.parse
 from typing import Any, Callable, Mapping, Sequence
@@ -93,19 +95,35 @@ class _Client:
     Each request goes out in one write on a TCP_NODELAY socket: http.client writes a request's head and body
     separately, and through a forward Nagle's algorithm and a delayed ACK then hold the body back by up to 40 ms
     (measured: TTFT 86 ms through loopback SSH against 42 ms locally, one request at a time). No proxies (the
-    target is a loopback address or a tunnel)."""
+    target is a loopback address or a tunnel).
 
-    def __init__(self, base_url: str, api_key: str | None, timeout: float):
+    ``base_url``: what the requests name (``http://127.0.0.1:PORT``, or ``--url``: its host in ``Host`` and for
+    TLS, its path as the endpoints' prefix, its query sent with each, its ``user:password`` as HTTP Basic
+    credentials instead of ``api_key``'s Bearer); ``connect``: the (host, port) the connections open instead (a
+    port forwarded to the URL's host), None for the URL's own."""
+
+    def __init__(self, base_url: str, api_key: str | None, timeout: float,
+                 connect: tuple[str, int] | None = None):
         parts = urllib.parse.urlsplit(base_url)
-        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.tls = parts.scheme.lower() == "https"
+        self.hostname = parts.hostname or "127.0.0.1"
+        self.port = parts.port or (443 if self.tls else 80)
+        self.host, self.connect_port = connect if connect is not None else (self.hostname, self.port)
         self.prefix = parts.path.rstrip("/") or ""
-        self.path = self.prefix + "/generate"
-        self.url = base_url.rstrip("/") + "/generate"
-        netloc = f"[{self.host}]" if ":" in self.host else self.host
+        query = f"?{parts.query}" if parts.query else ""
+        netloc = f"[{self.hostname}]" if ":" in self.hostname else self.hostname
+        # the port as the URL gave it (a server's own address always names one)
+        self.host_header = f"{netloc}:{parts.port}" if parts.port else netloc
         self.api_key = api_key
-        self.heads = {p: (f"POST {self.prefix}{p} HTTP/1.1\r\nHost: {netloc}:{self.port}\r\n"
+        if parts.username:
+            pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+            self.auth: str | None = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
+        else:
+            self.auth = f"Bearer {api_key}" if api_key else None
+        self.query = query
+        self.heads = {p: (f"POST {self.prefix}{p}{query} HTTP/1.1\r\nHost: {self.host_header}\r\n"
                           "Content-Type: application/json\r\nConnection: keep-alive\r\n"
-                          + (f"Authorization: Bearer {api_key}\r\n" if api_key else ""))
+                          + (f"Authorization: {self.auth}\r\n" if self.auth else ""))
                       for p in ("/generate", CHAT_PATH)}
         self.timeout = timeout
         self.model = "default"  # the chat endpoint's "model": the served model's name (find_model)
@@ -114,11 +132,22 @@ class _Client:
         self._all: list[socket.socket] = []
         self.connects = 0  # connections opened
 
+    def _open(self, timeout: float) -> socket.socket:
+        """A new connection (TLS for an https URL, checked against the URL's host whatever port it goes through)."""
+        sock = socket.create_connection((self.host, self.connect_port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.tls:
+            try:
+                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.hostname)
+            except BaseException:
+                sock.close()
+                raise
+        return sock
+
     def _sock(self) -> socket.socket:
         sock = getattr(self._local, "sock", None)
         if sock is None:
-            sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock = self._open(self.timeout)
             self._local.sock = sock
             with self._lock:
                 self._all.append(sock)
@@ -141,10 +170,11 @@ class _Client:
         """The served model's name (``GET /v1/models``' first), which the chat endpoint's ``"model"`` names; kept in
         ``model``. Asked once, before the load, on a connection of its own; ``"default"`` (sglang's own default
         name) when the server does not say."""
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=min(self.timeout, 30.0))
+        conn = http.client.HTTPConnection(self.hostname, self.port, timeout=min(self.timeout, 30.0))
         try:
-            conn.request("GET", self.prefix + "/v1/models",
-                         headers={"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})
+            conn.sock = self._open(min(self.timeout, 30.0))
+            heads = {"Host": self.host_header, **({"Authorization": self.auth} if self.auth else {})}
+            conn.request("GET", self.prefix + "/v1/models" + self.query, headers=heads)
             resp = conn.getresponse()
             doc = json.loads(resp.read(1 << 20)) if resp.status == 200 else {}
             name = ((doc.get("data") or [{}])[0] or {}).get("id") if isinstance(doc, dict) else None

@@ -44,6 +44,7 @@ from eaglepatch.report.chart.draw import (
     wrap_to,
     write_atomic,
 )
+from eaglepatch.report.labels import CLIENT
 
 SLANT = 35.0  # degrees: the slant of long or many point labels
 
@@ -115,19 +116,19 @@ def sweep_scene(doc: Mapping[str, Any]) -> Scene:
         launches = doc.get("launches", 0)
         sub = [f"{len(points)} point{'s' if len(points) != 1 else ''} \u00d7 {doc.get('rounds', 1)} windows of "
                f"{doc.get('window_s', 0):g} s inside one server ({launches} launch{'es' if launches != 1 else ''})"
-               f"; tok/s as the client saw it; phases: p50 ms over the decode steps"]
+               f"; {CLIENT}: what the load's client received; phases: p50 ms over the decode steps"]
     else:
         repeat = doc.get("repeat") or 1
         sub = [f"{len(points)} point{'s' if len(points) != 1 else ''} \u00d7 {repeat} launch{'es' if repeat != 1 else ''}"
-               f"; tok/s as the client saw it; phases: p50 ms over the decode steps"]
+               f"; {CLIENT}: what the load's client received; phases: p50 ms over the decode steps"]
     if best is not None and 0 <= best < len(points):
         bp = points[best]
         if best == base:
-            sub.append(f"best: the baseline, no speculation ({fmt_tps(bp['tokens_per_s']['median'])} tok/s): no "
+            sub.append(f"best: the baseline, no speculation ({fmt_tps(bp['tokens_per_s']['median'])} {CLIENT}): no "
                        "speculative point beat it")
         else:
             sp = f", {bp['speedup']:.2f}\u00d7 the baseline" if bp.get("speedup") is not None else ""
-            sub.append(f"best: {bp.get('label')} ({fmt_tps(bp['tokens_per_s']['median'])} tok/s{sp})")
+            sub.append(f"best: {bp.get('label')} ({fmt_tps(bp['tokens_per_s']['median'])} {CLIENT}{sp})")
     if base is None:
         sub.append("no baseline point (sweep --baseline adds one): no speedups")
     elif not (0 <= base < len(points) and ok[base]):
@@ -141,10 +142,10 @@ def sweep_scene(doc: Mapping[str, Any]) -> Scene:
 
     # panel 1: tok/s
     y += 30
-    sc.text(margin, y, "Throughput per point (tokens/s, higher is better)", size=13, bold=True)
+    sc.text(margin, y, f"Throughput per point ({CLIENT}, higher is better)", size=13, bold=True)
     y = draw_legend(sc, left, y + 20, W - left - right, _tps_legend(doc, points, ok))
     top1 = y + 12
-    draw_axis(sc, left, top1, n * slot, p1_h, tps_ticks, "tokens/s (client)", title_x)
+    draw_axis(sc, left, top1, n * slot, p1_h, tps_ticks, CLIENT, title_x)
     vmax = tps_ticks[-1] if tps_ticks else 1.0
 
     def y1(v: float) -> float:
@@ -161,7 +162,7 @@ def sweep_scene(doc: Mapping[str, Any]) -> Scene:
         t = p["tokens_per_s"]
         med, lo, hi = t["median"], t.get("min", t["median"]), t.get("max", t["median"])
         color = BASE if i == base else (BEST if i == best else BAR)
-        tip = f"{labels[i]}: {fmt_tps(med)} tok/s median of {_measured(p)}, min {fmt_tps(lo)}, " \
+        tip = f"{labels[i]}: {fmt_tps(med)} {CLIENT} median of {_measured(p)}, min {fmt_tps(lo)}, " \
               f"max {fmt_tps(hi)}" + (f", {p['speedup']:.3f}\u00d7 the baseline" if p.get("speedup") is not None
                                       else "")
         sc.rect(cx - bar_w / 2, y1(med), bar_w, y1(0) - y1(med), color, tip=tip)
@@ -181,7 +182,7 @@ def sweep_scene(doc: Mapping[str, Any]) -> Scene:
             sc.text(cx, ty, "best", size=11, bold=True, color=BEST, anchor="middle", halo=True)
         elif p.get("within_noise"):
             sc.text(cx, ty, "\u2248 best", size=10.5, color=BEST, anchor="middle", halo=True,
-                    tip="within noise of the best: its tok/s range overlaps the best point's")
+                    tip=f"within noise of the best: its {CLIENT} range overlaps the best point's")
     y = top1 + p1_h
 
     # panel 2: the phases
@@ -248,8 +249,8 @@ def sweep_scene(doc: Mapping[str, Any]) -> Scene:
     if not has_phases:
         y += 32
         sc.text(margin, y, "Time per decode step by phase", size=13, bold=True)
-        msg = ("no per-phase timings: the target is not patched (eaglepatch apply TARGET first); tok/s and "
-               "accept length are the client's") if any(ok) else "no point ran: no timings"
+        msg = (f"no per-phase timings: the target is not patched (eaglepatch apply TARGET first); {CLIENT} and "
+               "the client's accept length only") if any(ok) else "no point ran: no timings"
         for part in wrap(msg, 11.5, inner):
             y += 18
             sc.text(margin, y, part, size=11.5, color=MUTED)

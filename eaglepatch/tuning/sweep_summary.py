@@ -11,6 +11,7 @@ import json
 import statistics
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from eaglepatch.report.labels import CLIENT
 from eaglepatch.tuning.load import SHORT_LOAD_S
 from eaglepatch.tuning.sweep import Point
 
@@ -168,8 +169,8 @@ def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, 
     if best is not None:
         ties = [docs[i]["label"] for i in oks if i != best and docs[i]["within_noise"]]
         if ties:
-            notes.append(f"within noise of the best ({docs[best]['label']}): {', '.join(ties)}: their tok/s ranges "
-                         "overlap; more --repeat may separate them")
+            notes.append(f"within noise of the best ({docs[best]['label']}): {', '.join(ties)}: their {CLIENT} "
+                         "ranges overlap; more --repeat may separate them")
     if repeat < 2 and len(oks) > 1:
         notes.append("one launch per point: launches of one point differ (by 2-5% on a GPU-bound server, by tens of "
                      "percent on a host-bound one), so differences of that size decide nothing; use --repeat 3 or "
@@ -185,8 +186,8 @@ def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, 
                      f"{min(short):.1f} s): a start-up transient weighs heavily in so short a window; raise --requests "
                      "or --max-new-tokens")
     if oks and not any(docs[i]["phases_p50"] for i in oks):
-        notes.append("no per-phase timings: the target is not patched (eaglepatch apply TARGET first); tok/s and "
-                     "accept length are the client's")
+        notes.append(f"no per-phase timings: the target is not patched (eaglepatch apply TARGET first); {CLIENT} "
+                     "and the client's accept length only")
     if base is not None and docs[base]["status"] != "ok":
         notes.append("the baseline did not run: no speedups")
     out = {"target": target, "baseline": base, "points": docs, "best": best, "repeat": repeat, "notes": notes}
@@ -273,7 +274,7 @@ def _cycle_drift(label: str, ok: Sequence[Mapping[str, Any]]) -> list[str]:
     acc = statistics.median(accs) if len(accs) == len(timed) else None
     same = f" at one accept length ({acc:.2f})" if acc is not None and max(accs) - min(accs) <= 0.03 * acc else ""
     return [f"{label}: {lo:.2f} to {hi:.2f} ms ({hi / lo:.1f}x){same}, {fast['tokens_per_s']:.0f} against "
-            f"{slow['tokens_per_s']:.0f} tok/s"]
+            f"{slow['tokens_per_s']:.0f} {CLIENT}"]
 
 
 def _fmt(x: Any, nd: int = 1) -> str:
@@ -307,16 +308,17 @@ def render_table(doc: Mapping[str, Any]) -> str:
         if live:
             row.append(f"{p['spread'] * 100:.1f}%" if p.get("spread") is not None else "-")
         rows.append(row + [f"{p['speedup']:.3f}x" if p.get("speedup") is not None else "-"])
-    head = ["#", "point", unit + "s", "accept", "draft", "verify", "d.extend", "cycle", "tok/s", "range"]
+    head = ["#", "point", unit + "s", "accept", "draft", "verify", "d.extend", "cycle", CLIENT, "range"]
     head += (["spread"] if live else []) + ["speedup"]
     if live:
         title = (f"live sweep of {doc['target']}: {len(doc['points'])} points x {doc.get('rounds', 1)} rounds of "
                  f"{doc.get('window_s', 0):g} s windows in one server ({doc.get('launches', 0)} launch"
-                 f"{'es' if doc.get('launches', 0) != 1 else ''}; p50 ms per phase; tok/s as the client saw it; "
+                 f"{'es' if doc.get('launches', 0) != 1 else ''}; p50 ms per phase; {CLIENT}: what the load's client "
+                 "received; "
                  "spread: (max - min) / median over the windows; * best, ~ within noise of it)")
     else:
         title = (f"sweep of {doc['target']}: {len(doc['points'])} points x {doc.get('repeat', 1)} (p50 ms per phase; "
-                 "tok/s as the client saw it; * best, ~ within noise of it)")
+                 f"{CLIENT}: what the load's client received; * best, ~ within noise of it)")
     out = [title, tabulate(rows, headers=head, tablefmt="simple", disable_numparse=True)]
     out += _load_tables(doc)
     for p in doc["points"]:
@@ -344,11 +346,11 @@ def _load_tables(doc: Mapping[str, Any]) -> list[str]:
             rows.append([f"{'*' if i == bl['best'] else ''}{i}", p.get("label", ""), _fmt(ld.get("accept_len"), 2),
                          _fmt(t["median"]), f"{_fmt(t['min'])}-{_fmt(t['max'])}",
                          f"{ld['speedup']:.3f}x" if ld.get("speedup") is not None else "-"])
-        at = (f"at {c[0]} request(s) at a time (client tok/s; * the best at this concurrency):" if c[1] is None
-              else f"at {c[1]:g} request(s) per second (Poisson arrivals, at most {c[0]} in flight; client tok/s; * the "
+        at = (f"at {c[0]} request(s) at a time ({CLIENT}; * the best at this concurrency):" if c[1] is None
+              else f"at {c[1]:g} request(s) per second (Poisson arrivals, at most {c[0]} in flight; {CLIENT}; * the "
               "best at this load):")
         out += ["", at,
-                tabulate(rows, headers=["#", "point", "accept", "tok/s", "range", "speedup"], tablefmt="simple",
+                tabulate(rows, headers=["#", "point", "accept", CLIENT, "range", "speedup"], tablefmt="simple",
                          disable_numparse=True)]
     return out
 

@@ -215,7 +215,7 @@ def test_bench_local_unpatched_then_patched(standins, tmp_path, local):
     # the runtime writes a quiet server's records within 1.25 x 2 s; 4 s leaves room for a busy machine
     text = local.run("bench", srv.tree, *LOAD, "--log-wait", "4")
     assert text.returncode == 0, text.stderr
-    for words in ("output tokens/s:", "TTFT ms:", "accept length (server): 3.2", "timing log of the same window",
+    for words in ("client tok/s:", "TTFT ms:", "accept length (server): 3.2", "timing log of the same window",
                   "draft_extend"):
         assert words in text.stdout
 

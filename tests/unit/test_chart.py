@@ -85,10 +85,10 @@ def test_svg_is_valid_xml_with_real_text_two_panels_and_every_label():
     assert all(t.get("font-family") == "sans-serif" for t in root.iter(f"{NS}text"))
     assert "Sweep of root@gpu1" in texts  # the title names the target
     # two panels, each with its title and its own y axis title with units, and the shared x axis's title
-    assert "Throughput per point (tokens/s, higher is better)" in texts
+    assert "Throughput per point (client tok/s, higher is better)" in texts
     assert "Time per decode step by phase (p50 ms, lower is better)" in texts
     x_title = "sweep point (flags and environment of the server's launch)"
-    for axis in ("tokens/s (client)", "ms per step (p50)", x_title):
+    for axis in ("client tok/s", "ms per step (p50)", x_title):
         assert axis in texts
     for p in doc["points"]:  # every point's label, under its point
         assert p["label"] in texts
@@ -162,7 +162,7 @@ def test_sweep_without_phases_says_so_instead_of_stacks():
     assert "ms per step (p50)" not in texts
     said = " ".join(texts)
     assert said.count("the target is not patched") == 1  # said once, not again as a note
-    assert "Throughput per point (tokens/s, higher is better)" in texts
+    assert "Throughput per point (client tok/s, higher is better)" in texts
     assert {p["label"] for p in doc["points"]} <= set(texts)
 
 

@@ -316,7 +316,8 @@ def test_too_many_steps(tmp_path):
     assert found.predicted and found.to_json()["predicted"] is True
     assert "--live --grid speculative-num-steps=2,3,5" in found.next and "--baseline --repeat 3" in found.next
     model = next(e["text"] for e in found.evidence if e["source"] == "model")
-    assert "2 steps 204 tok/s" in model and "5 steps 186 tok/s" in model and "no speculation 167 tok/s" in model
+    assert ("2 steps 204 records' wall tok/s" in model and "5 steps 186 records' wall tok/s" in model
+            and "no speculation 167 records' wall tok/s" in model)
     assert R.too_few_steps(f) is None
 
 
@@ -409,7 +410,8 @@ def test_speculation_unproven(tmp_path):
                            "speculation, whose estimate is uncertain by \u00b130%")
     assert "--baseline --repeat 3 --grid speculative-num-steps=2,3" in found.next and "--live" not in found.next
     model = next(e["text"] for e in found.evidence if e["source"] == "model")
-    assert "no speculation 167 tok/s (\u00b130%, estimate" in model and "2 steps 186 tok/s" in model
+    assert ("no speculation 167 records' wall tok/s (\u00b130%, estimate" in model
+            and "2 steps 186 records' wall tok/s" in model)
     assert R.speculation_slower(f) is None
     assert "speculation-unproven" in ids(f)
     one = with_records(facts(), tmp_path / "one", cycle=6.7, phases={"draft": 0.4, "verify": 6.0, "draft_extend": 0.3},
@@ -715,7 +717,8 @@ def test_speculation_slower_from_a_batch_size_on_needs_no_speculation_measured_t
     assert found.severity == "medium" and found.predicted
     assert "from 64 requests a cycle (up to 64) no step count beats no speculation" in found.title
     assert "--emit-adaptive-config" in found.next and "speculative-num-steps=0,2" in found.next
-    assert "no speculation 6000 tok/s (±2%, measured), the best step count 2 4800 tok/s" in found.evidence[0]["text"]
+    assert ("no speculation 6000 records' wall tok/s (±2%, measured), the best step count 2 4800 records' wall "
+            "tok/s") in found.evidence[0]["text"]
     assert R.speculation_slower(dataclasses.replace(facts("EAGLE3"), model=_by_bs_model("estimate"))) is None
 
 

@@ -225,7 +225,7 @@ def test_render_bench_shows_the_inter_token_latency_and_the_open_loop():
     assert "waited for a slot: 2 of 3 arrivals, 0.75 s in all (longest 500.0 ms)" in text
     two = dict(one, load=dict(one["load"], request_rate=16.0), client=dict(client, tokens_per_s=99.0))
     ladder = render_bench({"target": "gpu1", "loads": [one, two]})
-    assert "gpu1: by request rate" in ladder and "    16 requests/s: 99.0 output tokens/s" in ladder
+    assert "gpu1: by request rate" in ladder and "    16 requests/s: 99.0 client tok/s" in ladder
 
 
 # ----------------------------------------------------------------------------------------------------------------

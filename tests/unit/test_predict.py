@@ -387,7 +387,7 @@ def test_parse_steps_refuses(text):
 def test_the_rendered_prediction(tmp_path):
     res, preds = one_group(tmp_path, records())
     text = render_table(res, predictions=preds)
-    assert "predicted, per draft step count (* the best; steps 0: no speculation):" in text
+    assert "predicted records' wall tok/s, per draft step count (* the best; steps 0: no speculation):" in text
     rows = [ln.split() for ln in text.splitlines() if ln[:1].isdigit()]
     assert [r[0] for r in rows][:4] == ["0", "1", "2", "3"] and any(r[1] == "*" for r in rows)
     assert "basis: estimate: no speculation's cycle taken as the target's forward alone" in text
@@ -485,14 +485,17 @@ def test_the_best_line_names_the_sweep_that_measures_it():
 
     close = _pred([(0, 678.0, 0.3, "estimate"), (1, 741.0, 0.04, "profile"), (3, 720.0, 0.03, "measured")], 1, 3)
     text = render_prediction(close)
-    assert ("best: 1 step, 741.0 tok/s, +3% over the 3 steps measured (profile; confirm with eaglepatch sweep "
+    assert ("best: 1 step, 741.0 records' wall tok/s, +3% over the 720.0 at the 3 steps measured (profile; confirm "
+            "with eaglepatch sweep "
             "TARGET --live --grid speculative-num-steps=1,3)") in text
-    assert ("no speculation: estimated 678.0 tok/s (\u00b130%), within reach of the best: only a launch without "
+    assert ("no speculation: estimated 678.0 records' wall tok/s (\u00b130%), within reach of the best: only a "
+            "launch without "
             "speculation tells whether speculation pays here (eaglepatch sweep TARGET --baseline --repeat 3 --grid "
             "speculative-num-steps=1,3)") in text
     slow = _pred([(0, 900.0, 0.3, "estimate"), (1, 741.0, 0.04, "profile"), (3, 720.0, 0.03, "measured")], 0, 3)
     text = render_prediction(slow)
-    assert ("best: no speculation, 900.0 tok/s, +25% over the 3 steps measured (estimate; confirm with eaglepatch "
+    assert ("best: no speculation, 900.0 records' wall tok/s, +25% over the 720.0 at the 3 steps measured "
+            "(estimate; confirm with eaglepatch "
             "sweep TARGET --baseline --repeat 3 --grid speculative-num-steps=3)") in text
     assert "--live" not in text and "within reach" not in text
     far = _pred([(0, 400.0, 0.3, "estimate"), (1, 741.0, 0.04, "profile"), (3, 720.0, 0.03, "measured")], 1, 3)
@@ -500,7 +503,7 @@ def test_the_best_line_names_the_sweep_that_measures_it():
     measured = _pred([(0, 700.0, 0.01, "measured"), (1, 741.0, 0.04, "profile"), (3, 720.0, 0.03, "measured")], 1, 3)
     assert "within reach" not in render_prediction(measured)
     here = _pred([(0, 600.0, 0.3, "estimate"), (1, 741.0, 0.04, "measured")], 1, 1)
-    assert "best: the 1 step measured (741.0 tok/s)" in render_prediction(here)
+    assert "best: the 1 step measured (741.0 records' wall tok/s)" in render_prediction(here)
 
 
 def test_no_prediction_from_fewer_cycles_than_asked(tmp_path):

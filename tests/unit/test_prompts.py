@@ -432,6 +432,6 @@ def test_the_categories_and_output_lengths_in_bench(tmp_path):
     text = render_bench(doc)
     assert "prompts mixed, up to 128 out" in text and "by prompt category:" in text
     assert "end of sequence honoured" in text and "p50 20" in text
-    assert "code" in text and "30.0 output tokens/s  accept length 2.00  acceptance, at least 2: 0.67" in text
+    assert "code" in text and "30.0 client tok/s  accept length 2.00  acceptance, at least 2: 0.67" in text
     sampled = dict(doc, load=dict(doc["load"], temperature=0.7, top_p=0.9))
     assert "temperature 0.7, top-p 0.9" in render_bench(sampled)

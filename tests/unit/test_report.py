@@ -450,7 +450,7 @@ def test_render_table_shows_the_numbers(tmp_path: Path) -> None:
     text = render_table(aggregate([f]))
     lines = text.splitlines()
     assert lines[0].startswith("run ") and lines[0].endswith("timer=sync  (id file:a.jsonl)")  # the run's header
-    assert lines[1].startswith("decode  n=4  accept len 2.667  tok/s 160.0  wall tok/s 148.1")
+    assert lines[1].startswith("decode  n=4  accept len 2.667  in-cycle tok/s 160.0  records' wall tok/s 148.1")
     assert not text.endswith("\n")
     body = [ln.split()[0] for ln in lines if ln and ln.split()[0] in
             {"target", "draft", "verify", "draft_extend", "zeta", "cycle", "between"}]

@@ -308,8 +308,9 @@ def test_summary_says_when_a_points_launches_ran_at_different_speeds():
     drift = [n for n in notes if "decode cycles" in n]
     assert drift == [
         "launches of one point ran their decode cycles (p50) at different speeds: speculative-num-steps=1: 1.58 to "
-        "1.90 ms (1.2x) at one accept length (1.50), 1911 against 1824 tok/s; speculative-num-steps=3: 2.04 to 3.25 "
-        "ms (1.6x) at one accept length (1.87), 2076 against 1374 tok/s. The setting was the same in each, so the "
+        "1.90 ms (1.2x) at one accept length (1.50), 1911 against 1824 client tok/s; speculative-num-steps=3: 2.04 "
+        "to 3.25 ms (1.6x) at one accept length (1.87), 2076 against 1374 client tok/s. The setting was the same in "
+        "each, so the "
         "machine's speed moved between launches and the point's median mixes them: compare points by launches of "
         "like cycle times, or run the sweep again when the machine is steady"]
     # after the note about noise

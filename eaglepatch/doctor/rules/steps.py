@@ -10,6 +10,7 @@ from typing import Any, Sequence
 from eaglepatch.doctor.facts import ServerFacts, evidence
 from eaglepatch.doctor.finding import Finding
 from eaglepatch.doctor.rules.thresholds import ACCEPT_LOW, STEPS_GAIN
+from eaglepatch.report.labels import CLIENT, UNSCALED, WALL
 
 
 def speculation_slower_predicted(f: ServerFacts) -> Finding | None:
@@ -51,8 +52,8 @@ def speculation_slower(f: ServerFacts) -> Finding | None:
 
     def point(i: int) -> dict[str, Any]:
         t = pts[i]["tokens_per_s"]
-        return evidence("sweep", f"{pts[i].get('label', '#' + str(i))}: {t['median']:.1f} tok/s (min {t['min']:.1f}, "
-                                 f"max {t['max']:.1f}, {pts[i].get('runs')} run(s))"
+        return evidence("sweep", f"{pts[i].get('label', '#' + str(i))}: {t['median']:.1f} {CLIENT} (min "
+                                 f"{t['min']:.1f}, max {t['max']:.1f}, {pts[i].get('runs')} run(s))"
                         + (f", accept length {pts[i]['accept_len']:.2f}" if pts[i].get("accept_len") else ""),
                         path=sw.get("path"))
 
@@ -93,9 +94,11 @@ def speculation_slower_by_bs(f: ServerFacts) -> Finding | None:
     r = past[0]
     zero = next(p for p in r["points"] if p["steps"] == 0)
     best = max((p for p in r["points"] if p["steps"] > 0), key=lambda p: p["tokens_per_s"])
-    ev = [evidence("model", f"at {r['bs']} requests a cycle: no speculation {zero['tokens_per_s']:.0f} tok/s "
+    # no speculation is a sweep's client figure, put on the records' scale where the sweep ran the records' steps
+    scale = CLIENT if any(UNSCALED in n for n in bb.get("predict_by_bs_notes") or ()) else WALL
+    ev = [evidence("model", f"at {r['bs']} requests a cycle: no speculation {zero['tokens_per_s']:.0f} {scale} "
                             f"(\u00b1{zero['spread'] * 100:.0f}%, measured), the best step count {best['steps']} "
-                            f"{best['tokens_per_s']:.0f} tok/s (\u00b1{best['spread'] * 100:.0f}%, {best['basis']})")]
+                            f"{best['tokens_per_s']:.0f} {WALL} (\u00b1{best['spread'] * 100:.0f}%, {best['basis']})")]
     ev += [evidence("model", n) for n in bb.get("predict_by_bs_notes") or ()]
     return Finding("speculation-slower", "medium",
                    f"predicted: from {cross} requests a cycle (up to {bb.get('max_bs')}) no step count beats no "
@@ -177,13 +180,20 @@ def _zero_and_best(f: ServerFacts) -> tuple[int, list[dict[str, Any]], dict[str,
 def _zero_ev(f: ServerFacts, pts: Sequence[dict[str, Any]], k: int, best: dict[str, Any]) -> list[dict[str, Any]]:
     """The model's figures for no speculation, ``k`` and the best step count, and what the estimate rests on."""
     return [_model_ev(f, pts, [0, k, best["steps"]])] + [
-        evidence("model", n) for n in (f.model or {}).get("predict_notes") or () if n.startswith("estimate")]
+        evidence("model", n) for n in (f.model or {}).get("predict_notes") or ()
+        if n.startswith(("estimate", "no speculation"))]
 
 
 def _model_ev(f: ServerFacts, pts: Sequence[dict[str, Any]], shown: Sequence[int]) -> dict[str, Any]:
     """The model's figures for the step counts ``shown``, as evidence."""
     by = {p["steps"]: p for p in pts}
-    parts = [f"{'no speculation' if s == 0 else f'{s} steps'} {by[s]['tokens_per_s']:.0f} tok/s "
+    # a sweep's baseline that could not be put on the records' scale is the client's figure (the notes say so)
+    unscaled = any(UNSCALED in n for n in (f.model or {}).get("predict_notes") or ())
+
+    def label(s: int) -> str:
+        return CLIENT if s == 0 and unscaled and by[s].get("basis") == "measured" else WALL
+
+    parts = [f"{'no speculation' if s == 0 else f'{s} steps'} {by[s]['tokens_per_s']:.0f} {label(s)} "
              f"(\u00b1{by[s].get('spread', 0) * 100:.0f}%, {by[s]['basis']}, accept length {by[s]['accept_len']:.2f})"
              for s in sorted(set(shown)) if s in by]
     return evidence("model", "predicted from the timing records (report --predict): " + "; ".join(parts))

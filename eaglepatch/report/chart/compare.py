@@ -29,6 +29,7 @@ from eaglepatch.report.chart.draw import (
     text_width,
     write_atomic,
 )
+from eaglepatch.report.labels import CYCLE
 
 
 def _compare_groups(doc: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], list[str], dict[str, list]]]:
@@ -92,7 +93,7 @@ def compare_scene(doc: Mapping[str, Any]) -> Scene:
         head = _group_title(g) or "all records"
         extra = []
         for metric, name, nd in (("n", "records", 0), ("accept_len", "accept length", 2),
-                                 ("tokens_per_s", "tok/s", 0)):
+                                 ("tokens_per_s", CYCLE, 0)):
             r = rows.get(metric)
             if r and any(v is not None for v in r["values"]):
                 extra.append(f"{name} " + " | ".join("-" if v is None else f"{v:,.{nd}f}" for v in r["values"]))

@@ -39,6 +39,7 @@ from eaglepatch.report.chart.draw import (
     text_width,
     write_atomic,
 )
+from eaglepatch.report.labels import CLIENT, WALL, predicted
 
 LINE = "#4e79a7"
 BAND = "#4e79a7"
@@ -93,7 +94,7 @@ def _tps_panel(sc: Scene, x0: float, y0: float, g: Mapping[str, Any], sweep: lis
     zero = next((p for p in pts if p["steps"] == 0), None)
     tops = [p["tokens_per_s"] * (1 + (p.get("spread") or 0)) for p in pts] + [m for _s, _m, _lo, m in sweep]
     left, width, top, height, vmax = _plot_area(sc, x0, y0, max(tops + [1.0]) * 1.12, LEFT_W, 10, PANEL_H,
-                                                "tok/s (predicted)")
+                                                predicted(WALL))
     steps = sorted({p["steps"] for p in pts} | {s for s, *_ in sweep})
     smin, smax = min(steps), max(steps)
     span = max(smax - smin, 1)
@@ -126,12 +127,12 @@ def _tps_panel(sc: Scene, x0: float, y0: float, g: Mapping[str, Any], sweep: lis
             sc.rect(x - 4.5, y - 4.5, 9, 9, INK, tip=f"measured at {p['steps']} steps: {fmt_tps(p['tokens_per_s'])}")
         else:
             sc.rect(x - 3.5, y - 3.5, 7, 7, "#ffffff", stroke=LINE, stroke_width=1.5,
-                    tip=f"{p['basis']}: {p['steps']} steps, {fmt_tps(p['tokens_per_s'])} tok/s")
+                    tip=f"{p['basis']}: {p['steps']} steps, {fmt_tps(p['tokens_per_s'])} {WALL}")
     for s, med, lo, hi in sweep:
         x = X(s) + 7
         sc.line(x, Y(lo), x, Y(hi), SWEEP, 1.3)
         sc.rect(x - 3.5, Y(med) - 3.5, 7, 7, SWEEP,
-                tip=f"sweep: {s} steps, {fmt_tps(med)} tok/s ({fmt_tps(lo)}-{fmt_tps(hi)})")
+                tip=f"sweep: {s} steps, {fmt_tps(med)} {CLIENT} ({fmt_tps(lo)}-{fmt_tps(hi)})")
     best = g.get("predict_best")
     if best is not None and 0 <= best < len(pts):
         bp = pts[best]
@@ -183,7 +184,7 @@ def _by_bs_panel(sc: Scene, x0: float, y0: float, width_all: float, run: Mapping
             lines.setdefault(p["steps"], []).append((r["bs"], p))
     tops = [p["tokens_per_s"] for r in rows for p in r["points"]]
     left, width, top, height, vmax = _plot_area(sc, x0, y0, max(tops + [1.0]) * 1.08, width_all, 90, BS_H,
-                                                "tok/s (the records' wall rate)")
+                                                predicted(WALL))
     bss = sorted({r["bs"] for r in rows})
     lo, hi = math.log2(bss[0]), math.log2(max(bss[-1], bss[0] * 2))
 
@@ -207,7 +208,7 @@ def _by_bs_panel(sc: Scene, x0: float, y0: float, width_all: float, run: Mapping
         for b, p in pts:
             if p["basis"] == "measured":
                 sc.rect(X(b) - 3.5, Y(p["tokens_per_s"]) - 3.5, 7, 7, color,
-                        tip=f"measured: {k} steps at {b} requests, {fmt_tps(p['tokens_per_s'])} tok/s")
+                        tip=f"measured: {k} steps at {b} requests, {fmt_tps(p['tokens_per_s'])} {WALL}")
         b, p = pts[-1]
         labels.append([Y(p["tokens_per_s"]) + 4, X(b) + 8,
                        "no speculation" if k == 0 else f"{k} step{'s' if k > 1 else ''}", color])
@@ -232,9 +233,9 @@ def predict_scene(doc: Mapping[str, Any], sweep: Mapping[str, Any] | None = None
     sources = ", ".join(str(s) for s in doc.get("sources") or []) or "timing logs"
     sub = ["predicted from one run's phase times and acceptance profile; the band: the prediction's uncertainty",
            "filled: measured; open: predicted (fewer steps from the profile, more extrapolated); dashed: no "
-           "speculation, estimated" + ("; red: the sweep's points" if sweep else "")]
-    sc = Scene(W, 0, title=f"Predicted tok/s by draft steps: {sources}")
-    y = draw_title_block(sc, margin, W - 2 * margin, f"Predicted tok/s by draft steps: {sources}", sub, 34)
+           "speculation, estimated" + (f"; red: the sweep's points ({CLIENT}, another scale)" if sweep else "")]
+    sc = Scene(W, 0, title=f"Predicted {WALL} by draft steps: {sources}")
+    y = draw_title_block(sc, margin, W - 2 * margin, f"Predicted {WALL} by draft steps: {sources}", sub, 34)
     sp = _sweep_points(sweep)
     if not groups:
         y += 30

@@ -10,7 +10,8 @@ its entry method once per simulated cycle, so a patched worker writes real timin
 (``input_ids``) or ``text``; ``/v1/chat/completions`` serves chat messages the same way (OpenAI's shape, streamed
 with a last ``usage`` chunk under ``stream_options.include_usage``, the drafts accepted in
 ``usage.completion_tokens_details`` as recent sglang releases give them). ``--record-requests FILE``: each POST's
-path and JSON body appended to FILE, one line each. ``--sim-eos``: a request that does not ``ignore_eos`` stops at
+path and JSON body appended to FILE, one line each (``--disaggregation-mode prefill|decode``: recorded, then refused
+with 400, as one side of a prefill/decode pair serves no request alone). ``--sim-eos``: a request that does not ``ignore_eos`` stops at
 a length its prompt decides (from half its ``max_new_tokens`` to all of it), as a model's end of sequence would.
 """
 
@@ -83,6 +84,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--sim-between-ms", type=float, default=0.0)
     p.add_argument("--record-requests", metavar="FILE")
     p.add_argument("--sim-eos", action="store_true")
+    # one side of a prefill/decode pair: it records what it is sent, and serves no request alone (see do_POST)
+    p.add_argument("--disaggregation-mode", choices=("null", "prefill", "decode"), default="null")
     # the simulated speed (milliseconds), see Speed
     p.add_argument("--sim-base-ms", type=float, default=5.0)
     p.add_argument("--sim-verify-ms", type=float, default=6.0)
@@ -506,6 +509,7 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                         "disable_overlap_schedule": args.disable_overlap_schedule,
                         "disable_custom_all_reduce": args.disable_custom_all_reduce,
                         "context_length": args.context_length,
+                        "disaggregation_mode": args.disaggregation_mode,
                         "pid": os.getpid(),
                         "argv": sys.argv,
                         "internal_states": [{"avg_spec_accept_length": state.speed.accept or 0.0}],
@@ -543,6 +547,10 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 return self._send(400, {"error": "bad JSON"})
             record(state, path, req)
+            if args.disaggregation_mode != "null":
+                # as sglang's side of a pair answers a request that no router prepared (no bootstrap room)
+                return self._send(400, {"error": f"the {args.disaggregation_mode} side of a prefill/decode pair "
+                                                 "serves no request alone: send it through the router"})
             name = req.get("rid") if isinstance(req.get("rid"), str) else None
             if path == "/v1/chat/completions":
                 return self._chat(req, name)
