@@ -12,6 +12,9 @@ eaglepatch's other dependencies.
 Each suite has its own conftest.py beside its tests (tests/unit: the runtime's fixtures; tests/e2e: the real sshd);
 a test module never imports another: what tests share is in a helper module (tests/unit/runtime_helpers.py,
 tests/e2e/sshd_server.py, tests/e2e/cli_helpers.py, tests/real/patched_harness.py, ...).
+
+With ``EAGLEPATCH_NO_SKIPS=1`` (``.ci/run``), a skip outside tests/cuda_only_skips.txt fails the session
+(tests/skip_guard.py).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
 import sglang_releases  # noqa: E402
+from skip_guard import pytest_runtest_logreport, pytest_sessionfinish  # noqa: E402,F401  (CI's no-skip rule)
 
 if TYPE_CHECKING:
     from eaglepatch.transform.recipe import Recipe
