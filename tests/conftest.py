@@ -45,6 +45,19 @@ def _client_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("client-cache"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def eaglepatch_state_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """eaglepatch's folder on the host (``EAGLEPATCH_STATE_DIR``: a relaunched server's log, its start script, the
+    port's relaunch lock) in a folder of this test session, never the shared /tmp/eaglepatch: set here for the CLI
+    and the host side run locally, and by the e2e sshd (``SetEnv``) for its logins."""
+    import os
+
+    folder = str(tmp_path_factory.mktemp("eaglepatch-state"))
+    os.chmod(folder, 0o700)
+    os.environ["EAGLEPATCH_STATE_DIR"] = folder
+    return folder
+
+
 @pytest.fixture(scope="session")
 def recipe() -> Recipe:
     """The built-in recipe."""

@@ -20,6 +20,7 @@ from eaglepatch.hostside.files import open_private, private_dir
 from eaglepatch.hostside.lock import relaunch_lock
 from eaglepatch.hostside.launchers import parse_server_args
 from eaglepatch.hostside.proc import KEPT_SIGNALS, descendants, is_alive, listening, proc_stat, table
+from eaglepatch.hostside.state import log_path_of
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -125,9 +126,10 @@ def _start_script(argv, cwd, env):
 def _prepare_start(payload):
     """Everything a start needs that can fail, done before anything is stopped: argv[0] still names the same
     file, the folder exists, the output can be written (``_open_output``: the server's own files, else the log in
-    a folder only this user can write, without following a symlink), the start script is written there. Returns
-    ``{"error": ...}`` or what ``_spawn`` takes."""
-    argv, cwd, env, log_path = payload["argv"], payload["cwd"], payload["env"], payload["log_path"]
+    a folder only this user can write, without following a symlink), the start script is written there. The log:
+    ``payload["log_path"]``, or (null, empty or absent) ``server-PORT.log`` in the state folder (``state``).
+    Returns ``{"error": ...}`` or what ``_spawn`` takes."""
+    argv, cwd, env, log_path = payload["argv"], payload["cwd"], payload["env"], log_path_of(payload)
     if not os.path.isdir(cwd):
         return {"error": "its folder %s does not exist (any more)" % cwd}
     want = payload.get("launcher")
@@ -347,7 +349,7 @@ def op_relaunch(payload):
         start, stop = payload["start"], payload.get("stop")
         # the port's lock first (before anything is read or written), so that a scan that settles after this
         # request was sent waits for it
-        lock = relaunch_lock(start["log_path"], payload["port"], payload.get("lock_wait", 150.0))
+        lock = relaunch_lock(log_path_of(start), payload["port"], payload.get("lock_wait", 150.0))
         if lock is None:
             return {"start": {"error": "nothing was stopped or started: another relaunch on :%s did not finish"
                                        % payload["port"]}, "not_stopped": True}

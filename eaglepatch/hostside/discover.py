@@ -24,6 +24,7 @@ from eaglepatch.hostside.proc import (
     table,
     uid_of,
 )
+from eaglepatch.hostside.state import state_dir
 
 
 def top_launchers(procs):
@@ -308,6 +309,7 @@ def op_scan(payload):
     boot = boot_time()
     hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     servers = []
+    state = state_dir()  # where a relaunch writes the log of a server without output files (status says it)
     for pid, (argv, idx) in sorted(top_launchers(procs).items()):
         st = procs[pid]
         mnt = readlink("/proc/%d/ns/mnt" % pid)
@@ -334,6 +336,7 @@ def op_scan(payload):
                 # a server inside a container shows in the host's /proc but cannot be relaunched from outside it
                 "same_mount_ns": None if mnt is None or own_mnt is None else mnt == own_mnt,
                 "systemd": _systemd_unit(pid, env, procs),
+                "state_dir": state,
             }
         )
     if payload.get("identify"):

@@ -12,6 +12,7 @@ import os
 import time
 
 from eaglepatch.hostside.files import open_private, private_dir, read_json
+from eaglepatch.hostside.state import server_log_path
 
 
 LOCK_NAME = ".eaglepatch.lock"
@@ -112,7 +113,9 @@ def port_lock(folder, port, wait):
 
 def relaunch_lock(log_path, port, wait):
     """``port_lock`` in the private folder of a server's log (``log_path``: the folder the relaunch writes the
-    log in; -1 when it cannot be made, and the relaunch then fails on its log)."""
+    log in; None or "": the default log's, in the state folder, ``state.server_log_path``; -1 when it cannot be
+    made, and the relaunch then fails on its log)."""
+    log_path = log_path or server_log_path(port)
     try:
         folder = private_dir(os.path.dirname(log_path) or ".")
     except OSError:
@@ -121,9 +124,10 @@ def relaunch_lock(log_path, port, wait):
 
 
 def settle(payload):
-    """Wait until no relaunch of ``payload["port"]`` (whose server logs to ``payload["log_path"]``) runs on the host,
-    at most ``payload["wait"]`` s; True when none does. A scan after it sees what such a relaunch left."""
-    fd = relaunch_lock(payload["log_path"], payload["port"], payload["wait"])
+    """Wait until no relaunch of ``payload["port"]`` (whose server logs to ``payload["log_path"]``; null or absent:
+    the default log) runs on the host, at most ``payload["wait"]`` s; True when none does. A scan after it sees what
+    such a relaunch left."""
+    fd = relaunch_lock(payload.get("log_path"), payload["port"], payload["wait"])
     if fd is None:
         return False
     if fd >= 0:

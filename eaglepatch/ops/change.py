@@ -23,10 +23,15 @@ from eaglepatch.transform.recipe import Recipe, builtin_recipe
 Say = Callable[[str], None]
 
 
-def _change_doc(target: str, plan: Plan, changed: bool, restarted: bool, **extra: Any) -> dict[str, Any]:
+def _change_doc(target: str, plan: Plan, changed: bool, restarted: Sequence[Any] | bool,
+                **extra: Any) -> dict[str, Any]:
+    """apply's and revert's JSON document. ``restarted``: the RestartResults of the servers restarted (or False):
+    ``servers`` gives each one's pid, port and ``output``, where it writes its output now (as ``status`` names it)."""
     files = [{"path": f["path"], "before_sha256": f["before_sha256"], "after_sha256": f["after_sha256"],
               "backup": f.get("backup")} for f in plan.files]
-    doc = {"target": target, "changed": changed, "files": files, "restarted": restarted}
+    results = list(restarted) if not isinstance(restarted, bool) else []
+    doc = {"target": target, "changed": changed, "files": files, "restarted": bool(restarted),
+           "servers": [{"pid": r.pid, "port": r.port, "output": r.output} for r in results]}
     doc.update(extra)
     return doc
 
@@ -86,7 +91,7 @@ def apply(spec: TargetSpec, c: Connect, recipe: Recipe, ropts: RuntimeOptions, r
             if not plan.changed:
                 say(f"{t.spec.name}: already patched: nothing to change")
                 behind = lc.stale(servers, facts) if restart is not None else []
-                restarted = False
+                restarted: list[Any] = []
                 if behind and denied:
                     # a patched server that fails would need the files reverted, which this user cannot do
                     say(f"note: {denied.split(': ', 1)[1]}: the server(s) that still run the original code were not "
@@ -117,7 +122,7 @@ def apply(spec: TargetSpec, c: Connect, recipe: Recipe, ropts: RuntimeOptions, r
                 say(f"{t.spec.name}: patched {plan.worker_writes} file(s); originals in {facts.backup_dir}")
             else:
                 say(f"{t.spec.name}: the runtime's configuration changed; the worker files were already patched")
-            restarted = False
+            restarted = []
             if restart is not None:
                 restarted = _restart_after_apply(t, recipe, session, servers, restart, say)
                 progress.stage(t.spec.text, "files patched" + (", server restarted and ready" if restarted else ""))
@@ -137,7 +142,9 @@ def _no_server_note(say: Say, name: str, verb: str) -> None:
 
 
 def _restart_after_apply(t: Target, recipe: Recipe, session: Session, servers: Sequence[Any], ropts: Any,
-                         say: Say) -> bool:
+                         say: Say) -> list[Any]:
+    """The servers restarted on the patched files: their RestartResults (empty when none runs). Raises the
+    rollback's RestartFailed when one does not come up."""
     from eaglepatch.server.restart import restart
 
     lc = lifecycle()
@@ -149,16 +156,16 @@ def _restart_after_apply(t: Target, recipe: Recipe, session: Session, servers: S
         res = restart(t.host, current=servers[0] if servers else None, options=ropts, progress=say,
                       python=facts.python)
         if res.ready:
-            return True
+            return [res]
         progress.stage(t.spec.text, rolling_back)
         raise lc.rollback(t, lambda: target_facts(t, recipe), recipe, session, ropts, list(servers[:1]), res, say)
     if not servers:
         _no_server_note(say, t.spec.name, "patched")
-        return False
+        return []
     progress.stage(t.spec.text, "files patched, server restarting")
     done, failed = lc.restart_each(t.host, servers, ropts, facts.python, say)
     if failed is None:
-        return True
+        return [res for _srv, res in done]
     progress.stage(t.spec.text, rolling_back)
     raise lc.rollback(t, lambda: target_facts(t, recipe), recipe, session, ropts,
                       [srv for srv, _ in done] + [failed[0]], failed[1], say)
@@ -216,7 +223,7 @@ def revert(spec: TargetSpec, c: Connect, recipe: Recipe, force: bool, restart: A
             else:  # nothing to write: the relaunches alone, in one request
                 progress.stage(t.spec.text, "server restarting")
                 res = {"then": call_relaunch(t.host, facts.python, then, restart)} if then else {}
-            restarted = False
+            restarted: list[Any] = []
             if wants:
                 restarted = _restart_after_revert(t, facts, restart, pairs, units, res, say)
                 progress.stage(t.spec.text, ("files reverted" if plan.changed else "not patched")
@@ -257,7 +264,9 @@ def _revert_relaunches(t: Target, facts: HostFacts, servers: Sequence[Any], port
 
 
 def _restart_after_revert(t: Target, facts: HostFacts, ropts: Any, pairs: Sequence[tuple[Any, Any]],
-                          units: Sequence[tuple[Any, Any]], res: dict[str, Any], say: Say) -> bool:
+                          units: Sequence[tuple[Any, Any]], res: dict[str, Any], say: Say) -> list[Any]:
+    """Wait for the servers revert restarted; their RestartResults (empty when none was). Raises RestartFailed when
+    one is not ready."""
     from eaglepatch.server.restart import after_relaunch, restart
 
     lc = lifecycle()
@@ -274,12 +283,12 @@ def _restart_after_revert(t: Target, facts: HostFacts, ropts: Any, pairs: Sequen
                                package_dir=facts.package_dir))
     if not results:
         _no_server_note(say, t.spec.name, "reverted")
-        return False
+        return []
     bad = [r for r in results if not r.ready]
     if bad:
         raise RestartFailed(f"{t.spec.name}: files reverted, but the server was not ready within "
                             f"{ropts.timeout:.0f} s: {bad[0].message}\n{bad[0].log_tail}".rstrip())
-    return True
+    return results
 
 
 def restart_target(spec: TargetSpec, c: Connect, ropts: Any, say: Say,

@@ -102,8 +102,9 @@ class Started:
 
 def start_payload(spec: LaunchSpec) -> dict[str, Any]:
     """What ``op_start`` takes to start ``spec``: ``output``, the original's own output files to append to;
+    ``log_path``, the log otherwise (null: the host's default, in its EAGLEPATCH_STATE_DIR; its answer says which);
     ``shown_argv``, the command line its log's marker line shows (secrets masked: the file may be the user's)."""
-    return {"argv": list(spec.argv), "cwd": spec.cwd, "env": dict(spec.env), "log_path": spec.log_path,
+    return {"argv": list(spec.argv), "cwd": spec.cwd, "env": dict(spec.env), "log_path": spec.log_path or None,
             "launcher": spec.launcher, "sig_ign": spec.sig_ign, "port": spec.port,
             "output": None if spec.output is None else {k: v and dict(v) for k, v in spec.output.items()},
             "shown_argv": mask_argv(spec.argv)}

@@ -11,21 +11,33 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from eaglepatch.errors import UsageError
-from eaglepatch.hostside import launchers
+from eaglepatch.hostside import launchers, state
 from eaglepatch.hostside.launchers import DEFAULT_HOST, DEFAULT_PORT
 from eaglepatch.hosts.agent import call
 from eaglepatch.hosts.base import Host
 from eaglepatch.redact import mask_argv
 
-LOG_DIR = "/tmp/eaglepatch"
+# where eaglepatch keeps its files on a host whose environment names no other folder: the host resolves it
+# (``hostside.state``: EAGLEPATCH_STATE_DIR), the client only falls back on it when the host did not say
+LOG_DIR = state.DEFAULT
 
 # addresses a server listens on that are not addresses to connect to: probe the loopback instead
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1", "[::]": "::1"}
 
 
-def default_log_path(port: int) -> str:
-    """Where a server that eaglepatch starts writes its output on the host."""
-    return f"{LOG_DIR}/server-{port}.log"
+def default_log_path(port: int, state_dir: str | None = None) -> str:
+    """Where a server that eaglepatch starts writes its output on a host whose state folder is ``state_dir`` (as
+    that host said; None: the default, /tmp/eaglepatch). What is started sends no log path for it: the host
+    resolves its own (``hostside.state``)."""
+    return f"{state_dir or LOG_DIR}/server-{port}.log"
+
+
+def parse_state_dir(value: Any) -> str | None:
+    """The host's state folder as its scan said of a server (its ``state_dir``: an absolute path), or None when it
+    did not say (an older host side) or sent something else."""
+    if isinstance(value, str) and value.startswith("/") and "\0" not in value and len(value) <= 4096:
+        return value
+    return None
 
 
 def parse_output(value: Any) -> dict[str, Any] | None:
@@ -78,7 +90,9 @@ def parse_server_args(args: Sequence[str]) -> ServerArgs:
 class LaunchSpec:
     """How to start a server: the exact argv, working directory and environment, and where its output goes.
 
-    JSON round-trippable (``to_json``/``from_json``) so ``apply`` can keep it in the backup manifest.
+    ``log_path`` "" (the default) is the host's default log, ``server-PORT.log`` in its state folder
+    (``hostside.state``), resolved there when the server starts. JSON round-trippable (``to_json``/``from_json``)
+    so ``apply`` can keep it in the backup manifest (its ``log_path`` null for the default).
     """
 
     argv: list[str]
@@ -91,10 +105,6 @@ class LaunchSpec:
     sig_ign: tuple[str, ...] | None = None  # the signals the original ignored (nohup: SIGHUP): the relaunch too
     # the original's own output files (``parse_output``): a relaunch appends to them, else writes ``log_path``
     output: Mapping[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        if not self.log_path:
-            object.__setattr__(self, "log_path", default_log_path(self.port))
 
     @property
     def probe_host(self) -> str:
@@ -111,7 +121,7 @@ class LaunchSpec:
             "env": dict(self.env),
             "port": self.port,
             "host": self.host,
-            "log_path": self.log_path,
+            "log_path": self.log_path or None,
             "launcher": self.launcher,
             "sig_ign": None if self.sig_ign is None else list(self.sig_ign),
             "output": None if self.output is None else {k: None if v is None else dict(v)
@@ -120,7 +130,10 @@ class LaunchSpec:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LaunchSpec:
-        """Build from ``to_json``'s dict; raises ValueError naming the field that is missing or of the wrong type."""
+        """Build from ``to_json``'s dict; raises ValueError naming the field that is missing or of the wrong type.
+
+        A manifest of an earlier eaglepatch names the default log itself (/tmp/eaglepatch/server-PORT.log): that
+        is read as the default, so that the host's state folder holds it now."""
         if not isinstance(data, Mapping):
             raise ValueError("launch spec: expected an object")
         argv, env = data.get("argv"), data.get("env")
@@ -137,6 +150,8 @@ class LaunchSpec:
         log_path = data.get("log_path") or ""
         if not isinstance(host, str) or not isinstance(log_path, str):
             raise ValueError("launch spec: 'host' and 'log_path' must be strings")
+        if log_path == default_log_path(port):
+            log_path = ""
         launcher = data.get("launcher")
         if launcher is not None and not isinstance(launcher, str):
             raise ValueError("launch spec: 'launcher' must be a path")
@@ -233,6 +248,7 @@ class ServerProcess:
     nodes: Nodes | None = None  # one node of a multi-node server, else None
     disaggregation: str | None = None  # "prefill" or "decode": one side of a PD pair (``disaggregation_of``)
     output: Mapping[str, Any] | None = None  # its stdout and stderr files (``parse_output``); None: not known
+    state_dir: str | None = None  # the host's state folder, as its scan said (``parse_state_dir``); None: not said
 
     @property
     def probe_host(self) -> str:
@@ -273,11 +289,12 @@ class ServerProcess:
         stdout)."""
         out = self.output or {}
         doc = {name: (out.get(name) or {}).get("path") for name in ("stdout", "stderr")}
-        doc["log"] = None if doc["stdout"] else default_log_path(self.port)
+        doc["log"] = None if doc["stdout"] else default_log_path(self.port, self.state_dir)
         return doc
 
     def launch_spec(self, log_path: str | None = None) -> LaunchSpec:
-        """What starting this server again takes.
+        """What starting this server again takes (its output to ``log_path`` where it goes to no file of its own;
+        None: the host's default log).
 
         Raises UsageError when it cannot be relaunched from here: its working directory or environment is not
         readable (another user's process: run as that user or root), it runs in another mount namespace
@@ -319,7 +336,7 @@ class ServerProcess:
             env=dict(self.env),
             port=self.port,
             host=self.host,
-            log_path=log_path or default_log_path(self.port),
+            log_path=log_path or "",
             launcher=self.launcher,
             sig_ign=self.sig_ign,
             output=self.output,
@@ -355,6 +372,7 @@ class ServerProcess:
             nodes=nodes_of(sglang_args),
             disaggregation=disaggregation_of(sglang_args),
             output=_scanned_output(item.get("output")),
+            state_dir=parse_state_dir(item.get("state_dir")),
         )
 
 
@@ -410,7 +428,7 @@ def find_servers(host: Host, python: str = "python3", package_dir: str | None = 
     wait = 0.0
     if settle is not None:
         wait = settle_wait
-        payload["settle"] = {"port": settle.port, "log_path": settle.log_path, "wait": wait}
+        payload["settle"] = {"port": settle.port, "log_path": settle.log_path or None, "wait": wait}
     result = call(host, python, "scan", timeout=90 + wait, **payload)
     if result.get("unsettled") and settle is not None:
         from eaglepatch.errors import Conflict

@@ -122,6 +122,8 @@ class RestartResult:
     start: int | None = None  # the kernel's start time of ``pid`` (with it, the process's identity)
     script: str | None = None  # on the host: a shell script that starts the server by hand exactly as it was
     untouched: bool = False  # refused before anything was stopped: the server that ran runs on, as it was
+    # where the started server writes its output (``output_of``); None when eaglepatch did not start it itself
+    output: dict[str, str | None] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -133,6 +135,7 @@ class RestartResult:
             "message": self.message,
             "log_path": self.log_path,
             "log_tail": self.log_tail,
+            "output": self.output,
         }
 
 
@@ -190,6 +193,18 @@ def after_relaunch(
     part of another request: a rollback's), as ``restart`` would have; same result."""
     run = _Run(host, options, progress, python, clock, sleep)
     return run.finish(current, spec, answer)
+
+
+def output_of(started: Started) -> dict[str, str | None]:
+    """Where a relaunched server writes its output, named as ``status --json`` names a server's ``output``:
+    ``stdout`` and ``stderr``, the files each stream goes to; ``log``, the log eaglepatch chose (its private folder)
+    when a stream does not go to the original's own file, else null (both kept, appended to as before)."""
+    log = started.log_path
+    out = started.stdout or log
+    kept = set(started.kept)
+    # stderr with stdout in the one file kept counts as kept (the host lists it only when that file is not its own log)
+    chosen = out if "stdout" not in kept else log if "stderr" not in kept and log != out else None
+    return {"stdout": out, "stderr": log, "log": chosen}
 
 
 def output_words(port: int, started: Started) -> tuple[str, str | None]:
@@ -280,8 +295,10 @@ class _Run:
         """Read a relaunch's answer and wait for the new server; see ``relaunch``."""
         strategy = Strategy.RELAUNCH if current is not None else Strategy.START
         started = started_result(answer.get("start") or {})
-        log_path = started.log_path or spec.log_path
+        log_path = started.log_path or spec.log_path or None  # the host says where (its default is its own)
         base = dict(strategy=strategy, port=spec.port, log_path=log_path, script=started.script)
+        if started.pid is not None and not started.error:
+            base["output"] = output_of(started)
         if answer.get("not_stopped"):
             # refused before anything was stopped: the server (if any) runs on as it was
             why = started.error or (f"another sglang server is starting or running on :{spec.port} (pid "
@@ -395,7 +412,7 @@ class _Run:
     def by_command(self, cmd: str, current: ServerProcess | None, launch: LaunchSpec | None) -> RestartResult:
         known = current or launch
         port = known.port if known is not None else None
-        log_path = launch.log_path if launch is not None else default_log_path(port or DEFAULT_PORT)
+        log_path = (launch.log_path if launch is not None else "") or default_log_path(port or DEFAULT_PORT)
         st = self.host.stat(log_path)
         offset = st.size if st is not None else 0
         self.say(f"running the restart command: {mask_command(cmd)} (output to {log_path})")

@@ -2,7 +2,8 @@
 
 Fixtures:
 
-- ``sshd``: an ``SSHServer`` (host, port, user, client_key, other_key, host_pub_key, home, ...). ``sshd.home`` is a
+- ``sshd``: an ``SSHServer`` (host, port, user, client_key, other_key, host_pub_key, home, ...); its logins get
+  ``EAGLEPATCH_STATE_DIR``, the session's folder (``SetEnv``; tests/conftest.py). ``sshd.home`` is a
   HOME whose ``.ssh/known_hosts`` knows the server's key for ``[127.0.0.1]:PORT`` and whose ``.ssh/config`` has
   ``Host testbox`` (HostName 127.0.0.1, Port, User, IdentityFile) and ``Host testbox-jump`` (the same, reached
   with ``ProxyJump testbox``). Treat it as read-only; ``sshd.make_home(dir, known=...)`` builds a private one.
@@ -33,7 +34,7 @@ from sshd_server import SSHD, SSHServer, env_for, free_port, keygen, stop_sshd, 
 
 
 @pytest.fixture(scope="session")
-def sshd(tmp_path_factory: pytest.TempPathFactory):
+def sshd(tmp_path_factory: pytest.TempPathFactory, eaglepatch_state_dir: str):
     if not os.access(SSHD, os.X_OK):
         pytest.fail(
             f"{SSHD} not found: the e2e tests need Debian's openssh-server (run 'make sshd' or "
@@ -79,6 +80,9 @@ def sshd(tmp_path_factory: pytest.TempPathFactory):
             "MaxStartups 100\n"
             "MaxSessions 100\n"
             "LogLevel VERBOSE\n"
+            # eaglepatch's own files on this "host" (a relaunched server's log, start script, relaunch lock): the
+            # session's folder (tests/conftest.py), never the shared /tmp/eaglepatch
+            f'SetEnv EAGLEPATCH_STATE_DIR="{eaglepatch_state_dir}"\n'
         )
         with open(log, "ab") as logf:
             proc = subprocess.Popen(

@@ -157,8 +157,9 @@ def start_sshd(
 ) -> tuple[subprocess.Popen, SSHServer]:
     """Another sshd from the set-up of ``sshd`` (its keys, its config) on a port of its own, with ``force`` (a
     ``ForceCommand`` line, or "") appended and ``loglevel`` in place of its own; its config, pid file, log
-    (``tmp/sshd.log``) and a trusting HOME in ``tmp``. Returns the process (for ``stop_sshd``) and its
-    ``SSHServer``."""
+    (``tmp/sshd.log``) and a trusting HOME in ``tmp``; its logins get the session's ``EAGLEPATCH_STATE_DIR`` as
+    the session's sshd's do (its ``SetEnv``, kept with the rest of its config). Returns the process (for
+    ``stop_sshd``) and its ``SSHServer``."""
     port = free_port()
     cfg = (Path(sshd.root) / "sshd_config").read_text()
     cfg = re.sub(r"^Port \d+$", f"Port {port}", cfg, flags=re.M)

@@ -1,6 +1,6 @@
 """A server's output stays where its user sent it (issue 42): started like ``nohup python -m sglang.launch_server
 ... > server.log 2>&1``, it writes to the same file after apply and revert (the same path, the same inode, the
-restarted server's lines after eaglepatch's marker line), and nothing goes to /tmp/eaglepatch/server-PORT.log. A
+restarted server's lines after eaglepatch's marker line), and nothing goes to eaglepatch's server-PORT.log. A
 server whose output went to no file (/dev/null) is restarted with its output in eaglepatch's log, and status,
 apply and revert say where."""
 
@@ -24,7 +24,10 @@ def _fd(pid: int, n: int) -> tuple[str, int]:
 
 
 def _private_logs(port: int) -> list[Path]:
-    return [Path(d) / f"server-{port}.log" for d in ("/tmp/eaglepatch", f"/tmp/eaglepatch-{os.getuid()}")]
+    """Where eaglepatch's own log of the port may be: the state folder (the session's, tests/conftest.py), or the
+    private one beside it; the shared /tmp/eaglepatch too, which no test may write."""
+    state = os.environ["EAGLEPATCH_STATE_DIR"]
+    return [Path(d) / f"server-{port}.log" for d in (state, f"{state}-{os.getuid()}", "/tmp/eaglepatch")]
 
 
 def _nohup(install, standins, cwd: Path, port: int, log: Path):
@@ -74,7 +77,7 @@ def test_a_server_whose_output_went_to_no_file_is_told_where_it_goes(standins, t
     port = standins.port()
     proc = _nohup(install, standins, tmp_path / "w", port, Path("/dev/null"))
     assert _fd(proc.pid, 1)[0] == "/dev/null"
-    default = f"/tmp/eaglepatch/server-{port}.log"
+    default = f"{os.environ['EAGLEPATCH_STATE_DIR']}/server-{port}.log"  # the host's state folder, as it says
     [srv] = servers(cli, install.pkg)
     assert srv["output"] == {"stdout": None, "stderr": None, "log": default}
     text = cli.run("status", install.pkg).expect(0).out

@@ -4,6 +4,7 @@ answer through the one agent; its log tail."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from eaglepatch.hosts.agent import call
@@ -156,3 +157,55 @@ print(json.dumps(seen))
     assert start == ["main"]
     assert {"install", "execute"} <= set(apply_revert) and not {"doctor", "live", "logs", "probe"} & set(apply_revert)
     assert {"doctor", "live", "logs", "probe", "control"} <= set(every)
+
+
+def test_the_state_folder_is_eaglepatch_state_dir_else_tmp_eaglepatch(tmp_path, monkeypatch):
+    """``EAGLEPATCH_STATE_DIR`` of the host-side process names the folder of its own files (set, it is that
+    folder, made absolute; unset, empty or blank, /tmp/eaglepatch); the default log of a port is there."""
+    from eaglepatch.hostside.state import log_path_of, server_log_path, state_dir
+
+    assert state_dir({}) == "/tmp/eaglepatch"
+    assert state_dir({"EAGLEPATCH_STATE_DIR": ""}) == "/tmp/eaglepatch"
+    assert state_dir({"EAGLEPATCH_STATE_DIR": "  "}) == "/tmp/eaglepatch"
+    assert state_dir({"EAGLEPATCH_STATE_DIR": "/srv/ep"}) == "/srv/ep"
+    assert state_dir({"EAGLEPATCH_STATE_DIR": "/srv/ep/"}) == "/srv/ep"
+    assert state_dir({"EAGLEPATCH_STATE_DIR": "~/ep", "HOME": "/home/u"}) == os.path.expanduser("~/ep")
+    monkeypatch.chdir(tmp_path)
+    assert state_dir({"EAGLEPATCH_STATE_DIR": "ep"}) == str(tmp_path / "ep")  # relative: from its folder
+    assert server_log_path(30001, {"EAGLEPATCH_STATE_DIR": "/srv/ep"}) == "/srv/ep/server-30001.log"
+    # this process's own environment when none is given
+    monkeypatch.setenv("EAGLEPATCH_STATE_DIR", str(tmp_path / "mine"))
+    assert server_log_path(7) == str(tmp_path / "mine" / "server-7.log")
+    assert log_path_of({"port": 7, "log_path": None}) == log_path_of({"port": 7}) == server_log_path(7)
+    assert log_path_of({"port": 7, "log_path": "/srv/x.log"}) == "/srv/x.log"  # a log named is that log
+    monkeypatch.delenv("EAGLEPATCH_STATE_DIR")
+    assert server_log_path(7) == "/tmp/eaglepatch/server-7.log"
+
+
+def test_a_relaunch_without_a_log_path_writes_its_log_script_and_lock_in_the_state_folder(tmp_path, monkeypatch):
+    """The client sends no log path for the default: the host puts the log, the start script and the port's lock
+    in its EAGLEPATCH_STATE_DIR (made 0700), says which log it opened, and ``settle`` waits on the same lock."""
+    import fcntl
+
+    from eaglepatch.hostside.control import op_relaunch
+    from eaglepatch.hostside.lock import settle
+
+    state = tmp_path / "state"
+    monkeypatch.setenv("EAGLEPATCH_STATE_DIR", str(state))
+    spec = {"argv": ["sleep", "30"], "cwd": str(tmp_path), "env": {"PATH": os.environ["PATH"]},
+            "log_path": None, "port": 7}
+    res = op_relaunch({"stop": None, "start": spec, "port": 7, "lock_wait": 0.2})
+    try:
+        assert res["start"]["log_path"] == str(state / "server-7.log"), res
+        assert res["start"]["script"] == str(state / "start-7.sh")
+    finally:
+        os.kill(res["start"]["pid"], 9)
+    assert sorted(p.name for p in state.iterdir()) == ["relaunch-7.lock", "server-7.log", "start-7.sh"]
+    assert os.stat(state).st_mode & 0o777 == 0o700
+    held = os.open(str(state / "relaunch-7.lock"), os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        assert not settle({"port": 7, "log_path": None, "wait": 0.1})
+        assert not settle({"port": 7, "wait": 0.1})  # an absent log path is the default too
+    finally:
+        os.close(held)

@@ -44,7 +44,7 @@ def test_the_output_files_go_from_the_scan_through_the_launch_spec_and_json_to_t
     assert again == spec and again.output == SCAN_ITEM["output"]
     payload = start_payload(again)
     assert payload["output"] == SCAN_ITEM["output"]
-    assert payload["log_path"] == "/tmp/eaglepatch/server-30007.log"  # the fallback (and the lock's folder)
+    assert payload["log_path"] is None  # the fallback (and the lock's folder): the host's default, resolved there
     assert "s3cret" not in " ".join(payload["shown_argv"])  # the marker line written into the user's file
     assert srv.output_json() == {"stdout": "/srv/server.log", "stderr": "/srv/server.log", "log": None}
 
@@ -53,6 +53,11 @@ def test_a_server_without_output_files_says_where_a_restart_writes_it():
     srv = ServerProcess.from_scan(dict(SCAN_ITEM, output={"stdout": None, "stderr": None}))
     assert srv.launch_spec().output == {"stdout": None, "stderr": None}
     assert srv.output_json() == {"stdout": None, "stderr": None, "log": "/tmp/eaglepatch/server-30007.log"}
+    # a host whose scan names its state folder (EAGLEPATCH_STATE_DIR): that folder's log
+    told = ServerProcess.from_scan(dict(SCAN_ITEM, output={"stdout": None, "stderr": None}, state_dir="/srv/state"))
+    assert told.output_json()["log"] == "/srv/state/server-30007.log"
+    for bad in ("state", 7, "/srv/\0x"):  # a folder that is no absolute path is not used
+        assert ServerProcess.from_scan(dict(SCAN_ITEM, state_dir=bad)).state_dir is None
     old = ServerProcess.from_scan({k: v for k, v in SCAN_ITEM.items() if k != "output"})  # an older host side
     assert old.launch_spec().output is None
     assert LaunchSpec.from_json({"argv": ["python3"], "cwd": "/", "env": {}}).output is None  # an older manifest

@@ -261,7 +261,9 @@ def relaunch_host(*probe_answers, stop=STOPPED, start=None, tail=("line 1", "lin
     return FakeHost(
         {
             "stop": lambda p: stop,
-            "start": lambda p: start or {"pid": 200, "start": 88, "offset": 1234},
+            # the host resolves the default log (null) in its own state folder and says which it opened
+            "start": lambda p: start or {"pid": 200, "start": 88, "offset": 1234,
+                                         "log_path": p["log_path"] or f"/srv/state/server-{p['port']}.log"},
             "probe": probes(*probe_answers, clock=clock, step=1.0),
             "tail": lambda p: {"lines": list(tail)},
             "port": lambda p: {"listening": False},
@@ -281,7 +283,9 @@ def test_relaunch_stops_then_starts_the_same_command_and_waits():
     assert (stop["pid"], stop["start"], stop["children"]) == (100, 77, [101, 102])
     assert (stop["grace"], stop["port"]) == (30.0, 30001)
     assert (start["argv"], start["cwd"], start["env"]) == (CURRENT.argv, "/srv", {"A": "1"})
-    assert start["log_path"] == "/tmp/eaglepatch/server-30001.log"
+    assert start["log_path"] is None  # the default log: the host's, in its EAGLEPATCH_STATE_DIR
+    assert r.log_path == "/srv/state/server-30001.log"  # where the host said it is
+    assert "started sglang (pid 200) on :30001; its log: /srv/state/server-30001.log" in lines
     assert (probe["pid"], probe["start"], probe["offset"], probe["port"]) == (200, 88, 1234, 30001)
     assert any(line.startswith("stopping sglang (pid 100)") for line in lines)
     assert any(line.startswith("waiting for sglang on :30001") for line in lines)

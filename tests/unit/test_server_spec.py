@@ -60,13 +60,17 @@ def test_a_systemd_server_is_described_and_not_relaunched_by_hand():
         user.launch_spec()
 
 
-def test_launch_spec_takes_argv_cwd_env_port_and_a_default_log():
+def test_launch_spec_takes_argv_cwd_env_port_and_leaves_the_default_log_to_the_host():
+    """The default log is the host's (``server-PORT.log`` in its EAGLEPATCH_STATE_DIR): the spec names none, its
+    JSON says null, and the client's fallback for a host that did not say is /tmp/eaglepatch."""
     spec = ServerProcess.from_scan(SCAN_ITEM).launch_spec()
     assert spec.argv == SCAN_ITEM["argv"]
     assert spec.cwd == "/srv/dir with spaces"
     assert spec.env == SCAN_ITEM["env"]
     assert (spec.port, spec.host) == (30007, "0.0.0.0")
-    assert spec.log_path == "/tmp/eaglepatch/server-30007.log" == default_log_path(30007)
+    assert spec.log_path == "" and spec.to_json()["log_path"] is None
+    assert default_log_path(30007) == "/tmp/eaglepatch/server-30007.log"
+    assert default_log_path(30007, "/srv/state") == "/srv/state/server-30007.log"
 
 
 def test_launch_spec_json_round_trip_is_exact():
@@ -85,7 +89,19 @@ def test_launch_spec_round_trip_keeps_bytes_that_are_not_utf8():
 
 def test_launch_spec_from_json_defaults_port_host_and_log():
     spec = LaunchSpec.from_json({"argv": ["python3", "-m", "sglang.launch_server"], "cwd": "/", "env": {}})
-    assert (spec.port, spec.host, spec.log_path) == (30000, "127.0.0.1", "/tmp/eaglepatch/server-30000.log")
+    assert (spec.port, spec.host, spec.log_path) == (30000, "127.0.0.1", "")
+
+
+def test_a_manifest_of_an_earlier_eaglepatch_naming_the_default_log_means_the_hosts_default():
+    """Earlier manifests wrote the default log out (/tmp/eaglepatch/server-PORT.log): it reads as the default, so
+    a revert writes where the host's EAGLEPATCH_STATE_DIR says now; a log of the user's own stays theirs."""
+    base = {"argv": ["python3", "-m", "sglang.launch_server"], "cwd": "/", "env": {}, "port": 30001}
+    assert LaunchSpec.from_json(dict(base, log_path="/tmp/eaglepatch/server-30001.log")).log_path == ""
+    assert LaunchSpec.from_json(dict(base, log_path=None)).log_path == ""
+    assert LaunchSpec.from_json(dict(base, log_path="/var/log/sglang.log")).log_path == "/var/log/sglang.log"
+    # another port's default is a path like any other
+    assert LaunchSpec.from_json(dict(base, log_path="/tmp/eaglepatch/server-30000.log")).log_path \
+        == "/tmp/eaglepatch/server-30000.log"
 
 
 @pytest.mark.parametrize(
