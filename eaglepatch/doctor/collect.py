@@ -35,6 +35,13 @@ Say = Callable[[str], None]
 _ENV_KEEP = re.compile(r"^(SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN|NCCL_[A-Z_]+|CUDA_VISIBLE_DEVICES)$")
 
 
+
+def _min_cycles() -> int:
+    """The decode cycles a prediction needs (``report --predict``'s own floor)."""
+    from eaglepatch.report.predict import MIN_CYCLES
+
+    return MIN_CYCLES
+
 def doctor(spec: Any, c: Any, say: Say, log_dir: str | None = None) -> Any:
     """The ``doctor --json`` document of each server of the target's install (``--server-port`` picks): one
     object for one server, a list for several."""
@@ -225,7 +232,7 @@ def load_records(folder: str, pids: set[int], launches: set[tuple[int, int]] | N
     if model is not None:
         from eaglepatch.report.predict_bs import for_runs
 
-        per_run = for_runs(res_bs, sweep=sweep, flags=flags)
+        per_run = for_runs(res_bs, sweep=sweep, flags=flags, min_cycles=_min_cycles())
         if per_run:  # the runs merged: one
             model["by_bs"] = next(iter(per_run.values())).to_json()
     out = {"decode": groups[main], "records": sum(g["n"] for g in groups), "timer": "+".join(timers) or None,

@@ -223,7 +223,7 @@ def _report(rep: Any, per_source: list[list[str]], own: list[dict[str, Any]], so
         # the cost curves need the decode cycles by batch size: a second pass over the same files unless --by bs
         per_bs = result if by == "bs" else (rep.aggregate(files, **dict(kwargs, by="bs", trace_path=None))
                                              if files else result)
-        by_bs = for_runs(per_bs, steps=steps, sweep=sweep)
+        by_bs = for_runs(per_bs, steps=steps, sweep=sweep, min_cycles=MIN_CYCLES)
     if fmt == "json" or (predict and chart is not None):
         doc = result.to_json()
         doc["sources"] = list(sources)

@@ -211,7 +211,9 @@ def aggregate(
         for a in ctx.values():
             if not len(a.cyc):
                 continue  # a group whose only records were rejected after it was created
-            bkey = (None if merged else rid, a.mode, a.keyval)
+            # the DP groups of one group are one Acc each: merged here, their sums kept apart (groups.merge_into);
+            # --by rank: the node too, where the records say it (a multi-node server)
+            bkey = (None if merged else rid, a.mode, a.keyval, a.node if by == "rank" else None)
             specs = base.setdefault(bkey, {})
             have = specs.get(spec)
             if have is None:
@@ -221,8 +223,9 @@ def aggregate(
     out.ctxs.clear()
 
     def sort_key(item: tuple[tuple[Any, ...], str | None, Acc]) -> Any:
-        (rid, mode, kv), spec, _a = item
-        return (order.get(rid, 0), mode_sort_value(mode), key_sort_value(kv), spec is None, spec or "")
+        (rid, mode, kv, node), spec, _a = item
+        return (order.get(rid, 0), mode_sort_value(mode), key_sort_value(kv), key_sort_value(node), spec is None,
+                spec or "")
 
     flat = [(bkey, spec, a) for bkey, specs in base.items() for spec, a in specs.items()]
     varying = {bkey for bkey, specs in base.items() if len(specs) > 1}
@@ -232,6 +235,8 @@ def aggregate(
     for bkey, spec, a in flat:
         rid = bkey[0]
         key: list[tuple[str, Any]] = [] if by is None else [(by, bkey[2])]
+        if bkey[3] is not None:
+            key.insert(0, ("node", bkey[3]))
         if bkey in varying:
             key.append(("spec", spec))
         if multi:

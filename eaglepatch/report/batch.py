@@ -78,7 +78,8 @@ _AT_BYTE = re.compile(r"\(byte (\d+)\)")
 
 def _record_type(phases: tuple[str, ...], key: tuple[Any, ...] | None) -> Any:
     """The ``Record`` struct type: phases (and host phases) of the names ``phases``; for ``key`` (host, pid,
-    rank, run, timer) only records of that process, run and timer, and no spec."""
+    rank, run, timer, dp, node) only records of that process, run, timer, data-parallel group and node, and no
+    spec."""
     from typing import Annotated, Literal
 
     from msgspec import UNSET, Meta, UnsetType, defstruct
@@ -93,12 +94,15 @@ def _record_type(phases: tuple[str, ...], key: tuple[Any, ...] | None) -> Any:
     ph = defstruct("Phases", [(f"p{i}", ms, None) for i in range(len(phases))],
                    rename={f"p{i}": name for i, name in enumerate(phases)}, forbid_unknown_fields=True, gc=False)
     if key is None:
-        who: list[Any] = [("host", str), ("pid", whole), ("rank", whole)]
+        who: list[Any] = [("host", str), ("pid", whole), ("rank", whole), ("dp", Optional[whole], None),
+                          ("node", Optional[whole], None)]
         rest: list[Any] = [("run", Optional[Annotated[str, Meta(min_length=1)]], None), ("spec", Any, None),
                            ("timer", Any, None), ("every", Any, UNSET)]
     else:
-        host, pid, rank, run, timer = key
-        who = [("host", Literal[host]), ("pid", Literal[pid]), ("rank", Literal[rank])]
+        host, pid, rank, run, timer, dp, node = key
+        who = [("host", Literal[host]), ("pid", Literal[pid]), ("rank", Literal[rank]),
+               ("dp", None, None) if dp is None else ("dp", Literal[dp]),
+               ("node", None, None) if node is None else ("node", Literal[node])]
         rest = [("run", None, None) if run is None else ("run", Literal[run]), ("spec", None, None),
                 ("timer", None, None) if timer is None else ("timer", Literal[timer]), ("every", UnsetType, UNSET)]
     run_field, spec_field, timer_field, every_field = rest
@@ -143,12 +147,12 @@ def _skipped_fit(recs: list[Any], cap: int) -> bool:
 
 
 def _key(r: Any) -> tuple[Any, ...] | None:
-    """The (host, pid, rank, run, timer) a decoder can be made for from record ``r``, or None (a spec, a timer
-    that is not a string, an ``every``)."""
+    """The (host, pid, rank, run, timer, dp, node) a decoder can be made for from record ``r``, or None (a spec, a
+    timer that is not a string, an ``every``)."""
     timer = r.timer
     if r.spec is not None or not (timer is None or type(timer) is str) or r.every is not _UNSET:
         return None
-    return (r.host, r.pid, r.rank, r.run, timer)
+    return (r.host, r.pid, r.rank, r.run, timer, r.dp, r.node)
 
 
 class Batches:
@@ -338,7 +342,7 @@ class Batches:
         if [r.every for r in kept].count(_UNSET) < n:
             self.skip = _SKIP  # records that stand for several cycles (apply --every N): the line loop's, as the
             return 0  # next pieces are (a log at N > 1 is N times shorter: its records are few)
-        keys = [(r.host, r.pid, r.rank, r.run, r.spec) for r in kept]
+        keys = [(r.host, r.pid, r.rank, r.dp, r.node, r.run, r.spec) for r in kept]
         cuts = [i for i in range(1, n) if keys[i] != keys[i - 1]]
         cuts.append(n)
         if len(cuts) * _SHORT > n:
@@ -354,13 +358,15 @@ class Batches:
         return a if kept is recs else keep[a]
 
     def part(self, recs: list[Any]) -> bool:
-        """Add records of one process, run and spec; ``False`` (nothing added) when the checks refuse them."""
+        """Add records of one process (and data-parallel group and node), run and spec; ``False`` (nothing added)
+        when the checks refuse them."""
         st = self.st
         n = len(recs)
         r0 = recs[0]
-        host, pid, rank, rraw, sraw = r0.host, r0.pid, r0.rank, r0.run, r0.spec
-        same = host == st.c_host and pid == st.c_pid and rank == st.c_rank
-        if same:
+        host, pid, rank, rraw, sraw, dp, node = r0.host, r0.pid, r0.rank, r0.run, r0.spec, r0.dp, r0.node
+        proc = host == st.c_host and pid == st.c_pid and rank == st.c_rank
+        same = proc and dp == st.c_dp and node == st.c_node
+        if proc:
             cnt, last_end, carry = st.cnt, st.last_end, st.carry
         else:
             cnt, last_end, carry = st.procs.get((host, pid, rank), (0, -math.inf, 0.0))
@@ -391,7 +397,7 @@ class Batches:
 
         # Nothing below can fail.
         if not same:
-            st.switch_process(host, pid, rank)
+            st.switch_process(host, pid, rank, dp, node)
         if new_run:
             st.switch_run(rraw, sraw, r0.t, r0.timer)
         st.forget_group()  # the line loop looks its group up again
@@ -402,9 +408,11 @@ class Batches:
             st.R.skipped += k
         groups, st.carry = plans
         for gk, mode, kv, cols in groups:
+            if dp is not None:  # the line loop's key: the data-parallel group last
+                gk = (gk, dp) if st.bycode == 0 else (*gk, dp)
             g = st.groups.get(gk)
             if g is None:
-                g = st.groups[gk] = Acc(mode, kv, st.c_rid, st.c_spec)
+                g = st.groups[gk] = Acc(mode, kv, st.c_rid, st.c_spec, dp, node)
             g.ranks.add(rank)
-            apply(g, *cols)
+            apply(g, *cols, rank)
         return True

@@ -286,8 +286,9 @@ def _sum(values: Any, start: Any) -> Any:
     return s if type(s) is int else _seq_sum(values, start)
 
 
-def apply(g: Acc, cyc: Any, phases: Any, host: Any, btw: Any, acc: Any, hist: dict[int, int]) -> None:
-    """Add a plan's columns (``_columns``) to the group ``g``, as the line loop adds them record by record."""
+def apply(g: Acc, cyc: Any, phases: Any, host: Any, btw: Any, acc: Any, hist: dict[int, int], rank: Any) -> None:
+    """Add a plan's columns (``_columns``) to the group ``g``, as the line loop adds them record by record; the
+    acceptance counts to rank ``rank``'s histogram (``groups._one_rank``)."""
     g.cyc.frombytes(_f32(cyc))
     for name, times in phases:
         _app(g.ph, name).frombytes(times)
@@ -309,6 +310,8 @@ def apply(g: Acc, cyc: Any, phases: Any, host: Any, btw: Any, acc: Any, hist: di
         if accab:
             g.acc_ab = _sum(accab, g.acc_ab)
             g.bs_ab = _sum(bsab, g.bs_ab)
-    ah = g.ahist
+    ah = g.hists.get(rank)
+    if ah is None:
+        ah = g.hists[rank] = {}
     for x, c in hist.items():
         ah[x] = ah.get(x, 0) + c

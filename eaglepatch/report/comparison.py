@@ -24,6 +24,7 @@ from tabulate import tabulate
 
 from eaglepatch.errors import UsageError
 from eaglepatch.report.aggregation import aggregate
+from eaglepatch.report.labels import CYCLE, WALL
 from eaglepatch.report.model import GroupStats, ReportResult, RunInfo
 from eaglepatch.report.stats import key_sort_value, mode_sort_value, phase_order, round_json
 
@@ -247,6 +248,10 @@ def _fmt_val(metric: str, v: float | None) -> str:
     return f"{v:.3f}"
 
 
+# the text table's names of the metrics whose JSON and CSV name is a key: whose tok/s each is (labels)
+_SHOWN = {"tokens_per_s": CYCLE, "wall_tokens_per_s": WALL}
+
+
 def _fmt_delta(d: float | None) -> str:
     return "" if d is None else f"{d:+.1f}%"
 
@@ -254,7 +259,8 @@ def _fmt_delta(d: float | None) -> str:
 def render_compare_table(result: CompareResult, *, tablefmt: str = "simple") -> str:
     """Return the side-by-side tables: first a legend line per column whose run is known (its label and the
     run's header line), then per group a title line (mode and key), then one row per metric with one value
-    column per column and one ``Δ% <label>`` column per later column; no trailing newline."""
+    column per column and one ``Δ% <label>`` column per later column (the tok/s metrics by their labels:
+    ``in-cycle tok/s``, ``records' wall tok/s``); no trailing newline."""
     labels = list(result.sources)
     headers = ["metric", *labels, *[f"Δ% {lab}" for lab in labels[1:]]]
     out: list[str] = []
@@ -267,7 +273,8 @@ def render_compare_table(result: CompareResult, *, tablefmt: str = "simple") -> 
     for g in result.groups:
         out.append(" ".join([g.mode, g.key_label()]).strip())
         rows = [
-            [r.metric, *[_fmt_val(r.metric, v) for v in r.values], *[_fmt_delta(d) for d in r.delta_pct[1:]]]
+            [_SHOWN.get(r.metric, r.metric), *[_fmt_val(r.metric, v) for v in r.values],
+             *[_fmt_delta(d) for d in r.delta_pct[1:]]]
             for r in g.rows
         ]
         colalign = ("left",) + ("right",) * (len(headers) - 1)

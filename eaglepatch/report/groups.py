@@ -1,6 +1,14 @@
 """A group's accumulator and its statistics: ``Acc`` holds one compact ``array('f')`` per series (cycle, each
 phase, between, and the host-clock series of the ``events`` timer) and a few running sums while the scan fills
-it; ``finish_group`` turns it into a ``GroupStats`` (exact percentiles), ``merge_into`` joins two (``merge_runs``).
+it; ``finish_group`` turns it into a ``GroupStats`` (exact percentiles), ``merge_into`` joins two (``merge_runs``,
+and the data-parallel groups of one group).
+
+Tensor and data parallelism (docs/contract.md, "Topologies"): the scan fills one ``Acc`` per data-parallel group
+(a record's ``"dp"``; records without it are one), whose ranks are the tensor-parallel ranks of one batch: every
+one of them records the same cycles, the same ``bs``, ``accepted`` and ``accepts``. So a group's tok/s is a ratio
+over all its ranks' records (tokens and time both multiplied by the TP size), while its acceptance histogram is
+counted per rank and read from one rank (``_one_rank``). ``merge_into`` keeps the sums of another DP group apart
+(``DPSums``): the DP groups serve different requests, and the group's tok/s is the sum of theirs.
 """
 
 from __future__ import annotations
@@ -45,9 +53,14 @@ class Acc:
         "run",
         "spec",
         "ranks",
+        "hists",
+        "dp",
+        "node",
+        "others",
     )
 
-    def __init__(self, mode: str, keyval: Any, run: str = "", spec: str | None = None):
+    def __init__(self, mode: str, keyval: Any, run: str = "", spec: str | None = None, dp: Any = None,
+                 node: Any = None):
         self.mode = mode
         self.keyval = keyval
         self.run = run
@@ -66,12 +79,52 @@ class Acc:
         self.acc_ab = 0
         self.bs_ab = 0
         self.wcyc_acc = 0.0  # the host clock's cycle time of the records with accepted (cycle_ms without it)
-        self.ahist: dict[int, int] = {}  # tokens a request produced in a cycle -> request-cycles ("accepts")
+        # per rank: tokens a request produced in a cycle -> request-cycles ("accepts"); one rank's counts the group's
+        self.hists: dict[Any, dict[int, int]] = {}
         # per record with accepted, in order: its tokens and its wall time (host cycle + the gap before it), for
         # the spread of tok/s over windows of the run
         self.accs = array("f")
         self.walls = array("f")
         self.ranks: set[Any] = set()  # the ranks of the processes whose records came in (added per process)
+        self.dp = dp  # the data-parallel group of the records the scan added (a record's "dp"; None: none said)
+        self.node = node  # the node rank of the records' processes (a record's "node"), for --by rank
+        self.others: dict[Any, DPSums] = {}  # the sums of other DP groups merged in (merge_into), by dp
+
+
+class DPSums:
+    """The running sums, histograms and ranks of one data-parallel group, merged into the ``Acc`` of another
+    (``merge_into``): the same names as ``Acc``'s."""
+
+    __slots__ = ("acc", "cyc_acc", "btw_acc", "acc_ab", "bs_ab", "wcyc_acc", "hists", "ranks")
+
+    def __init__(self) -> None:
+        self.acc = 0
+        self.cyc_acc = 0.0
+        self.btw_acc = 0.0
+        self.acc_ab = 0
+        self.bs_ab = 0
+        self.wcyc_acc = 0.0
+        self.hists: dict[Any, dict[int, int]] = {}
+        self.ranks: set[Any] = set()
+
+
+def _one_rank(hists: dict[Any, dict[int, int]]) -> tuple[Any, dict[int, int]]:
+    """The (rank, histogram) a TP group's acceptance is read from: the rank with the most request-cycles, the
+    lowest on a tie; ``(None, {})`` for none.
+
+    Under tensor parallelism every rank records the same batch, so each rank's histogram is the group's and their
+    sum would count every request-cycle TP times. One rank's is taken, not the sum divided by the TP size: it needs
+    no second pass and no agreement between the ranks (a division is exact only where every rank's counts are the
+    same, and a rank whose log lost records would make it wrong), and a per-rank histogram is a few counters. The
+    rank with the most counts is the one whose log is the most complete (the runtime may drop records, or remove
+    the oldest files of a rank's chain)."""
+    best: tuple[Any, dict[int, int]] = (None, {})
+    most = -1
+    for rank in sorted(hists):
+        n = sum(hists[rank].values())
+        if n > most:
+            best, most = (rank, hists[rank]), n
+    return best
 
 
 class _Counted:
@@ -320,20 +373,33 @@ def finish_group(g: Acc, key: tuple[tuple[str, Any], ...], run: str | None) -> G
 
     # No record with accepted (and bs) leaves these sums at 0: the values are then null; so does a quotient too large
     # for a float (a few tokens over cycles of a denormal number of ms: every value is bounded, not their ratios).
-    accept_len = _finite(g.acc_ab / g.bs_ab) if g.bs_ab > 0 else None
-    tokens_per_s = _finite(g.acc / g.cyc_acc * 1000.0) if g.cyc_acc > 0 else None
+    # The data-parallel groups serve different requests: the server's tok/s is the sum of theirs, each a ratio over
+    # its own TP ranks' records; one DP group (pure TP, or no "dp" in the records) gives its ratio unchanged.
+    parts: list[Any] = [g, *g.others.values()]
+    acc_ab = sum(p.acc_ab for p in parts)
+    bs_ab = sum(p.bs_ab for p in parts)
+    accept_len = _finite(acc_ab / bs_ab) if bs_ab > 0 else None
+    rates = [p.acc / p.cyc_acc * 1000.0 for p in parts if p.cyc_acc > 0]
+    tokens_per_s = _finite(math.fsum(rates)) if rates else None
     # What a client sees follows the cadence of cycle starts on the host: each cycle's host-clock time plus the gap
     # before it. Under the overlap scheduler the GPU's cycle (cycle_ms of the events timer) overlaps the
     # scheduler's work between cycles, so cycle_ms + between would count that time twice.
-    wall_den = g.wcyc_acc + g.btw_acc
-    wall = _finite(g.acc / wall_den * 1000.0) if g.cyc_acc > 0 and wall_den > 0 else None
+    walls = [p.acc / (p.wcyc_acc + p.btw_acc) * 1000.0 for p in parts if p.cyc_acc > 0 and p.wcyc_acc + p.btw_acc > 0]
+    wall = _finite(math.fsum(walls)) if walls else None
+    wall_den = math.fsum(p.wcyc_acc + p.btw_acc for p in parts) if len(parts) > 1 else g.wcyc_acc + g.btw_acc
     n_acc = len(g.walls)
     cadence = wall_den / n_acc if n_acc and wall_den > 0 else None
     windows = _window_rates(g.accs, g.walls)
     g.accs = array("f")
     g.walls = array("f")
-    hist = tuple(sorted(g.ahist.items()))
+    # each DP group's acceptance read from one of its TP ranks (_one_rank), the DP groups' added
+    counts: dict[int, int] = {}
+    for p in parts:
+        for t, n in _one_rank(p.hists)[1].items():
+            counts[t] = counts.get(t, 0) + n
+    hist = tuple(sorted(counts.items()))
     acceptance = Acceptance(samples=sum(n for _t, n in hist), hist=hist) if hist else None
+    tp = max(1, *(len(p.ranks) for p in parts))
     return GroupStats(
         mode=g.mode,
         key=key,
@@ -352,7 +418,9 @@ def finish_group(g: Acc, key: tuple[tuple[str, Any], ...], run: str | None) -> G
         accepted_cycles=n_acc,
         window_tokens_per_s=windows,
         spec=g.spec,
-        ranks=max(1, len(g.ranks)),
+        ranks=max(1, sum(len(p.ranks) for p in parts)),
+        tp=tp,
+        dp=len(parts),
     )
 
 
@@ -382,7 +450,8 @@ def _window_rates(accs: array, walls: array) -> tuple[float, ...]:
 
 
 def merge_into(a: Acc, b: Acc) -> None:
-    """Append ``b``'s series to ``a``'s and add its sums (``merge_runs``); ``b`` is left empty."""
+    """Append ``b``'s series to ``a``'s and add its sums: those of ``a``'s DP group to ``a``'s, another DP group's
+    kept apart (``a.others``); ``b`` is left empty. For ``merge_runs`` and the DP groups of one group."""
     a.cyc.extend(b.cyc)
     a.btw.extend(b.btw)
     a.hcyc.extend(b.hcyc)
@@ -397,18 +466,37 @@ def merge_into(a: Acc, b: Acc) -> None:
     b.cyc = array("f")
     b.btw = array("f")
     b.hcyc = array("f")
+    a.accs.extend(b.accs)
+    a.walls.extend(b.walls)
+    b.accs = array("f")
+    b.walls = array("f")
+    # the sums of each DP group apart (their tok/s add), those of one DP group together (another run's: a blend)
+    for dp, part in [(b.dp, b), *b.others.items()]:
+        dst: Any = a if dp == a.dp else a.others.get(dp)
+        if dst is None:
+            dst = a.others[dp] = DPSums()
+        _add_sums(dst, part)
+    b.others = {}
+    b.hists = {}
+    b.ranks = set()
+
+
+def _add_sums(a: Any, b: Any) -> None:
+    """Add the running sums, histograms and ranks of ``b`` (an ``Acc`` or ``DPSums``) to ``a``'s, of the same DP
+    group; the histograms rank by rank. Ranks are numbered across a server's nodes (torch.distributed's world), so
+    the nodes of one multi-node server (a run each) keep apart ranks of one batch, read once; another launch's
+    records (other requests) add to the ranks of the same number."""
     a.acc += b.acc
     a.cyc_acc += b.cyc_acc
     a.btw_acc += b.btw_acc
     a.acc_ab += b.acc_ab
     a.bs_ab += b.bs_ab
     a.wcyc_acc += b.wcyc_acc
-    for t, n in b.ahist.items():
-        a.ahist[t] = a.ahist.get(t, 0) + n
-    b.ahist.clear()
-    a.accs.extend(b.accs)
-    a.walls.extend(b.walls)
-    b.accs = array("f")
-    b.walls = array("f")
+    for rank, theirs in b.hists.items():
+        mine = a.hists.get(rank)
+        if mine is None:
+            a.hists[rank] = theirs
+        else:
+            for t, n in theirs.items():
+                mine[t] = mine.get(t, 0) + n
     a.ranks |= b.ranks
-    b.ranks = set()

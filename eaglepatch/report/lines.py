@@ -145,6 +145,8 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
     c_host = st.c_host
     c_pid = st.c_pid
     c_rank = st.c_rank
+    c_dp = st.c_dp
+    c_node = st.c_node
     cnt = st.cnt
     last_end = st.last_end
     carry = st.carry
@@ -160,6 +162,7 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
     pm: Any = None
     cyc_app: Any = None
     btw_app: Any = None
+    ah: Any = None  # the current group's acceptance histogram of the current rank
     s_acc = s_acc_ab = s_bs_ab = 0
     s_cyc_acc = s_btw_acc = 0.0
     if g is not None:
@@ -171,6 +174,9 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
         pm = g.ph
         cyc_app = g.cyc_app
         btw_app = g.btw_app
+        ah = g.hists.get(c_rank)
+        if ah is None:
+            ah = g.hists[c_rank] = {}
     for line in source:
         try:
             d = NO
@@ -220,16 +226,22 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
             ev = d.get("every", NO)  # apply --every N: the cycles this record stands for (NO: itself alone)
             if ev is not NO and (type(ev) is not int or not 0 < ev <= max_every):
                 raise BadLine("bad every")
+            dp = d.get("dp")  # the data-parallel group (None: not said, one group)
+            node = d.get("node")  # the node rank of a multi-node server
 
-            if host != c_host or pid != c_pid or rank != c_rank:
+            if host != c_host or pid != c_pid or rank != c_rank or dp != c_dp or node != c_node:
                 if (type(host) is not str or type(pid) is not int or type(rank) is not int
-                        or not 0 <= pid <= max_count or not 0 <= rank <= max_count):
+                        or not 0 <= pid <= max_count or not 0 <= rank <= max_count
+                        or not (dp is None or type(dp) is int and 0 <= dp <= max_count)
+                        or not (node is None or type(node) is int and 0 <= node <= max_count)):
                     raise BadLine("bad process fields")
                 if c_host is not NO:
                     procs[(c_host, c_pid, c_rank)] = (cnt, last_end, carry)
                 c_host = host
                 c_pid = pid
                 c_rank = rank
+                c_dp = dp
+                c_node = node
                 cnt, last_end, carry = procs.get((host, pid, rank), (0, ninf, 0.0))
                 c_rraw = NO  # a run's start is looked for where the process changes, too
 
@@ -289,13 +301,13 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
                 continue
 
             if bycode == 0:
-                gk = mode
+                gk = mode if c_dp is None else (mode, c_dp)
             elif bycode == 1:
-                gk = (mode, bs)
+                gk = (mode, bs) if c_dp is None else (mode, bs, c_dp)
             elif bycode == 2:
-                gk = (mode, rank)
+                gk = (mode, rank) if c_dp is None else (mode, rank, c_dp)
             else:
-                gk = (mode, host)
+                gk = (mode, host) if c_dp is None else (mode, host, c_dp)
             if gk != cur_gk:
                 try:
                     ng = groups[gk]
@@ -305,8 +317,11 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
                     kv = None if bycode == 0 else gk[1]
                     if bycode == 1 and kv is not None and not is_num(kv):
                         raise BadLine("bad bs") from None
-                    ng = groups[gk] = Acc(mode, kv, c_rid, c_spec)
+                    ng = groups[gk] = Acc(mode, kv, c_rid, c_spec, c_dp, c_node)
                 ng.ranks.add(c_rank)  # looked up again at every change of process (its run switch resets cur_gk)
+                ah = ng.hists.get(c_rank)
+                if ah is None:
+                    ah = ng.hists[c_rank] = {}
                 if g is not None:
                     g.acc = s_acc
                     g.acc_ab = s_acc_ab
@@ -406,11 +421,9 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
             else:
                 carry = wc  # after an idle gap only this cycle itself
             if acs is not None:
-                ah = g.ahist
                 for x in acs:
                     ah[x] = ah.get(x, 0) + 1
             elif ahs is not None:
-                ah = g.ahist
                 for k, v in pairs:
                     ah[k] = ah.get(k, 0) + v
             cnt += 1
@@ -437,6 +450,8 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
     st.c_host = c_host
     st.c_pid = c_pid
     st.c_rank = c_rank
+    st.c_dp = c_dp
+    st.c_node = c_node
     st.cnt = cnt
     st.last_end = last_end
     st.carry = carry

@@ -293,6 +293,14 @@ class GroupStats:
     window_tokens_per_s: tuple[float, ...] = ()
     spec: str | None = None  # the records' speculative settings under adaptive speculation, also when not in key
     ranks: int = 1  # the ranks whose records the group holds (TP: each rank times every cycle)
+    tp: int = 1  # the most ranks of one data-parallel group (the TP size: ranks that record the same batches)
+    dp: int = 1  # the data-parallel groups (records' "dp"; one without): their tok/s add
+
+    def ranks_label(self) -> str:
+        """``"4 ranks (TP 2 x DP 2)"``; ``""`` for one rank."""
+        if self.ranks <= 1:
+            return ""
+        return f"{self.ranks} ranks (TP {self.tp} x DP {self.dp})"
 
     def key_dict(self) -> dict[str, Any]:
         """Return the key as a dict: ``{}`` or e.g. ``{"bs": 1}`` (``{"bs": 1, "run": "..."}`` with runs)."""

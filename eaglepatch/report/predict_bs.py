@@ -258,11 +258,13 @@ def server_max_bs(flags: dict[str, Any]) -> int | None:
 
 
 def for_runs(result: ReportResult, *, steps: Sequence[int] | None = None, sweep: dict[str, Any] | None = None,
-             flags: dict[str, Any] | None = None) -> dict[str | None, ByBs]:
+             flags: dict[str, Any] | None = None, min_cycles: int = 0) -> dict[str | None, ByBs]:
     """``predict_by_bs`` for each run of ``result`` (aggregated ``by="bs"``), keyed by run id: its top-k 1 decode
     groups, its launch flags for the largest batch (the run header's, with ``flags`` beside them: the server's
     own, e.g. the ``max-running-requests`` sglang derived, which a header does not hold; ``flags`` alone give the
-    step count of runs whose header has none), and a sweep's baseline (``sweep``) at its concurrencies."""
+    step count of runs whose header has none), and a sweep's baseline (``sweep``) at its concurrencies. A run of
+    fewer than ``min_cycles`` decode cycles per rank (all its batch sizes together) gets why none, unpriced: no fit
+    is made from so little, and a folder of thousands of such runs costs no more than reading them."""
     runs = {r.id: r.flags_dict() for r in result.runs}
     by_run: dict[str | None, list[tuple[int, int, GroupStats]]] = {}
     for g in result.groups:
@@ -273,6 +275,11 @@ def for_runs(result: ReportResult, *, steps: Sequence[int] | None = None, sweep:
         by_run.setdefault(g.run, []).append((bs, sh.steps, g))
     out: dict[str | None, ByBs] = {}
     for run, groups in by_run.items():
+        cycles = sum(g.n // max(1, g.ranks) for _, _, g in groups)
+        if cycles < min_cycles:
+            out[run] = ByBs(why=f"only {cycles} decode cycle(s) recorded per rank, too few to price every batch size "
+                                f"from (at least {min_cycles}): load the server first (eaglepatch bench)")
+            continue
         fl = {**(flags or {}), **runs.get(run, {})}  # the header's flags, beside what the caller knows of the server
         k = max(s for _, s, _ in groups)
         out[run] = predict_by_bs(groups, max_bs=server_max_bs(fl), steps=steps, baseline=baselines_of(sweep, k))

@@ -3,17 +3,18 @@ applies beyond the plain look-ups of its hot loop, and the ``BadLine`` they rais
 
 A valid record has ``"v": 1``, a number ``t``, a string ``host``, int ``pid`` and ``rank``, a string ``mode``, a
 number ``cycle_ms`` and an object ``phases`` of numbers; ``bs`` and ``accepted`` are numbers or null;
-``host_cycle_ms`` / ``host_phases`` are optional; so is ``every`` (written by apply --every N: the cycles
-the record stands for, itself and the untimed ones after it), a whole number from 1 to ``MAX_EVERY``. Anything
+``host_cycle_ms`` / ``host_phases`` are optional; so are ``dp`` and ``node`` (ints, like ``rank``), and ``every``
+(written by apply --every N: the cycles the record stands for, itself and the untimed ones after it), a whole
+number from 1 to ``MAX_EVERY``. Anything
 else (bad JSON, trailing garbage, a non-object, a missing or mistyped field, ``NaN``/``Infinity`` literals,
 another ``v``) is counted in ``skipped_lines``. Blank lines are ignored and not counted.
 
 Every value is bounded before it costs memory or time (docs/safety.md, "Hostile logs"), and a record with one out
 of bounds is counted in ``skipped_lines`` like any other: ``t`` at least 0 and at most ``MAX_T``; a duration
 (``cycle_ms``, ``host_cycle_ms``, each phase) at least 0 and at most ``MAX_MS`` (an hour); ``bs``, ``accepted``,
-``pid``, ``rank`` and an ``accept_hist`` count at least 0 and at most ``MAX_COUNT``; an ``accepts`` list at most
-``MAX_ACCEPTS`` entries and no longer than ``bs``, each entry (and each ``accept_hist`` key) at most the record's
-``spec`` draft tokens plus one, and at most ``MAX_TOKENS``; the requests an ``accept_hist`` counts at most ``bs``.
+``pid``, ``rank``, ``dp``, ``node`` and an ``accept_hist`` count at least 0 and at most ``MAX_COUNT``; an
+``accepts`` list at most ``MAX_ACCEPTS`` entries and no longer than ``bs``, each entry (and each ``accept_hist``
+key) at most the record's ``spec`` draft tokens plus one, and at most ``MAX_TOKENS``; the requests an ``accept_hist`` counts at most ``bs``.
 A line longer than ``LINE_CAP`` bytes is skipped unread (``eaglepatch.report.reader``).
 """
 

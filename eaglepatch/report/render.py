@@ -63,12 +63,16 @@ def _opt(v: float | None, fmt: str) -> str:
 
 
 def group_title(g: GroupStats) -> str:
-    """The header line of one group: mode, key, n, accept length, in-cycle tok/s (``tokens_per_s``) and records'
+    """The header line of one group: mode, key, its ranks where several (``"[4 ranks (TP 2 x DP 2)]"``), n, accept
+    length, in-cycle tok/s (``tokens_per_s``) and records'
     wall tok/s (``wall_tokens_per_s``), each by its label (``eaglepatch.report.labels``)."""
     parts = [g.mode]
     label = g.key_label()
     if label:
         parts.append(label)
+    ranks = g.ranks_label()
+    if ranks:
+        parts.append(f"[{ranks}]")
     head = " ".join(parts)
     return (
         f"{head}  n={g.n}  accept len {_opt(g.accept_len, '.3f')}  "

@@ -15,6 +15,11 @@ Assumptions, stated once:
 * The records of one process (host, pid, rank) come in ``t`` order within a file, and when one process spans
   several files, the files are given in time order (``iter_log_files`` sorts names). ``t`` is the cycle's start
   (wall clock, seconds).
+* The ranks of one data-parallel group (a record's ``"dp"``; records without one are one group) are the tensor-
+  parallel ranks of one batch, and record the same cycles; ranks of different DP groups serve different requests.
+  The scan keeps one accumulator per DP group (its ``"dp"`` last in the group key) and one acceptance histogram per
+  rank; ``eaglepatch.report.groups`` reads the histogram from one rank and adds the DP groups' tok/s. ``"dp"`` and
+  ``"node"`` (the node rank) are read with the process's fields: a change of either is a change of process.
 * ``between_ms`` is attributed to the group of the cycle that *follows* the gap (the scheduler's work that led to
   that cycle). A gap longer than ``idle_gap_s`` counts as idle and is left out; a small negative gap (clock
   jitter) counts as 0; a gap more negative than ``-idle_gap_s`` (records out of order) is left out.
@@ -202,6 +207,8 @@ class Scan:
         self.c_host: Any = NO
         self.c_pid: Any = NO
         self.c_rank: Any = NO
+        self.c_dp: Any = NO  # its records' "dp" and "node" (None where they have none)
+        self.c_node: Any = NO
         self.cnt = 0
         self.last_end = -math.inf
         self.carry = 0.0  # wall time (ms) of the process's cycles without accepted (prefill) since its last one with
@@ -260,13 +267,16 @@ class Scan:
         self.g = None
         self.cur_gk = NO
 
-    def switch_process(self, host: Any, pid: Any, rank: Any) -> None:
-        """Make (host, pid, rank) the current process (its record count, last cycle end and carry)."""
+    def switch_process(self, host: Any, pid: Any, rank: Any, dp: Any = None, node: Any = None) -> None:
+        """Make (host, pid, rank) the current process (its record count, last cycle end and carry), its records of
+        data-parallel group ``dp`` on node ``node``."""
         if self.c_host is not NO:
             self.procs[(self.c_host, self.c_pid, self.c_rank)] = (self.cnt, self.last_end, self.carry)
         self.c_host = host
         self.c_pid = pid
         self.c_rank = rank
+        self.c_dp = dp
+        self.c_node = node
         self.cnt, self.last_end, self.carry = self.procs.get((host, pid, rank), (0, -math.inf, 0.0))
         self.c_rraw = NO  # a run's start is looked for where the process changes, too
 

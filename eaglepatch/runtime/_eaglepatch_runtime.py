@@ -351,7 +351,7 @@ def _reset():
     global _flush_final, _last_end, _live, _live_watch, _live_next, _pins
     global _chain, _chain_bytes, _next_index, _want_new, _share, _file_bytes, _removed, _paused
     global _pause_wrote, _pause_from, _next_free_check, _free_left, _drop_by, _drop_win_by, _drops_said, _drops_next
-    global _msgs_lost
+    global _msgs_lost, _where
     _skip_left = 0          # untimed calls left before the next timed one (every=N)
     _classes = {}           # worker class -> (timer kind, worker name, can change its speculative settings)
     _timer_name = None      # the timer of the class resolved last (for _stats)
@@ -381,6 +381,7 @@ def _reset():
 
     _pid = os.getpid()
     _rank = None            # fixed at the first write (the file name carries it)
+    _where = None           # the records' '"dp": D, "node": N, ' part (_parallel_fields), fixed with the rank
     _path = None
     _dir_in_use = None      # the log directory actually written to (the configured one, or the private fallback)
     _fallback = None        # the private fallback directory, once made
@@ -1487,7 +1488,7 @@ def _summary_lines(win, dropped, why=None):
         if bs:
             line += " | accept len %.2f" % (float(acc_b) / bs)
         if acc_cyc > 0:
-            line += " | %.1f tok/s" % (acc / acc_cyc * 1000.0)
+            line += " | %.1f in-cycle tok/s" % (acc / acc_cyc * 1000.0)  # time inside the entry method only
         lines.append(line)
     if dropped:
         lines.append("[eaglepatch] rank%d dropped %d record(s) since the last summary (%s)"
@@ -1810,7 +1811,7 @@ _FULL_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT") if hasa
 def _write_buffered(status=False):
     """Write all buffered records (writer thread, or flush without one), by _write_lines. `status`: a drops line
     goes out even without a record when the losses changed since the last one (flush, exit)."""
-    global _buf, _buf_since, _rank, _share, _file_bytes
+    global _buf, _buf_since, _rank, _share, _file_bytes, _where
     pid = os.getpid()
     if pid != _pid:
         _after_fork_child()     # the buffer is the parent's: it writes it itself
@@ -1825,11 +1826,13 @@ def _write_buffered(status=False):
         try:
             if _rank is None:
                 _rank = _detect_rank()
+            if _where is None:
+                _where = _parallel_fields(_rank)
             if _share is None:
                 _share = _rank_share()
                 _file_bytes = min(_share, max(_MIN_FILE_BYTES, _share / _FILES_PER_SHARE))
             rid = _run_of()[0]
-            mid = (', "host": %s, "pid": %d, "rank": %d, "run": %s, ' % (_q(_host), pid, _rank, _q(rid))
+            mid = (', "host": %s, "pid": %d, "rank": %d, %s"run": %s, ' % (_q(_host), pid, _rank, _where, _q(rid))
                    ).replace("%", "%%")
             fmt = '{"v": 1, "t": %.6f' + mid + "%s"
             fmt_lost = '{"v": 1, "t": %.6f' + mid + '"dropped": %d, %s'
@@ -1991,6 +1994,50 @@ def _remove_oldest():
         return
     _removed[0] += 1
     _removed[1] += size
+
+
+_DP_TITLE = re.compile(r"^sglang::\S*_DP(\d+)")   # sglang's process title of a scheduler: "..._DP1_TP0"
+
+
+def _parallel_fields(rank):
+    """'"dp": D, "node": N, ' for the records of this process (either left out where it is not known; "" for
+    neither): docs/contract.md, "The timing log".
+
+    "dp", the data-parallel group whose requests this rank serves (ranks of one "dp" record the same batches; those
+    of different ones, different requests): the DP rank sglang names this scheduler by ("sglang::scheduler_DP1_TP0",
+    its process title: a replica of --dp-size without --enable-dp-attention, each a torch.distributed world of its
+    own), else, under --enable-dp-attention with --dp-size D > 1, the attention DP group of this rank (sglang's
+    compute_dp_attention_world_info: the TP rank over tp-size / D; the world's rank is pp rank x tp-size + TP
+    rank). "node": --node-rank of a server of --nnodes N > 1 (the launcher's command line)."""
+    out = ""
+    try:
+        argv = _run_of()[1]["argv"]
+    except Exception:
+        argv = []
+    dp = None
+    try:
+        title = _proc_cmdline(os.getpid())
+        m = _DP_TITLE.match(title[0]) if title else None
+        if m is not None:
+            dp = int(m.group(1))
+        elif "--enable-dp-attention" in argv:
+            size = _option(argv, ("--dp-size", "--dp"))
+            tp = _option(argv, ("--tp-size", "--tp"))
+            if size is not None and size.isdigit() and int(size) > 1:
+                tp = int(tp) if tp is not None and tp.isdigit() and int(tp) > 0 else 1
+                dp = (rank % tp) // max(1, tp // int(size))
+    except Exception:
+        dp = None
+    if dp is not None:
+        out += '"dp": %d, ' % dp
+    try:
+        nodes = _option(argv, ("--nnodes",))
+        node = _option(argv, ("--node-rank",))
+        if nodes is not None and nodes.isdigit() and int(nodes) > 1 and node is not None and node.isdigit():
+            out += '"node": %d, ' % int(node)
+    except Exception:
+        pass
+    return out
 
 
 def _rank_share():

@@ -1,6 +1,7 @@
 """The timing runtime's summary line on stderr (eaglepatch/runtime/_eaglepatch_runtime.py): one line per worker and
-mode every summary_every records, with the mean cycle, each phase's mean and share, the accept length and tok/s,
-and the records dropped in its window.
+mode every summary_every records, with the mean cycle, each phase's mean and share, the accept length and in-cycle
+tok/s (the tokens over the time inside the entry method: labels.CYCLE, whose tok/s it is), and the records dropped
+in its window.
 
 Several of these tests were written to kill mutants of the runtime (docs/mutation-runtime.md).
 """
@@ -13,7 +14,7 @@ from runtime_helpers import Batch, Obj, decode_worker, scripted_worker
 
 SUMMARY_RE = re.compile(
     r"^\[eaglepatch\] rank(\d+) (\w+) (decode|prefill) n=(\d+) cycle ([0-9.]+) ms"
-    r"(?: \| ((?:\w+ [0-9.]+ \(\d+%\) ?)+))?(?: \| accept len ([0-9.]+))?(?: \| ([0-9.]+) tok/s)?$")
+    r"(?: \| ((?:\w+ [0-9.]+ \(\d+%\) ?)+))?(?: \| accept len ([0-9.]+))?(?: \| ([0-9.]+) in-cycle tok/s)?$")
 
 
 def test_summary_line_every_k_records(load, capsys):
@@ -89,12 +90,12 @@ def test_the_summary_line_is_exact(load, capsys, monkeypatch):
         EAGLEWorker().forward_batch_generation(Batch(2))
     rt.flush()
     assert capsys.readouterr().err == ("[eaglepatch] rank0 EAGLEWorker decode n=2 cycle 13.00 ms | draft 10.00 (77%) "
-                                       "verify 2.50 (19%) | accept len 2.50 | 384.6 tok/s\n")
+                                       "verify 2.50 (19%) | accept len 2.50 | 384.6 in-cycle tok/s\n")
 
 
 @pytest.mark.parametrize("steps, after, line", [
     ([("draft", 0.0001), ("verify", 0.0002)], 0.0001,
-     "cycle 0.40 ms | draft 0.10 (25%) verify 0.20 (50%) | accept len 2.00 | 10000.0 tok/s"),
+     "cycle 0.40 ms | draft 0.10 (25%) verify 0.20 (50%) | accept len 2.00 | 10000.0 in-cycle tok/s"),
     ([("draft", 0.0), ("verify", 0.0)], 0.0,
      "cycle 0.00 ms | draft 0.00 (0%) verify 0.00 (0%) | accept len 2.00"),
 ], ids=["sub-millisecond cycles", "cycles that took no time"])
