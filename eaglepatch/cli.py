@@ -228,10 +228,11 @@ def report(
     trace: Optional[str] = typer.Option(None, "--trace", help="Write a Chrome trace (Perfetto) to FILE."),
     compare: bool = typer.Option(False, "--compare", help="Two or more sources side by side, with deltas."),
     chart: Optional[str] = typer.Option(None, "--chart", help="With --compare: a chart of the phases side by side; "
-                                        "with --predict: predicted tok/s by step count beside the acceptance "
-                                        "profile; to FILE: .svg, or .png with the plot extra."),
-    predict: bool = typer.Option(False, "--predict", help="Predict accept length, cycle time and tok/s for other "
-                                 "draft step counts (and none) from these records."),
+                                        "with --predict: predicted records' wall tok/s by step count beside the "
+                                        "acceptance profile; to FILE: .svg, or .png with the plot extra."),
+    predict: bool = typer.Option(False, "--predict", help="Predict accept length, cycle time and records' wall "
+                                 "tok/s (the records' tokens over cycle plus between time) for other draft step "
+                                 "counts (and none) from these records."),
     steps: Optional[str] = typer.Option(None, "--steps", help="With --predict: the step counts, e.g. 0,1,2,3,5 or "
                                         "0-8 (default: 0 and 1..max(8, steps+2))."),
     log_dir: Optional[str] = typer.Option(None, "--log-dir", help="Log directory on a TARGET (default: from its manifest)."),
@@ -243,7 +244,8 @@ def report(
                                   "of the servers that run now)."),
     *, c: Connect,
 ) -> None:
-    """Aggregate timing logs: per-phase mean and percentiles, share of the cycle, accept length, tokens/s.
+    """Aggregate timing logs: per-phase mean and percentiles, share of the cycle, accept length, in-cycle and
+    records' wall tok/s.
 
     \b
     Examples:
@@ -292,32 +294,36 @@ URL_HELP = ("Send the load to URL (http or https://HOST[:PORT][/PREFIX]): the ro
             "The server's own facts are still read from the server.")
 
 
-def _bench_options(requests: int, concurrency: str, input_len: int, max_new_tokens: int, warmup: int | None,
+def _bench_options(requests: int | None, concurrency: str, input_len: int, max_new_tokens: int, warmup: int | None,
                    seed: int, log_wait: float, request_rate: str | None = None, prompts: str = "mixed",
                    temperature: float = 0.0, top_p: float = 1.0, ignore_eos: bool | None = None,
                    url: str | None = None) -> Any:
-    """bench's and sweep's load; raises UsageError (a bad --prompts file too: it is read here, before the target
-    is touched; a bad --url likewise)."""
+    """bench's and sweep's load; ``requests`` None: bench's, sized by duration (at least RequestsOpt's default).
+    Raises UsageError (a bad --prompts file too: it is read here, before the target is touched; a bad --url
+    likewise)."""
     from eaglepatch.tuning.load import LoadSpec
     from eaglepatch.tuning.bench import BenchOptions, parse_concurrency, parse_request_rate
     from eaglepatch.tuning.target_url import parse_url
 
     ladder = parse_concurrency(concurrency)
     rates = parse_request_rate(request_rate) if request_rate is not None else ()
-    load = LoadSpec(requests=requests, concurrency=ladder[0], input_len=input_len, max_new_tokens=max_new_tokens,
+    load = LoadSpec(requests=RequestsOpt.default if requests is None else requests, concurrency=ladder[0],
+                    input_len=input_len, max_new_tokens=max_new_tokens,
                     warmup=WarmupOpt.default if warmup is None else warmup, seed=seed,
                     request_rate=rates[0] if rates else None, prompt_source=prompts, temperature=temperature,
                     top_p=top_p, ignore_eos=ignore_eos)
     return BenchOptions(load=load, log_wait=log_wait, ladder=ladder if len(ladder) > 1 else (),
                         rates=rates if len(rates) > 1 else (), auto_warmup=warmup is None,
-                        url=parse_url(url) if url is not None else None)
+                        url=parse_url(url) if url is not None else None, sized=requests is None)
 
 
 @app.command()
 @connected(server_port=True)
 def bench(
     target: str = typer.Argument(..., help="SSH destination or local path."),
-    requests: int = RequestsOpt, concurrency: str = ConcurrencyOpt, input_len: int = InputLenOpt,
+    requests: Optional[int] = typer.Option(None, "--requests", help="Measured requests, exactly N (default: sized "
+                                           "by duration: as many as run 10 s or more, at least 32)."),
+    concurrency: str = ConcurrencyOpt, input_len: int = InputLenOpt,
     max_new_tokens: int = MaxNewOpt,
     warmup: Optional[int] = typer.Option(None, "--warmup", help="Unmeasured requests first (default 4; 32 on a "
                                          "server younger than 5 minutes, whose first requests run slower)."),
@@ -384,8 +390,8 @@ def sweep(
     request_rate: Optional[str] = RequestRateOpt,
     prompts: str = PromptsOpt, temperature: float = TemperatureOpt, top_p: float = TopPOpt,
     ignore_eos: Optional[bool] = IgnoreEosOpt,
-    objective: str = typer.Option("throughput", "--objective", help="What best means: throughput (the most tok/s) "
-                                  "or latency (the least time per output token, p50)."),
+    objective: str = typer.Option("throughput", "--objective", help="What best means: throughput (the most client "
+                                  "tok/s) or latency (the least time per output token, p50)."),
     max_tpot_ms: Optional[float] = typer.Option(None, "--max-tpot-ms", help="A point whose p90 time per output "
                                                 "token exceeds MS is never best."),
     url: Optional[str] = typer.Option(None, "--url", metavar="URL", help=URL_HELP),

@@ -20,7 +20,7 @@ from eaglepatch.hosts.spec import TargetSpec
 from eaglepatch.redact import mask_argv
 from eaglepatch.report.labels import CLIENT, CYCLE, MEANING, WALL
 from eaglepatch.tuning.load import (
-    FRESH_S, LAUNCH_WARMUP, SHORT_LOAD_S, LoadSpec, fresh_server_note, run_load, short_load_note,
+    FRESH_S, LAUNCH_WARMUP, SHORT_LOAD_S, LoadSpec, fresh_server_note, run_load, short_load_note, sized_by_duration,
 )
 from eaglepatch.ops.lifecycle import launch_of
 from eaglepatch.ops.logs import fetch_logs_from, logs_of
@@ -48,6 +48,8 @@ class BenchOptions:
     auto_warmup: bool = False
     # --url: the router or load balancer the load goes through (None: the target server's own address)
     url: LoadURL | None = None
+    # --requests not given: each load runs SIZED_LOAD_S at least, its requests as many as fit (load.sized_by_duration)
+    sized: bool = False
 
     def __post_init__(self) -> None:
         if self.log_wait < 0:
@@ -164,6 +166,8 @@ def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | Non
                 say(f"the server started {max(age, 0):.0f} s ago: {LAUNCH_WARMUP} warm-up requests first (a fresh "
                     "launch's first requests run slower; --warmup N sets it)")
                 opts = dataclasses.replace(opts, load=dataclasses.replace(opts.load, warmup=LAUNCH_WARMUP))
+        if opts.sized:
+            opts = dataclasses.replace(opts, load=sized_by_duration(opts.load))
         if opts.url is not None:
             say(f"the load goes through {route.shown}")
         # the pause after the warm-up keeps its cycles out of the window, widened by the clock's uncertainty
@@ -203,8 +207,10 @@ def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | Non
         "server": {"pid": server.pid, "argv": mask_argv(server.argv)},  # printed: secrets masked (redact)
         # request_rate: null for a closed loop, and the prompts and sampling always (LoadSpec.to_json leaves them
         # out then, for sweeps' identities)
+        # sized by duration: "min_seconds", and the requests it sent
         "load": dict(opts.load.to_json(), request_rate=opts.load.request_rate, **opts.load.sampling_json(),
-                     **({"url": opts.url.shown} if opts.url is not None else {})),
+                     **({"url": opts.url.shown} if opts.url is not None else {}),
+                     **({"requests": len(lr.results)} if opts.sized else {})),
         "categories": lr.categories(),
         "window": {"start": round(window[0], 4), "end": round(window[1], 4), "seconds": round(lr.seconds, 4),
                    "clock_offset_s": round(offset, 4), "clock_uncertainty_s": round(unc, 4)},
@@ -294,6 +300,8 @@ def render_bench(doc: dict[str, Any]) -> str:
     rate = load.get("request_rate")
     how = (f"arriving at {rate:g}/s (Poisson), at most {load['concurrency']} in flight" if rate is not None
            else f"{load['concurrency']} at a time")
+    if load.get("min_seconds"):
+        how += f", sized to run {load['min_seconds']:g} s or more"
     if load.get("prompts", "random-ids") == "random-ids":
         what = f"{load['input_len']} random token ids in, {load['max_new_tokens']} out"
     else:

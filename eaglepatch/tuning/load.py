@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 
 from eaglepatch.errors import Unsupported, UsageError
 from eaglepatch.tuning.load_http import Request, RequestResult, _Client
+from eaglepatch.tuning.load_loops import closed_until, open_loop
 from eaglepatch.tuning.prompts import RANDOM_IDS, PromptSet, load_prompts
 from eaglepatch.tuning.target_url import masked_url
 
@@ -44,6 +45,9 @@ _TOKEN_LO, _TOKEN_HI = 10, 1000
 _MAX_ERRORS_KEPT = 5
 # A load shorter than this measures a start-up transient as much as the server: bench and sweep say so.
 SHORT_LOAD_S = 5.0
+# bench without --requests runs its load this long at least (sized_by_duration): twice what short_load_note asks for,
+# so that no server, however fast, gets that note on the README's path
+SIZED_LOAD_S = 2 * SHORT_LOAD_S
 
 
 def short_load_note(seconds: float) -> str:
@@ -80,7 +84,9 @@ class LoadSpec:
     arrivals at that many requests per second (``concurrency`` then caps what is in flight); None: a closed loop.
     ``prompt_source``: ``--prompts`` (``random-ids``: ``input_len`` random token ids each; else a set read at once
     into ``prompt_set``), ``temperature`` and ``top_p`` the sampling sent, ``ignore_eos`` None for the source's default
-    (``eos_ignored``). Raises UsageError for values out of range and for a bad ``--prompts``."""
+    (``eos_ignored``). ``min_seconds``: a load sized by duration (``sized_by_duration``): a closed loop then sends
+    ``requests`` at least and goes on until it has run that long. Raises UsageError for values out of range and for a
+    bad ``--prompts``."""
 
     requests: int = 32
     concurrency: int = 4
@@ -94,6 +100,7 @@ class LoadSpec:
     top_p: float = 1.0
     ignore_eos: bool | None = None
     prompt_set: PromptSet | None = dataclasses.field(default=None, compare=False, repr=False)
+    min_seconds: float | None = None
 
     def __post_init__(self) -> None:
         for name, low in (("requests", 1), ("concurrency", 1), ("input_len", 1), ("max_new_tokens", 1),
@@ -110,6 +117,10 @@ class LoadSpec:
             raise UsageError(f"--temperature must be a number from 0 (greedy), not {t!r}")
         if not isinstance(top, (int, float)) or isinstance(top, bool) or not math.isfinite(top) or not 0 < top <= 1:
             raise UsageError(f"--top-p must be a number above 0 and at most 1, not {top!r}")
+        low_s = self.min_seconds
+        if low_s is not None and (not isinstance(low_s, (int, float)) or isinstance(low_s, bool)
+                                  or not math.isfinite(low_s) or low_s <= 0):
+            raise UsageError(f"a load's duration must be a positive number of seconds, not {low_s!r}")
         if not isinstance(self.prompt_source, str):
             raise UsageError(f"--prompts must name a file or a built-in set, not {self.prompt_source!r}")
         if self.prompt_set is None or self.prompt_set.source != self.prompt_source:
@@ -143,6 +154,8 @@ class LoadSpec:
                                if f.name not in ("prompt_source", "temperature", "top_p", "ignore_eos", "prompt_set")}
         if self.request_rate is None:
             del doc["request_rate"]
+        if self.min_seconds is None:
+            del doc["min_seconds"]
         if not self.token_soup:
             doc.update(self.sampling_json())
         if self.prompt_set is not None:
@@ -180,6 +193,18 @@ class LoadSpec:
             out.append(t)
         return out
 
+    def arrivals_within(self, seconds: float) -> int:
+        """How many of the open loop's arrivals (``arrivals``) come before ``seconds``, and one more: the first
+        arrival at or past it (so that the load's last arrival is ``seconds`` after its first, or later)."""
+        if self.request_rate is None:
+            raise ValueError("a closed loop has no arrival schedule")
+        rng = random.Random(f"eaglepatch-rate:{self.seed}")  # the generator and draws of ``arrivals``
+        n, t = 1, 0.0
+        while t < seconds:
+            t += rng.expovariate(self.request_rate)
+            n += 1
+        return n
+
     def prompts(self, n: int, offset: int = 0) -> list[list[int]]:
         """``n`` prompts of ``input_len`` token ids; prompt ``i`` depends only on the seed and ``offset + i``."""
         out = []
@@ -187,6 +212,24 @@ class LoadSpec:
             rng = random.Random(f"eaglepatch-load:{self.seed}:{i}")
             out.append([rng.randrange(_TOKEN_LO, _TOKEN_HI) for _ in range(self.input_len)])
         return out
+
+
+def sized_by_duration(spec: LoadSpec, seconds: float = SIZED_LOAD_S) -> LoadSpec:
+    """``spec`` sized to run ``seconds`` at least (bench without ``--requests``): a closed loop goes on sending past
+    ``spec.requests`` until ``seconds`` have passed (``closed_until``); an open loop sends the seed's arrivals of the
+    first ``seconds`` (``arrivals_within``), ``spec.requests`` at least. Either way the requests are those of a load
+    of that many requests: request ``i`` is the same."""
+    if spec.request_rate is None:
+        return dataclasses.replace(spec, min_seconds=seconds)
+    return dataclasses.replace(spec, min_seconds=seconds, requests=max(spec.requests, spec.arrivals_within(seconds)))
+
+
+def sizing_words(spec: LoadSpec) -> str:
+    """How a load sized by duration was sized, in the words of a progress line."""
+    if spec.request_rate is None:
+        return (f"until {spec.min_seconds:g} s have passed, {spec.requests} at least (sized by duration: --requests N "
+                "sends exactly N)")
+    return (f"the seed's arrivals of {spec.min_seconds:g} s (sized by duration: --requests N sends exactly N)")
 
 
 def _dist(values: Sequence[float], scale: float = 1000.0, digits: int = 3) -> dict[str, float] | None:
@@ -396,6 +439,11 @@ def run_load(
         return results
 
     def measured(reqs: list[Request]) -> list[RequestResult]:
+        if spec.request_rate is None and spec.min_seconds is not None:
+            results = closed_until(pool, spec, lambda req: client.send(req, stream, clock), clock)
+            if any(r.streamed for r in results):
+                streamed.set()
+            return results
         if spec.request_rate is None:
             return batch(reqs)
         results = open_loop(pool, spec, reqs, lambda req: client.send(req, stream, clock), clock)
@@ -410,43 +458,6 @@ def run_load(
     finally:
         pool.shutdown(wait=True)
         client.close()
-
-
-def open_loop(pool: concurrent.futures.Executor, spec: LoadSpec, prompts: Sequence[Any],
-              send: Callable[[Any], RequestResult], clock: Callable[[], float],
-              sleep: Callable[[float], None] = time.sleep) -> list[RequestResult]:
-    """``prompts`` sent at ``spec.arrivals`` (an open loop, its first arrival now), through ``pool`` (at least
-    ``spec.concurrency`` workers): a request that arrives while ``spec.concurrency`` are in flight waits for one to
-    end, and its result carries that wait (``queued``, seconds); its latency and TTFT count from its send, the wait
-    apart, as sglang's bench_serving counts them under ``--max-concurrency``. The results in the prompts' order."""
-    slots = threading.Semaphore(spec.concurrency)
-
-    def one(ids: Any, waited: float) -> RequestResult:
-        try:
-            r = send(ids)
-        finally:
-            slots.release()
-        return dataclasses.replace(r, queued=waited) if waited > 0 else r
-
-    futures = []
-    held_until = -math.inf  # when the dispatcher last came out of a wait for a slot
-    t0 = clock()
-    for ids, due in zip(prompts, spec.arrivals(len(prompts))):
-        arrival = t0 + due
-        left = arrival - clock()
-        if left > 0:
-            sleep(left)
-        blocked = not slots.acquire(blocking=False)
-        if blocked:
-            slots.acquire()
-        now = clock()
-        # it waited when it found every slot taken, or when it arrived while the dispatcher waited for an earlier
-        # arrival's slot (every slot was taken then too)
-        waited = max(now - arrival, 1e-9) if blocked or arrival < held_until else 0.0
-        if blocked:
-            held_until = now
-        futures.append(pool.submit(one, ids, waited))
-    return [f.result() for f in futures]
 
 
 def endpoints(base_url: str, spec: LoadSpec) -> str:
@@ -473,13 +484,18 @@ def _load(spec: LoadSpec, batch: Callable[[list[Request]], list[RequestResult]],
             raise LoadFailed(f"{endpoints(base_url, spec)}: every warm-up request failed: {warm[0].error}")
         if pause > 0:
             time.sleep(pause)
-    if spec.request_rate is None:
+    if spec.request_rate is None and spec.min_seconds is not None:
+        say(f"load: {spec.concurrency} at a time, {spec.describe()}, {sizing_words(spec)}")
+    elif spec.request_rate is None:
         say(f"load: {spec.requests} request(s), {spec.concurrency} at a time, {spec.describe()}")
+    elif spec.min_seconds is not None:
+        say(f"load: {spec.requests} request(s) arriving at {spec.request_rate:g} per second (Poisson), at most "
+            f"{spec.concurrency} in flight, {spec.describe()}: {sizing_words(spec)}")
     else:
         say(f"load: {spec.requests} request(s) arriving at {spec.request_rate:g} per second (Poisson), at most "
             f"{spec.concurrency} in flight, {spec.describe()}")
     start, t0 = wall(), clock()  # a closed loop's first send; an open loop's first arrival
-    results = measured(spec.draw(spec.requests))
+    results = measured(spec.draw(spec.requests))  # a load sized by duration draws its own as it goes
     end, elapsed = wall(), clock() - t0
     if not any(r.ok for r in results):
         raise LoadFailed(f"{endpoints(base_url, spec)}: every request failed: {results[0].error}")

@@ -103,9 +103,14 @@ def speculation_slower_by_bs(f: ServerFacts) -> Finding | None:
     return Finding("speculation-slower", "medium",
                    f"predicted: from {cross} requests a cycle (up to {bb.get('max_bs')}) no step count beats no "
                    "speculation", ev,
-                   f"turn speculation off from {cross} requests a cycle: eaglepatch sweep {f.target} --live --grid "
-                   f"speculative-num-steps=0,{best['steps']} --emit-adaptive-config adaptive.json, then launch with "
-                   "--speculative-adaptive --speculative-adaptive-config adaptive.json", predicted=True)
+                   # an adaptive config's [0] tier is no way out: sglang's zero-step state is not plain decoding
+                   # (docs/real-gpu.md: 3,180 client tok/s against 7,974 without speculation at 64 on the H100)
+                   f"from {cross} requests a cycle only a launch without speculation delivers that: where the "
+                   "server's batches sit mostly there, relaunch it without the --speculative-* flags; where they "
+                   "span both sides, serve the large batches from such a launch (behind a router) and keep "
+                   "speculation for the rest. Not an adaptive config's [0] tier: sglang's zero-step state still "
+                   "runs the draft extend, under the speculative launch's max_running_requests (on an H100 it "
+                   "measured 60% under a launch without speculation)", predicted=True)
 
 
 def speculation_unproven(f: ServerFacts) -> Finding | None:
