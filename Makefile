@@ -24,8 +24,12 @@ sshd:
 	  || { echo "could not install them: run 'apt-get install openssh-server tcsh' as root" >&2; exit 1; }; \
 	fi
 
+# The tests side by side (pytest-xdist, JOBS workers: most end-to-end tests wait on servers and sshd, not the CPU),
+# then the few that measure rates on the CPU alone (marker serial).
+JOBS ?= 4
 test: install sshd
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -rs -n $(JOBS) --dist loadfile -m 'not serial'
+	$(BIN)/python -m pytest -q -p no:cacheprovider -rs -m serial
 
 test-fast: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m 'not e2e and not real'

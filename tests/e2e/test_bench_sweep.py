@@ -616,6 +616,7 @@ def test_bench_measures_each_concurrency_of_a_ladder_in_turn(standins, tmp_path,
     assert "by concurrency" in text and "   1 at a time:" in text and "   2 at a time:" in text
 
 
+@pytest.mark.serial  # compares rates measured on this machine's CPU: alone, not beside the parallel tests
 def test_a_restart_sweep_measures_every_concurrency_after_each_launch(standins, tmp_path, local):
     """--concurrency 1,2 with --baseline: one launch per point and repetition (no more than without the ladder),
     each measured at both concurrencies; per point the figures per concurrency, the best per concurrency, the
