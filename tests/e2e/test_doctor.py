@@ -186,6 +186,7 @@ def test_cuda_graph_off(request, standins, tmp_path, via):
     assert any("cuda graph: False" in (e.get("line") or "") for e in found[small]["evidence"])
 
 
+@pytest.mark.serial  # its stand-ins' rates decide the findings: alone, not beside the parallel tests
 def test_patched_servers_timing_records(cli, standins, tmp_path):
     """After apply (one install, four servers, all restarted on the patched files) and a sequential load: the
     scheduler's work between cycles at 10 ms against a 13 ms cycle (--sim-between-ms 10) is host-bound (3 steps

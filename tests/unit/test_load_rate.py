@@ -190,6 +190,7 @@ def test_a_closed_loop_keeps_its_shape_and_has_no_waits(make_server):
 # inter-token latency
 
 
+@pytest.mark.serial  # its gaps are timed on this machine: alone, not beside the parallel tests
 def test_inter_token_latency_is_the_gap_between_chunks_that_carry_new_output(make_server):
     """A stream of 1 token, then 3 (two tokens in one chunk, as an accepted draft gives) 30 ms later, a chunk
     that adds nothing 10 ms after that, then 6 tokens 50 ms later: two inter-token latencies, 30 and 60 ms (the
