@@ -66,3 +66,16 @@ def fake_torch(monkeypatch):
     torch = fake_torch_module()
     monkeypatch.setitem(sys.modules, "torch", torch)
     return torch
+
+
+@pytest.fixture(params=["msgspec", "json"])
+def both_parsers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test runs with both of the report's parsers (msgspec's fast path, and the standard library's line loop
+    alone): the records, the skipped lines and the result must not depend on which one ran. A module takes it for
+    every test with ``pytestmark = pytest.mark.usefixtures("both_parsers")``."""
+    if request.param == "json":
+        monkeypatch.setenv("EAGLEPATCH_JSON_PARSER", "json")
+    else:
+        pytest.importorskip("msgspec")
+        monkeypatch.delenv("EAGLEPATCH_JSON_PARSER", raising=False)
+    return request.param

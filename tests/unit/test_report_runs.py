@@ -34,16 +34,7 @@ from eaglepatch.report import (
 from eaglepatch.report import aggregation as agg_mod
 
 
-@pytest.fixture(autouse=True, params=["msgspec", "json"])
-def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test here runs with both parsers (msgspec's fast path, and the standard library alone): the
-    records, the skipped lines and the result must not depend on which one ran."""
-    if request.param == "json":
-        monkeypatch.setenv("EAGLEPATCH_JSON_PARSER", "json")
-    else:
-        pytest.importorskip("msgspec")
-        monkeypatch.delenv("EAGLEPATCH_JSON_PARSER", raising=False)
-    return request.param
+pytestmark = pytest.mark.usefixtures("both_parsers")  # every test with both parsers (conftest.py)
 
 T0 = 1764500000.0
 approx = pytest.approx

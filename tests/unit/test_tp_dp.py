@@ -30,15 +30,7 @@ T0 = 1764500000.0
 approx = pytest.approx
 
 
-@pytest.fixture(autouse=True, params=["msgspec", "json"])
-def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Both parsers: msgspec's batch path, and the standard library's line loop alone."""
-    if request.param == "json":
-        monkeypatch.setenv("EAGLEPATCH_JSON_PARSER", "json")
-    else:
-        pytest.importorskip("msgspec")
-        monkeypatch.delenv("EAGLEPATCH_JSON_PARSER", raising=False)
-    return request.param
+pytestmark = pytest.mark.usefixtures("both_parsers")  # every test with both parsers (conftest.py)
 
 
 def stream(seed: int, n: int = 300, cycle_ms: float = 10.0, gap_ms: float = 2.0, bs: int = 4) -> list[dict[str, Any]]:
