@@ -17,6 +17,8 @@ The names, in the order a command meets them:
 - ``apply:after-lock`` (the facts read and the install's lock taken, nothing changed yet),
 - ``execute:after-upload``, ``execute:after-backup``, ``execute:between-renames`` (on the host, in a plan's
   execution: apply, revert, a rollback), ``apply:after-execute`` (files patched, no restart yet),
+- ``nodes:after-record`` (the nodes of a multi-node server: every node's launch recorded in its install's
+  manifest, none stopped yet), ``nodes:after-stop`` (every node stopped, none started yet),
 - ``restart:after-relaunch`` (the old server stopped and the new one started, not yet ready),
 - ``rollback:before`` (the patched server was not ready; nothing rolled back yet), ``rollback:after-relaunch``
   (files restored and the original server started, not yet ready),

@@ -5,7 +5,8 @@ The servers of a target are those whose own interpreter imports the target's sgl
 them, found on the host); nothing here ever stops or starts another process. With several, every command acts on
 all of them unless ``--server-port`` names some. What could leave a host without its server if the client died
 halfway runs on the host as one request: each relaunch (stop, then start), and a rollback (the original files
-back, then every server stopped and started on them).
+back, then every server stopped and started on them). A node of a multi-node server rolls back with the other
+nodes (``eaglepatch.ops.nodes``: ``rollback``'s ``together``), stopped before any original starts.
 """
 
 from __future__ import annotations
@@ -122,17 +123,32 @@ def restart_each(host: Any, servers: Sequence[ServerProcess], ropts: RestartOpti
 
 
 def rollback(t: Any, refetch: Callable[[], HostFacts], recipe: Recipe, session: Session, ropts: RestartOptions,
-             servers: Sequence[ServerProcess], failed: RestartResult, say: Say) -> RestartFailed:
+             servers: Sequence[ServerProcess], failed: RestartResult, say: Say, together: Any = None) -> RestartFailed:
     """The patched server did not come up: put the original files back and start the original servers
     (``servers``: those apply restarted, the failed one last) on them, in one request on the host; wait for them
     with a generous timeout, never stopping one that is only slow. With ``--restart-cmd``/``--systemd-unit``,
     the files go back and the same command runs again. Returns the RestartFailed to raise, whose message says what
-    came back (and, for a server that did not, how to start it by hand)."""
+    came back (and, for a server that did not, how to start it by hand). ``together``: this server is one node of a
+    multi-node server whose nodes roll back together (``nodes.RollbackTogether``: every node stopped before any
+    original starts, node rank 0's readiness the server's)."""
     name = t.spec.name
     say(f"{name}: the patched server is not ready ({failed.message}); rolling back")
     if failed.log_tail:
         say(failed.log_tail)
     failpoint("rollback:before")
+    try:
+        return _rollback(t, refetch, recipe, session, ropts, servers, failed, say, together)
+    except BaseException:
+        if together is not None:
+            together.failed()  # the other nodes stop waiting for this one
+        raise
+
+
+def _rollback(t: Any, refetch: Callable[[], HostFacts], recipe: Recipe, session: Session, ropts: RestartOptions,
+              servers: Sequence[ServerProcess], failed: RestartResult, say: Say, together: Any) -> RestartFailed:
+    name = t.spec.name
+    if together is not None:
+        together.prepare()
     fresh = refetch()
     session.facts = fresh
     plan = plan_revert(fresh, recipe, force=True)
@@ -154,12 +170,19 @@ def rollback(t: Any, refetch: Callable[[], HostFacts], recipe: Recipe, session: 
     failpoint("rollback:after-relaunch")
     outcomes: list[tuple[int | None, RestartResult]] = []
     for (cur, spec), answer in zip(pairs, (res.get("then") or {}).get("batch") or []):
-        outcomes.append((spec.port, after_relaunch(t.host, cur, spec, answer, options=slow, progress=say,
-                                                   python=fresh.python)))
+        r = after_relaunch(t.host, cur, spec, answer, options=slow, progress=say, python=fresh.python,
+                           node=together.wait if together is not None else None)
+        if together is not None:
+            together.settled(r)
+        outcomes.append((spec.port, r))
+    if together is not None and not pairs:
+        together.failed()  # nothing of this node was started: the server cannot come up
     for port, cur, opts in by_command:
         outcomes.append((port, restart(t.host, current=cur, options=opts, progress=say, python=fresh.python,
                                        package_dir=fresh.package_dir)))
-    if failed.untouched:  # the server was never stopped: no patched server ran
+    if together is not None:  # one node of a multi-node server: say which node failed, and how
+        head = f"{name}: the patched multi-node server did not come up ({failed.message}); original files restored; "
+    elif failed.untouched:  # the server was never stopped: no patched server ran
         head = f"{name}: the server could not be restarted ({failed.message}); original files restored; "
     else:
         head = f"{name}: the patched server was not ready within {ropts.timeout:.0f} s; original files restored; "

@@ -15,7 +15,7 @@ import posixpath
 import time
 from typing import Any, Callable
 
-from eaglepatch.errors import RestartFailed, UsageError
+from eaglepatch.errors import HelperFailed, RestartFailed, UsageError
 from eaglepatch.hosts.agent import call
 from eaglepatch.hosts.base import Host
 from eaglepatch.redact import mask_command, mask_text, shown, shown_argv
@@ -49,6 +49,23 @@ class Strategy(enum.Enum):
     SYSTEMD = "systemd"  # systemctl restart UNIT
     RELAUNCH = "relaunch"  # stop what ran, start the same argv/cwd/env
     START = "start"  # nothing ran: start a known launch spec
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeWait:
+    """How one node of a multi-node server is waited for (``eaglepatch.ops.nodes`` starts them together): node rank
+    0 (``http``) as any server, by its health endpoint; a node of another rank, which may serve no HTTP, by its
+    process alone. ``verdict()`` is the server's as a whole: None while it is still coming up, True once node rank 0
+    is ready (a node of another rank that is alive then counts as ready), False once it cannot come up (a node
+    died or refused to start): every wait ends then."""
+
+    http: bool
+    verdict: Callable[[], bool | None]
+    pause: Callable[[float], bool]  # sleep up to the seconds given, or until the verdict changes; True when it did
+
+
+class _VerdictFalse(Exception):
+    """The server's verdict turned False while node rank 0 was waited for."""
 
 
 class NoServerRunning(RestartFailed):
@@ -151,11 +168,13 @@ def restart(
     sleep: Callable[[float], None] = time.sleep,
     on_started: Callable[[Started], None] | None = None,
     package_dir: str | None = None,
+    node: NodeWait | None = None,
 ) -> RestartResult:
     """Restart the server on ``host`` and wait until it is ready; see the module docstring for the strategies.
 
     ``on_started`` is told of the new process (pid, start time) before the wait (a sweep records it as its own);
-    ``package_dir``: the install whose server a restart command or unit starts (only its servers are watched).
+    ``package_dir``: the install whose server a restart command or unit starts (only its servers are watched);
+    ``node``: how a node of a multi-node server is waited for (``NodeWait``; None: as a server of one node).
 
     ``current`` is the running server (what is stopped, and what the default strategy starts again);
     ``launch`` is what to start instead of ``current``'s own command line (a manifest's spec after a crash, or a
@@ -164,7 +183,7 @@ def restart(
     given and no restart command or unit is; UsageError when ``current`` cannot be relaunched from here;
     ConnectionFailed when the connection breaks.
     """
-    run = _Run(host, options, progress, python, clock, sleep, on_started, package_dir)
+    run = _Run(host, options, progress, python, clock, sleep, on_started, package_dir, node)
     if options.restart_cmd is not None:
         return run.by_command(options.restart_cmd, current, launch)
     if options.systemd_unit is not None:
@@ -188,10 +207,11 @@ def after_relaunch(
     python: str = "python3",
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    node: NodeWait | None = None,
 ) -> RestartResult:
     """Wait for a server whose stop and start already ran on the host (``op_relaunch``'s ``answer``, as
     part of another request: a rollback's), as ``restart`` would have; same result."""
-    run = _Run(host, options, progress, python, clock, sleep)
+    run = _Run(host, options, progress, python, clock, sleep, node=node)
     return run.finish(current, spec, answer)
 
 
@@ -243,7 +263,9 @@ class _Run:
         sleep: Callable[[float], None],
         on_started: Callable[[Started], None] | None = None,
         package_dir: str | None = None,
+        node: NodeWait | None = None,
     ):
+        self.node = node
         self.host, self.options, self.python = host, options, python
         self.say: Progress = progress or (lambda _line: None)
         self.clock, self.sleep = clock, sleep
@@ -254,19 +276,52 @@ class _Run:
         return self.clock() - self.t0
 
     def wait(self, port: int, addr: str, timeout: float, **kwargs: Any) -> Readiness:
+        node = self.node
+        if node is not None and not node.http:
+            return self.watch_node(port, timeout, kwargs.get("pid"), kwargs.get("start"), kwargs.get("log_path"),
+                                   kwargs.get("log_offset", 0))
         self.say(f"waiting up to {timeout:.0f} s for sglang on :{port} to be ready")
-        return wait_until_ready(
-            self.host,
-            port,
-            addr,
-            timeout,
-            self.say,
-            python=self.python,
-            poll_interval=self.options.poll_interval,
-            clock=self.clock,
-            sleep=self.sleep,
-            **kwargs,
-        )
+
+        def node_sleep(seconds: float) -> None:  # node rank 0: stop at once when another node fails
+            if node.verdict() is False or (node.pause(seconds) and node.verdict() is False):
+                raise _VerdictFalse
+
+        sleep = self.sleep if node is None else node_sleep
+        t0 = self.clock()
+        try:
+            return wait_until_ready(self.host, port, addr, timeout, self.say, python=self.python,
+                                    poll_interval=self.options.poll_interval, clock=self.clock, sleep=sleep, **kwargs)
+        except _VerdictFalse:
+            return Readiness(ReadyState.TIMEOUT, self.clock() - t0, pid=kwargs.get("pid"),
+                             error="another node of this server did not come up")
+
+    def watch_node(self, port: int, timeout: float, pid: int | None, start: int | None, log_path: str | None,
+                   log_offset: int) -> Readiness:
+        """A node of rank > 0 (it may serve no HTTP): its process watched until the server's verdict (``NodeWait``);
+        READY when node rank 0 is ready and this one still runs, DIED when it exits, TIMEOUT when the verdict is
+        False or none came in ``timeout`` s."""
+        node = self.node
+        assert node is not None
+        self.say(f"waiting up to {timeout:.0f} s for node rank 0 of this server to be ready (this node, pid {pid}, "
+                 "serves no health endpoint: its process is watched)")
+        t0 = self.clock()
+        last: dict[str, Any] = {}
+        while True:
+            try:
+                last = call(self.host, self.python, "probe", timeout=60, host="127.0.0.1", port=port, pid=pid,
+                            start=start, log_path=log_path, offset=log_offset, http_timeout=1.0)
+            except HelperFailed as exc:
+                last = {"error": str(exc)}
+            elapsed = self.clock() - t0
+            verdict = node.verdict()
+            if last.get("alive") is False:
+                return Readiness(ReadyState.DIED, elapsed, pid=pid, last_line=last.get("last_line"))
+            if verdict is True:
+                return Readiness(ReadyState.READY, elapsed, pid=pid, last_line=last.get("last_line"))
+            if verdict is False or elapsed >= timeout:
+                return Readiness(ReadyState.TIMEOUT, elapsed, pid=pid, last_line=last.get("last_line"),
+                                 error="the server did not come up" if verdict is False else None)
+            node.pause(min(self.options.poll_interval, max(0.0, timeout - elapsed)))
 
     def tail(self, log_path: str | None, offset: int = 0) -> str:
         """The server's log tail as every command prints it (the result's ``log_tail``, text and JSON): secrets
@@ -383,6 +438,8 @@ class _Run:
                                python=self.python)
             if stop.stopped:
                 message += f"; stopped what it left running (pids {', '.join(map(str, stop.stopped))})"
+        elif readiness.error and self.node is not None and self.node.verdict() is False:
+            message = f"stopped waiting for sglang on :{spec.port} (pid {started.pid}): {readiness.error}"
         else:
             message = (f"sglang on :{spec.port} (pid {started.pid}) was not ready after {readiness.seconds:.0f} s "
                        "(still starting, or hung)")

@@ -2,8 +2,8 @@
 
 Stopping one node takes the whole server down (the others hang at the rendezvous or die), so every command that
 would restart such a server refuses, before anything changes, unless every node is named: exit 2 naming the
-missing node rank, the worker files' bytes and the server's pid as they were. With every node named, restarting
-them together is not built yet: exit 4, nothing changed. ``--no-restart`` still patches and reverts the files.
+missing node rank, the worker files' bytes and the server's pid as they were. ``--no-restart`` still patches and
+reverts the files. With every node named, the nodes restart together: tests/e2e/test_multinode_restart.py.
 
 Over the real sshd of conftest.py; the stand-in sglang (tests/stubs/stand_in_sglang) accepts the multi-node flags
 as it accepts any flag it does not know.
@@ -87,21 +87,13 @@ def test_one_node_named_alone_is_never_restarted(standins, tmp_path, ssh):
     assert digest(tree) == before and H.alive(proc.pid)
 
 
-def test_every_node_named_is_refused_until_they_restart_together(standins, tmp_path):
-    """Both nodes named in one command (two installs, as two local TARGETs: the same code path as SSH, whose
-    options would apply to every TARGET): every node is named, but restarting them together is not built: exit 4
-    for each, no byte and no process changed. Then a node 1 named beside another server's node 0: each misses a
-    node, exit 2."""
-    tree0, _, proc0 = node(standins, tmp_path, 0)
+def test_nodes_of_two_servers_are_not_one_server(standins, tmp_path):
+    """A node 1 named beside another 2-node server's node 0 (another --dist-init-addr; two installs, as two local
+    TARGETs: the same code path as SSH, whose options would apply to every TARGET): each misses a node, exit 2, no
+    byte and no process changed."""
     tree1, _, proc1 = node(standins, tmp_path, 1)
-    before0, before1 = digest(tree0), digest(tree1)
+    before1 = digest(tree1)
     local = LocalVia(tmp_path)
-    r = local.run("apply", "--timeout", "30", str(tree0 / "sglang"), str(tree1 / "sglang"), target=None)
-    assert r.rc == 4, r
-    assert r.err.count("restarting the nodes of a multi-node server together is not supported yet") == 2, r
-    assert digest(tree0) == before0 and digest(tree1) == before1
-    assert H.alive(proc0.pid) and H.alive(proc1.pid)
-
     # node 1 named with another 2-node server's node 0 (another --dist-init-addr): rank 1 of that one is missing
     other = H.make_tree(tmp_path / "other site", H.V1_WORKER)
     oport = standins.port()
@@ -111,7 +103,7 @@ def test_every_node_named_is_refused_until_they_restart_together(standins, tmp_p
     r = local.run("restart", "--timeout", "30", str(other / "sglang"), str(tree1 / "sglang"), target=None)
     assert r.rc == 2, r
     assert "without node rank 1," in r.err and "without node rank 0," in r.err, r
-    assert H.alive(proc1.pid)
+    assert H.alive(proc1.pid) and digest(tree1) == before1
 
 
 def test_a_single_node_server_restarts_as_before(standins, tmp_path):

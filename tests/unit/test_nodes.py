@@ -1,10 +1,13 @@
-"""Multi-node servers read from their command line, and the refusal to restart one node alone
-(eaglepatch.ops.nodes); the CLI end to end is tests/e2e/test_multinode_refusal.py."""
+"""Multi-node servers read from their command line, the refusal to restart one node alone, and the nodes of one
+server acting as one (eaglepatch.ops.nodes: groups, steps every node reaches, the server's verdict); the CLI end to
+end is tests/e2e/test_multinode_refusal.py and tests/e2e/test_multinode_restart.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
+import types
 
 import pytest
 
@@ -12,6 +15,7 @@ from eaglepatch.errors import Unsupported, UsageError
 from eaglepatch.hosts.spec import SSHOptions
 from eaglepatch.hosts.target import parse_target
 from eaglepatch.ops import nodes
+from eaglepatch.ops.facts import HostFacts
 from eaglepatch.server.process import Nodes, ServerProcess, nodes_of
 
 
@@ -50,12 +54,137 @@ def test_a_missing_node_is_a_usage_error_naming_each_missing_rank():
     assert "eaglepatch apply NODE0 NODE1" in msg and "--no-restart" in msg
 
 
-def test_every_node_named_is_not_restarted_yet_and_single_nodes_pass():
+def test_every_node_named_passes_the_check_and_single_nodes_are_never_held_back():
     group = [server(10 + r, "--nnodes", "2", "--node-rank", str(r), "--dist-init-addr", "h:5") for r in range(2)]
-    with pytest.raises(Unsupported, match="not supported yet"):
-        nodes.check(group[1:], group, "restart", "gpu2")
+    nodes.check(group[1:], group, "restart", "gpu2")  # every node named: they restart together (NodeGroup)
     nodes.check([server(1)], group, "restart", "gpu3")  # a single-node server is never held back
     nodes.check([], group, "restart", "gpu3")
+
+
+def test_a_recorded_node_that_no_longer_runs_counts_as_named():
+    """A node apply recorded (the manifest's launch spec) whose server is gone (a kill between a stop and a start)
+    is named by its TARGET: revert and restart start it with the others."""
+    n0 = server(10, "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", "h:5")
+    launch = {"argv": ["python3", "-m", "sglang.launch_server", "--port", "30001", "--nnodes", "2", "--node-rank",
+                       "1", "--dist-init-addr", "h:5"], "cwd": "/", "env": {}, "port": 30001}
+    rec = nodes.Recorded.of({"pid": 11, "start": 5, "port": 30001, "launch": launch})
+    assert rec is not None and rec.nodes == Nodes(2, 1, "h:5") and rec.port == 30001
+    assert nodes.Recorded.of({"pid": 12, "port": 1, "launch": None}) is None  # a systemd unit: no spec
+    nodes.check([n0], [n0, rec], "revert", "gpu1")
+    with pytest.raises(UsageError, match="without node rank 1,"):
+        nodes.check([n0], [n0], "revert", "gpu1")
+
+
+def two_nodes(addr: str = "h:5") -> list[ServerProcess]:
+    return [server(10 + r, "--nnodes", "2", "--node-rank", str(r), "--dist-init-addr", addr) for r in range(2)]
+
+
+def met(targets: list[str], servers: dict[str, list[ServerProcess]]) -> nodes.Meeting:
+    """A meeting every TARGET of ``servers`` has arrived at (on threads, as the command runs them)."""
+    meeting = nodes.Meeting(targets)
+    threads = [threading.Thread(target=meeting.arrive, args=(spec(t), s)) for t, s in servers.items()]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(5)
+    return meeting
+
+
+def test_the_targets_that_run_the_nodes_of_one_server_form_one_group():
+    n0, n1 = two_nodes()
+    m0, m1 = two_nodes("elsewhere:5")
+    meeting = met(["gpu1", "gpu2", "gpu3", "gpu4", "gpu5"],
+                  {"gpu1": [n0], "gpu2": [n1], "gpu3": [m0], "gpu4": [m1], "gpu5": [server(30)]})
+    g = meeting.group(spec("gpu2"), [n1])
+    assert g is meeting.group(spec("gpu1"), [n0])  # one group, shared
+    assert g.members == {"gpu1": n0, "gpu2": n1} and [g.rank("gpu1"), g.rank("gpu2")] == [0, 1]
+    assert meeting.group(spec("gpu3"), [m0]).members == {"gpu3": m0, "gpu4": m1}  # another server, another group
+    assert meeting.group(spec("gpu5"), [server(30)]) is None  # a server of one node acts alone, as before
+    with pytest.raises(Unsupported, match="--server-port PORT"):  # a node and another server in one TARGET
+        meeting.group(spec("gpu1"), [n0, server(31)])
+
+
+def on_threads(fns: dict[str, object]) -> dict[str, object]:
+    """Run each member's part on its own thread (as each TARGET runs); what each returned or raised."""
+    out: dict[str, object] = {}
+
+    def run(name, fn):
+        try:
+            out[name] = fn()
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            out[name] = exc
+
+    threads = [threading.Thread(target=run, args=item) for item in fns.items()]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(10)
+    assert not any(th.is_alive() for th in threads), "a member is still waiting"
+    return out
+
+
+def test_no_node_goes_on_when_another_fails_its_checks():
+    """All or none: a node whose check fails (a usage error, exit 2) stops every node at that step, each with the
+    failing node's exit code and 'nothing was changed'; when every check passes, each sees what the others said."""
+    n0, n1 = two_nodes()
+    g = nodes.NodeGroup({"gpu1": n0, "gpu2": n1})
+    steps: list[str] = []
+
+    def bad():
+        raise UsageError("gpu2: cannot write the worker files")
+
+    def part(check):
+        def go():
+            said = nodes.checked(g, "gpu1" if check is None else "gpu2", "x", "apply:checked", check or (lambda: True))
+            steps.append("patched")
+            return said
+        return go
+
+    out = on_threads({"gpu1": part(None), "gpu2": part(bad)})
+    assert isinstance(out["gpu2"], UsageError)
+    assert isinstance(out["gpu1"], nodes.NodeFailed) and out["gpu1"].exit_code == 2
+    assert "nothing was changed" in str(out["gpu1"]) and "node rank 1 (gpu2) failed: gpu2: cannot write" in str(
+        out["gpu1"])
+    assert steps == []  # neither went on to change anything
+
+    g = nodes.NodeGroup({"gpu1": n0, "gpu2": n1})
+    out = on_threads({"gpu1": lambda: nodes.checked(g, "gpu1", "x", "s", lambda: True),
+                      "gpu2": lambda: nodes.checked(g, "gpu2", "x", "s", lambda: False)})
+    assert out["gpu1"] == out["gpu2"] == {"gpu1": True, "gpu2": False}
+
+
+def test_a_member_that_ended_is_gone_at_every_later_step():
+    """A TARGET whose thread ended (Meeting.leave, however it ended) does not hold the others: it is GONE there, and
+    that is trouble (the others do not go on)."""
+    n0, n1 = two_nodes()
+    meeting = met(["gpu1", "gpu2"], {"gpu1": [n0], "gpu2": [n1]})
+    g = meeting.group(spec("gpu1"), [n0])
+    meeting.leave("gpu2")
+    said = g.meet("apply:patched", "gpu1", True)
+    assert said == {"gpu1": True, "gpu2": nodes.GONE}
+    assert "ended before this step" in str(g.trouble(said, "gpu1"))
+    assert g.trouble({"gpu1": True, "gpu2": False}, "gpu1") is None
+
+
+def test_the_verdict_ends_every_wait_at_once_and_a_failure_wins():
+    """Node rank 0 ready makes the verdict True; a node that died makes it False, even after True (the server is
+    down); a wait on the verdict returns as soon as it changes, whatever is left of its time."""
+    n0, n1 = two_nodes()
+    g = nodes.NodeGroup({"gpu1": n0, "gpu2": n1})
+    w0, w1 = g.node_wait("gpu1", "apply"), g.node_wait("gpu2", "apply")
+    assert w0.http and not w1.http  # node rank 0 by its health endpoint, the others by their processes
+    assert w1.verdict() is None
+    changed: list[bool] = []
+    th = threading.Thread(target=lambda: changed.append(w1.pause(60)))
+    th.start()
+    g.decide("apply", True)
+    th.join(10)
+    assert changed == [True] and w1.verdict() is True
+    g.decide("apply", False)
+    assert w0.verdict() is False
+    g.decide("apply", True)
+    assert w0.verdict() is False  # a failure is never undone
+    assert g.verdict("rollback") is None  # each phase has its own
 
 
 def test_sweep_says_it_takes_one_target():
@@ -117,3 +246,77 @@ def test_one_side_of_a_prefill_decode_pair_is_never_restarted_alone():
     with pytest.raises(UsageError, match="sweep takes one TARGET"):
         nodes.check([pre], [pre, dec], "sweep", "gpu1", several=False)
     nodes.check([server(30)], [server(30)], "sweep", "gpu1", several=False)  # no pair: nothing to refuse
+
+
+@dataclasses.dataclass
+class RecordFacts:
+    """What ``change._record_together`` reads of a node's facts: its manifest, whether the install is writable."""
+
+    manifest: dict | None
+    denied: str | None = None
+    servers: tuple = ()
+
+    def manifest_servers(self):
+        return HostFacts.manifest_servers(self)  # type: ignore[arg-type]
+
+    def cannot_write(self):
+        return self.denied
+
+
+class RecordSession:
+    """A node's Session: what it carried out on its host (each plan's manifest)."""
+
+    def __init__(self, facts: RecordFacts):
+        self.facts, self.token, self.manifests = facts, "t", []
+
+    def execute(self, plan):
+        assert plan.writes == ()
+        self.manifests.append(plan.manifest)
+        return {"ok": True}
+
+
+def launched(rank: int) -> ServerProcess:
+    argv = ["python3", "-m", "sglang.launch_server", "--port", str(30000 + rank), "--nnodes", "2", "--node-rank",
+            str(rank), "--dist-init-addr", "h:5"]
+    return ServerProcess.from_scan({"pid": 10 + rank, "argv": argv, "args_index": 3, "cwd": "/srv", "env": {"A": "1"}})
+
+
+def test_every_node_records_its_launch_in_its_install_before_any_node_stops():
+    """restart of a server that is not patched: each node's launch goes into a manifest of its own (marked as a
+    restart's record) on its host, every node meeting once written, so that a kill after any node stopped leaves
+    each node its record (``_recorded_nodes`` reads it back as that node); removed once the server is up again. A
+    patched install's manifest that holds the launch already is left as it is; a node whose install cannot be
+    written refuses, and no node goes on to stop."""
+    from eaglepatch.ops import change
+
+    n0, n1 = launched(0), launched(1)
+    g = nodes.NodeGroup({"gpu1": n0, "gpu2": n1})
+    sessions = {"gpu1": RecordSession(RecordFacts(None)), "gpu2": RecordSession(RecordFacts(None))}
+    targets = {m: types.SimpleNamespace(spec=spec(m)) for m in sessions}
+    out = on_threads({m: (lambda m=m: change._record_together(targets[m], sessions[m], g, "restart"))
+                      for m in sessions})
+    assert out == {"gpu1": None, "gpu2": None}, out
+    for rank, m in enumerate(sessions):
+        [manifest] = sessions[m].manifests
+        assert manifest[change.RECORD] is True and sessions[m].facts.manifest == manifest
+        rec = nodes.Recorded.of(manifest["servers"][0])
+        assert rec is not None and rec.nodes == Nodes(2, rank, "h:5") and rec.launch.argv == launched(rank).argv
+        assert rec.launch.cwd == "/srv" and dict(rec.launch.env) == {"A": "1"}
+        change._drop_record(sessions[m])
+        assert sessions[m].manifests[-1] is None and sessions[m].facts.manifest is None
+
+    patched = {"files": [], "servers": change.lifecycle().manifest_record([n0])}
+    same = RecordSession(RecordFacts(dict(patched)))
+    alone = nodes.NodeGroup({"gpu1": n0})
+    change._record_together(types.SimpleNamespace(spec=spec("gpu1")), same, alone, "restart")
+    change._drop_record(same)
+    assert same.manifests == [] and same.facts.manifest == patched  # apply's record holds it already; it stays
+
+    g = nodes.NodeGroup({"gpu1": n0, "gpu2": n1})
+    sessions = {"gpu1": RecordSession(RecordFacts(None)),
+                "gpu2": RecordSession(RecordFacts(None, denied="gpu2: user u cannot write /x: Permission denied"))}
+    out = on_threads({m: (lambda m=m: change._record_together(targets[m], sessions[m], g, "restart"))
+                      for m in sessions})
+    assert isinstance(out["gpu2"], UsageError) and "before any node of a multi-node server stops" in str(out["gpu2"])
+    assert isinstance(out["gpu1"], nodes.NodeFailed) and out["gpu1"].exit_code == out["gpu2"].exit_code
+    assert sessions["gpu2"].manifests == []

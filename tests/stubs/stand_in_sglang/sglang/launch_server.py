@@ -99,7 +99,72 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--sim-extend-per-token-ms", type=float, default=0.02)
     p.add_argument("--sim-base-per-req-ms", type=float, default=0.05)
     p.add_argument("--sim-between-per-req-ms", type=float, default=0.02)
+    # a multi-node server's flags; they act only with --standin-rendezvous (see Rendezvous)
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr")
+    p.add_argument("--standin-rendezvous", action="store_true")
     return p.parse_known_args(argv)
+
+
+class Rendezvous:
+    """``--standin-rendezvous`` with ``--nnodes N`` > 1, the nodes of one server meeting as sglang's do at
+    ``--dist-init-addr``: node rank 0 listens there and is not ready until the N - 1 other nodes have connected; a
+    node of another rank connects to it, retrying until it can, and serves no HTTP. Once met, a node whose peer
+    connection is lost exits 1 (``lost``), as a rank whose collective's peer died. Node rank 0 keeps listening, as
+    torch's store does: a node that connects later believes it joined, and exits once that old node 0 is gone (a
+    node started before the old server was stopped never joins the new one)."""
+
+    def __init__(self, args: argparse.Namespace):
+        host, _, port = (args.dist_init_addr or "127.0.0.1:29500").rpartition(":")
+        self.addr = (host or "127.0.0.1", int(port))
+        self.args = args
+        self.done = threading.Event()  # every node met
+        self.lost = threading.Event()  # a peer's connection ended after that
+        self.listener: socket.socket | None = None
+        if args.node_rank == 0:  # bound at start: an address in use fails the start, as torch's store does
+            self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.listener.bind(self.addr)
+            self.listener.listen(16)
+
+    def start(self) -> None:
+        threading.Thread(target=self._accept if self.listener else self._connect, daemon=True).start()
+
+    def _accept(self) -> None:
+        peers = []
+        while len(peers) < self.args.nnodes - 1:
+            conn, _ = self.listener.accept()
+            peers.append(conn)
+        log(f"all {self.args.nnodes} nodes joined at {self.addr[0]}:{self.addr[1]}")
+        self.done.set()
+        for conn in peers:
+            threading.Thread(target=self._watch, args=(conn,), daemon=True).start()
+        while True:  # late joiners: held, never part of this server
+            conn, _ = self.listener.accept()
+            peers.append(conn)
+            log("a node connected to this running server late: it is not part of it")
+
+    def _connect(self) -> None:
+        while True:
+            try:
+                conn = socket.create_connection(self.addr, timeout=1.0)
+                break
+            except OSError:
+                time.sleep(0.2)
+        conn.settimeout(None)
+        log(f"node rank {self.args.node_rank} joined node rank 0 at {self.addr[0]}:{self.addr[1]}")
+        self.done.set()
+        self._watch(conn)
+
+    def _watch(self, conn: socket.socket) -> None:
+        try:
+            while conn.recv(64):
+                pass
+        except OSError:
+            pass
+        log("RuntimeError: lost the connection to another node of this server: exiting")
+        self.lost.set()
 
 
 MAX_STEPS = 16  # more speculative steps than this: the stand-in refuses to start (exit 1), as a bad flag would
@@ -306,12 +371,13 @@ class Batcher:
         self.running: list[_Running] = []
         threading.Thread(target=self._loop, name="scheduler", daemon=True).start()
 
-    def generate(self, key: str, prefill_s: float, n: int, emit) -> tuple[int, int]:
+    def generate(self, key: str, prefill_s: float, n: int, emit, rid: str | None = None) -> tuple[int, int]:
         """One request: ``emit(done, cycles)`` after its prefill (the first token) and once it has its ``n`` tokens
         (a stream of two events, as sglang's ``--stream-interval`` above the output length sends: an event per
         token for every request of a large batch would make the stand-in's own threads, not its simulated GPU, set
         its pace); returns (tokens, decode cycles)."""
         r = _Running(key, n, prefill_s)
+        r.req = _Req(rid or key)  # the batch's reqs carry the client's rid (the runtime reads whose each is)
         with self.cond:
             self.arrived.append(r)
             self.cond.notify_all()
@@ -360,7 +426,7 @@ class Batcher:
                 engine = self.state.engine
                 if engine is not None:
                     b = _Batch(False, 0)
-                    b.reqs = [None] * bs
+                    b.reqs = [getattr(r, "req", None) for r in batch]
                     b.drafts = [p - 1 for p in produced]
                     b.phase_s = (self.cost.draft(bs, k), self.cost.verify(bs, k), self.cost.extend(bs, k))
                     engine(b)
@@ -450,10 +516,12 @@ class State:
         self.lock = threading.Lock()
         self.imported = False  # the worker modules are imported (the "model" is loaded)
         self.batcher: Batcher | None = None  # --sim-batch: the scheduler, once the worker is imported
+        self.rendezvous: Rendezvous | None = None  # --standin-rendezvous of a multi-node server
 
     @property
     def ready(self) -> bool:
-        return self.imported and time.monotonic() - self.t0 >= self.args.startup_delay
+        met = self.rendezvous is None or self.rendezvous.done.is_set()
+        return self.imported and met and time.monotonic() - self.t0 >= self.args.startup_delay
 
 
 def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
@@ -651,7 +719,7 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 try:
                     done, cycles = state.batcher.generate(
                         key, speed.prefill_s(prompt_tokens), n,
-                        lambda done, cycles: emit(doc(done, cycles)) if emit else None)
+                        lambda done, cycles: emit(doc(done, cycles)) if emit else None, name or f"stand-in-{rid}")
                     return doc(done, cycles)
                 finally:
                     state.decode_log.request(-1)
@@ -901,10 +969,18 @@ def main(argv: list[str] | None = None) -> int:
     state = State(args, unknown)
     if args.sim_sglang_log:
         sglang_log(server_args_line(args))
-    # bind at once (a second server on the port fails here, like sglang's), answer 503 while "loading"
-    httpd = ThreadingHTTPServer((args.host, args.port), make_handler(state))
-    httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()
+    if args.standin_rendezvous and args.nnodes > 1:
+        try:
+            state.rendezvous = Rendezvous(args)
+        except OSError as exc:
+            log(f"RuntimeError: cannot listen at --dist-init-addr {args.dist_init_addr}: {exc}")
+            return 1
+    httpd = None
+    if state.rendezvous is None or args.node_rank == 0:  # a node of another rank serves no HTTP
+        # bind at once (a second server on the port fails here, like sglang's), answer 503 while "loading"
+        httpd = ThreadingHTTPServer((args.host, args.port), make_handler(state))
+        httpd.daemon_threads = True
+        threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()
 
     children = [
         subprocess.Popen([sys.executable, "-c", CHILD, str(os.getpid()), f"tp_rank={rank}"], stdin=subprocess.DEVNULL)
@@ -922,8 +998,9 @@ def main(argv: list[str] | None = None) -> int:
                 c.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 c.kill()
-        httpd.shutdown()
-        httpd.server_close()
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
         return code
 
     if state.speed.spec and not 1 <= state.speed.steps <= MAX_STEPS:
@@ -943,8 +1020,13 @@ def main(argv: list[str] | None = None) -> int:
         return shutdown(1)
 
     log(f"loading weights for {args.startup_delay:.1f} s")
+    if state.rendezvous is not None:
+        state.rendezvous.start()
     announced = False
     while not stop.wait(0.1):
+        if state.rendezvous is not None and state.rendezvous.lost.is_set():
+            time.sleep(max(0.0, args.stop_delay))  # --stop-delay: it lets go of its ports slowly here too
+            return shutdown(1)
         if not announced and state.ready:
             log("The server is fired up and ready to roll!")
             announced = True
