@@ -25,10 +25,12 @@ sshd:
 	fi
 
 # The tests side by side (pytest-xdist, JOBS workers: most end-to-end tests wait on servers and sshd, not the CPU),
-# then the few that measure rates on the CPU alone (marker serial).
+# then the few that measure rates on the CPU alone (marker serial). --dist loadscope: a file is one unit of work, a
+# test class one of its own; --no-loadscope-reorder: the units are handed out in the collection's order, the longest
+# files first (SLOW_FIRST in tests/e2e/conftest.py), so no long one starts last.
 JOBS ?= 4
 test: install sshd
-	$(BIN)/python -m pytest -q -p no:cacheprovider -rs -n $(JOBS) --dist loadfile -m 'not serial'
+	$(BIN)/python -m pytest -q -p no:cacheprovider -rs -n $(JOBS) --dist loadscope --no-loadscope-reorder -m 'not serial'
 	$(BIN)/python -m pytest -q -p no:cacheprovider -rs -m serial
 
 test-fast: install

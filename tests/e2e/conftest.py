@@ -11,6 +11,10 @@ Fixtures:
 - ``ssh_home_unknown`` / ``ssh_home_changed``: the same with a fresh HOME whose known_hosts lacks the server's key /
   holds a different ed25519 key for ``[127.0.0.1]:PORT``.
 - ``ssh_env``: ``env_for(sshd)``, the environment for a subprocess (the CLI) with that HOME and no ssh-agent.
+- ``standins``: the stand-in sglang servers this test starts (safety.py's ``H.StandIns``), stopped at its end.
+- ``local`` / ``ssh``: ``safety.Via``, ``python -m eaglepatch`` on a stand-in's tree by its path / over ``sshd``;
+  ``local_cli`` / ``ssh_cli``: ``safety.CLI``, the installed CLI on an install the same two ways. Each with
+  ``safety.cli_env`` (this test's client cache, no EAGLEPATCH_DEBUG or EAGLEPATCH_FAILPOINT).
 
 The plain helpers (``SSHServer``, ``env_for``, starting another sshd for a test: ``start_sshd``) are in
 sshd_server.py; the CLI's are in cli_helpers.py.
@@ -31,6 +35,38 @@ from pathlib import Path
 import pytest
 
 from sshd_server import SSHD, SSHServer, env_for, free_port, keygen, stop_sshd, wait_for_banner
+
+
+# ``make test`` runs the tests side by side with ``-n 4 --dist loadscope --no-loadscope-reorder`` (pytest-xdist): a
+# file is one unit of work (its module fixtures set up once, as with --dist loadfile), a test class one of its own
+# (test_crash_safety.py's faults come in three), and the units go to the workers in the order of the collection,
+# each worker taking the next when it runs dry. SLOW_FIRST: the files that take longest (``pytest --durations``),
+# longest first, moved ahead of everything else (the rest keep their order): a long unit started last would run
+# alone at the end while the other workers sit idle (test_newcomer_path.py's one test of ~3 min did).
+SLOW_FIRST = (
+    "test_newcomer_path.py",
+    "test_crash_safety.py",
+    "test_multinode_refusal.py",
+    "test_known_models.py",
+    "test_server_identity.py",
+    "test_hostile_host.py",
+    "test_live_sweep.py",
+    "test_bench_sweep.py",
+    "test_sweep_safety.py",
+    "test_prompts_e2e.py",
+    "test_login_shells.py",
+    "test_doctor.py",
+    "test_first_minutes.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a pytest-xdist worker (whose collection order is the order the units are handed out in): SLOW_FIRST's files
+    first. A run without xdist keeps the plain order."""
+    if not hasattr(config, "workerinput"):
+        return
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's tests in their order
 
 
 @pytest.fixture(scope="session")
@@ -180,3 +216,36 @@ def standins():
         yield s
     finally:
         s.cleanup()
+
+
+@pytest.fixture
+def local(tmp_path: Path):
+    """``safety.Via``: the CLI on a stand-in's tree by its local path, with this test's client cache."""
+    from safety import Via, cli_env
+
+    return Via(cli_env(tmp_path))
+
+
+@pytest.fixture
+def ssh(sshd: SSHServer, tmp_path: Path):
+    """``safety.Via``: the CLI on a stand-in's tree over ``sshd`` (``--sglang-path``, ``--python``), with this test's
+    client cache."""
+    from safety import Via, cli_env
+
+    return Via(cli_env(tmp_path, sshd.env()), ssh=[sshd.target, "-i", sshd.client_key])
+
+
+@pytest.fixture
+def local_cli(tmp_path: Path):
+    """``safety.CLI`` on an install by its local path, with this test's client cache."""
+    from safety import CLI, cli_env
+
+    return CLI("local", cli_env(tmp_path))
+
+
+@pytest.fixture
+def ssh_cli(sshd: SSHServer, tmp_path: Path):
+    """``safety.CLI`` on an install over ``sshd`` (``--sglang-path``), with this test's client cache."""
+    from safety import CLI, cli_env
+
+    return CLI("ssh", cli_env(tmp_path, sshd.env()), ssh=[sshd.target, "-i", sshd.client_key])

@@ -1,7 +1,10 @@
-"""Shared by the server-safety tests (test_server_identity.py, test_crash_safety.py): the installed CLI over the
-real sshd of conftest.py (or on a local path), stand-in sglang servers launched the ways people launch them, and
-what a host looks like before and after (every byte of the install, every server of it with its pid, argv[0],
-argv, cwd and environment).
+"""Shared by the e2e tests that drive stand-in sglang servers (tests/stubs/stand_in_sglang): ``H``, the stand-ins'
+harness (standin_harness.py), loaded here once for the whole suite (``from safety import H``); the installed CLI
+over the real sshd of conftest.py (or on a local path): ``CLI`` on an install, ``Via`` on a stand-in's tree,
+``cli_env`` the environment of either; stand-in sglang servers launched the ways people launch them, and what a
+host looks like before and after (every byte of the install, every server of it with its pid, argv[0], argv, cwd
+and environment). The fixtures built on them (``standins``, ``local``, ``ssh``, ``local_cli``, ``ssh_cli``) are in
+conftest.py.
 
 ``FaultTable`` collects one row per fault the crash tests inject: what was done, what eaglepatch did, the state
 after. With ``EAGLEPATCH_SAFETY_TABLE=FILE`` set, the rows are written there as JSON at the end of the session, and
@@ -80,6 +83,28 @@ class CLI:
         return Result(argv, p.returncode, p.stdout, p.stderr)
 
 
+class Via:
+    """``python -m eaglepatch`` on a stand-in's tree (``H.make_tree``): its local path, or over sshd (``ssh``: the
+    target and its options; ``--sglang-path`` into the tree, ``--python`` this interpreter). Returns the
+    ``CompletedProcess`` (``popen``: the ``Popen``). ``tree``: the tree's folder, or a test's server object that has
+    one (``.tree``). The conftest fixtures ``local`` and ``ssh`` give one with ``cli_env``."""
+
+    def __init__(self, env: dict[str, str], ssh: list[str] | None = None):
+        self.env, self.ssh = env, ssh
+
+    def target(self, tree: Any) -> list[str]:
+        pkg = str(Path(getattr(tree, "tree", tree)) / "sglang")
+        return [pkg] if self.ssh is None else [*self.ssh, "--sglang-path", pkg, "--python", PY]
+
+    def run(self, cmd: str, tree: Any, *args: str, timeout: float = 200) -> subprocess.CompletedProcess:
+        return subprocess.run([PY, "-m", "eaglepatch", cmd, *self.target(tree), *args], capture_output=True,
+                              text=True, timeout=timeout, env=self.env)
+
+    def popen(self, cmd: str, tree: Any, *args: str) -> subprocess.Popen:
+        return subprocess.Popen([PY, "-m", "eaglepatch", cmd, *self.target(tree), *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=self.env)
+
+
 def cli_for_user(dest: Path, uid: int, gid: int) -> list[str]:
     """The CLI as another user can run it, wherever this checkout sits (under /root, inside a 0700 ``mktemp -d``):
     the eaglepatch package and the installed distributions it needs copied to ``dest`` (made readable by all), run
@@ -137,6 +162,8 @@ def cli_for_user(dest: Path, uid: int, gid: int) -> list[str]:
 
 
 def cli_env(tmp_path: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The CLI's environment for one test: ``base`` (default this process's), its client cache (sweep state, fetched
+    logs) in the test's folder, no EAGLEPATCH_DEBUG or EAGLEPATCH_FAILPOINT."""
     env = dict(base or os.environ)
     env["XDG_CACHE_HOME"] = str(tmp_path / "client cache")  # sweep state and fetched logs of this test only
     for name in ("EAGLEPATCH_DEBUG", "EAGLEPATCH_FAILPOINT"):

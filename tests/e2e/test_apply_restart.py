@@ -9,7 +9,6 @@ The worker here has the shape of sglang's V1 EAGLEWorker, so the built-in recipe
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import subprocess
 import sys
@@ -18,14 +17,9 @@ from pathlib import Path
 import pytest
 
 from logdir import with_log_dir
+from safety import H  # the fixture standins: conftest.py
 
 pytestmark = pytest.mark.e2e
-
-_spec = importlib.util.spec_from_file_location(
-    "standin_harness", Path(__file__).resolve().parents[1] / "stubs" / "stand_in_sglang" / "standin_harness.py"
-)
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)  # type: ignore[union-attr]
 
 WORKER = H.V1_WORKER
 # Appended to make a worker that imports fine as shipped but not once eaglepatch has patched it.
@@ -47,13 +41,6 @@ def tree_digest(root: Path) -> dict[str, str]:
 def eaglepatch(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "eaglepatch", args[0], *with_log_dir(args[0], args[1:])],
                           capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture
-def standins():
-    s = H.StandIns()
-    yield s
-    s.cleanup()
 
 
 def start(standins, tmp_path: Path, worker: str, *args: str):

@@ -11,12 +11,9 @@ multiplies every time.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,16 +21,10 @@ from pathlib import Path
 import pytest
 
 from eaglepatch.hostside.lock import settle
+from safety import PY, H, Via  # the fixtures local, ssh, standins: conftest.py
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
-_spec = importlib.util.spec_from_file_location(
-    "standin_harness", Path(__file__).resolve().parents[1] / "stubs" / "stand_in_sglang" / "standin_harness.py"
-)
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)  # type: ignore[union-attr]
-
-PY = sys.executable
 WORKER = H.V1_WORKER
 SPEC_ARGS = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
              "--startup-delay", "0.2",
@@ -65,50 +56,6 @@ def decode_cycles(k: int, n: int = 32) -> int:
         left -= max(1, int((i + 1) * acc) - int(i * acc))
         i += 1
     return i
-
-
-class Via:
-    """How the CLI reaches the stand-in's sglang: a local path, or ``user@127.0.0.1:PORT`` over sshd."""
-
-    def __init__(self, env: dict[str, str], ssh: list[str] | None = None):
-        self.env, self.ssh = env, ssh
-
-    def target(self, tree: Path) -> list[str]:
-        if self.ssh is None:
-            return [str(tree / "sglang")]
-        return [*self.ssh, "--sglang-path", str(tree / "sglang"), "--python", PY]
-
-    def run(self, cmd: str, tree: Path, *args: str, timeout: float = 200) -> subprocess.CompletedProcess:
-        return subprocess.run([PY, "-m", "eaglepatch", cmd, *self.target(tree), *args], capture_output=True,
-                              text=True, timeout=timeout, env=self.env)
-
-    def popen(self, cmd: str, tree: Path, *args: str) -> subprocess.Popen:
-        return subprocess.Popen([PY, "-m", "eaglepatch", cmd, *self.target(tree), *args], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=self.env)
-
-
-def _env(tmp_path: Path, base: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(base or os.environ)
-    env["XDG_CACHE_HOME"] = str(tmp_path / "client cache")  # the sweep state and fetched logs of this test only
-    env.pop("EAGLEPATCH_DEBUG", None)
-    return env
-
-
-@pytest.fixture
-def local(tmp_path) -> Via:
-    return Via(_env(tmp_path))
-
-
-@pytest.fixture
-def ssh(sshd, tmp_path) -> Via:
-    return Via(_env(tmp_path, sshd.env()), ssh=[sshd.target, "-i", sshd.client_key])
-
-
-@pytest.fixture
-def standins():
-    s = H.StandIns(PY)
-    yield s
-    s.cleanup()
 
 
 class Server:

@@ -103,9 +103,43 @@ def describe(doc: dict[str, Any], original_argv: list[str]) -> str:
     return "; ".join(parts)
 
 
-@pytest.mark.parametrize("order,fault", list(enumerate(FAULTS, 1)),
-                         ids=[f"{c.split(' (')[0].replace(' --', '-')}-{f}" for c, f, _w, _d in FAULTS])
-def test_killed_at_each_step_status_tells_the_truth_and_revert_restores(sshd, standins, tmp_path, order, fault):
+def faults(*commands: str):
+    """The parametrisation over the faults of ``commands`` (numbered in FAULTS' order: the table's rows)."""
+    cases = [(n, f) for n, f in enumerate(FAULTS, 1) if f[0].split(" (")[0] in commands]
+    return pytest.mark.parametrize("order,fault", cases,
+                                   ids=[f"{c.split(' (')[0].replace(' --', '-')}-{p}" for _n, (c, p, _w, _d) in cases])
+
+
+# Every fault of FAULTS, in three classes: under make test (pytest-xdist, --dist loadscope) each class is one unit of
+# work, so the faults run on three workers side by side rather than one after the other on one.
+class TestApply:
+    @faults("apply")
+    def test_killed_at_each_step_status_tells_the_truth_and_revert_restores(self, sshd, standins, tmp_path, order,
+                                                                            fault):
+        killed_at_a_step(sshd, standins, tmp_path, order, fault)
+
+
+class TestRevertAndSweep:
+    @faults("revert", "sweep")
+    def test_killed_at_each_step_status_tells_the_truth_and_revert_restores(self, sshd, standins, tmp_path, order,
+                                                                            fault):
+        killed_at_a_step(sshd, standins, tmp_path, order, fault)
+
+
+class TestLiveSweep:
+    @faults("sweep --live")
+    def test_killed_at_each_step_status_tells_the_truth_and_revert_restores(self, sshd, standins, tmp_path, order,
+                                                                            fault):
+        killed_at_a_step(sshd, standins, tmp_path, order, fault)
+
+
+def test_the_three_classes_have_every_fault():
+    assert sorted(n for cls in (TestApply, TestRevertAndSweep, TestLiveSweep) for mark in
+                  cls.test_killed_at_each_step_status_tells_the_truth_and_revert_restores.pytestmark
+                  for n, _f in mark.args[1]) == list(range(1, len(FAULTS) + 1))
+
+
+def killed_at_a_step(sshd, standins, tmp_path, order, fault):
     command, point, worker, did = fault
     cli = CLI("ssh", cli_env(tmp_path, sshd.env()), ssh=[sshd.target, "-i", sshd.client_key])
     install = make_install(standins, tmp_path / "install", "venv-by-path", worker=worker)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from safety import CLI, PY, H, cli_env, digest, make_install
+from safety import CLI, H, digest, make_install
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -31,9 +31,10 @@ LOAD = ["--requests", "8", "--concurrency", "4", "--input-len", "16", "--max-new
 
 
 @pytest.fixture
-def cli(sshd, tmp_path) -> CLI:
-    """The CLI over the real sshd, with a client cache of this test's own (sweep state, fetched logs)."""
-    return CLI("ssh", cli_env(tmp_path, sshd.env()), ssh=[sshd.target, "-i", sshd.client_key])
+def cli(ssh_cli) -> CLI:
+    """The CLI over the real sshd, with a client cache of this test's own (sweep state, fetched logs): conftest.py's
+    ``ssh_cli``."""
+    return ssh_cli
 
 
 def models(root: Path, target: dict | None = None, draft: dict | None = None) -> tuple[str, str]:
@@ -166,9 +167,7 @@ def test_cuda_graph_off(request, standins, tmp_path, via):
     """--disable-cuda-graph (no load needed); --cuda-graph-max-bs 2 under a load of 4 requests at a time (the
     decode lines say cuda graph: False with 4 running); --cuda-graph-max-bs 8 under the same load (True):
     cuda-graph-off for the first two only."""
-    cli = (CLI("local", cli_env(tmp_path)) if via == "local"
-           else CLI("ssh", cli_env(tmp_path, request.getfixturevalue("sshd").env()),
-                    ssh=[request.getfixturevalue("sshd").target, "-i", request.getfixturevalue("sshd").client_key]))
+    cli = request.getfixturevalue(f"{via}_cli")  # conftest.py's local_cli or ssh_cli
     ins = Install(standins, tmp_path)
     target, draft = models(tmp_path / "models")
     off = ins.up("off", *spec(target, draft), "--disable-cuda-graph")

@@ -8,7 +8,6 @@ still told it is too short.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,27 +17,15 @@ from pathlib import Path
 import pytest
 
 from eaglepatch.tuning.load import SHORT_LOAD_S, SIZED_LOAD_S
+from safety import H  # the fixture standins: conftest.py
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
-
-_spec = importlib.util.spec_from_file_location(
-    "standin_harness", Path(__file__).resolve().parents[1] / "stubs" / "stand_in_sglang" / "standin_harness.py"
-)
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)  # type: ignore[union-attr]
 
 PY = sys.executable
 REPO = Path(__file__).resolve().parents[2]
 SPEC_ARGS = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
              "--startup-delay", "0.2", "--tp", "1")
 SHORT, FRESH = "the load ran for only", "request(s) warmed it"
-
-
-@pytest.fixture
-def standins():
-    s = H.StandIns(PY)
-    yield s
-    s.cleanup()
 
 
 class Newcomer:

@@ -78,17 +78,12 @@ def bare_install(root: Path) -> Path:
     return pkg
 
 
-@pytest.fixture
-def ssh(sshd, tmp_path) -> CLI:
-    return CLI("ssh", cli_env(tmp_path, sshd.env()), ssh=[sshd.target, "-i", sshd.client_key])
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # the log fetch: names, offsets
 
 
 @pytest.mark.parametrize("how", ["absolute", "dotdot"])
-def test_log_names_that_are_paths_are_refused_and_nothing_is_written(ssh, tmp_path, how):
+def test_log_names_that_are_paths_are_refused_and_nothing_is_written(ssh_cli, tmp_path, how):
     """The ``logs`` answer names ``/abs/authorized_keys`` at offset 1 (append), or ``../../...`` out of the cache:
     refused in one line (exit 1), nothing written anywhere, not even in the cache. Before: the victim got the
     host's bytes appended, or a file was created beside it."""
@@ -101,7 +96,7 @@ def test_log_names_that_are_paths_are_refused_and_nothing_is_written(ssh, tmp_pa
         victim.write_text("ssh-ed25519 AAAA the user's own key\n")
     before = victim.read_bytes() if victim.exists() else None
     python = liar(tmp_path / "liar", ("names", how, str(victim)))
-    r = ssh.run("report", bare_install(tmp_path), "--log-dir", str(remote), "--python", python)
+    r = ssh_cli.run("report", bare_install(tmp_path), "--log-dir", str(remote), "--python", python)
     assert (victim.read_bytes() if victim.exists() else None) == before, f"the host wrote {victim}"
     cache = tmp_path / "client cache"
     assert not list(cache.rglob("*.jsonl")), "a refused answer left bytes in the cache"
@@ -153,7 +148,7 @@ ESC_ARGV = ["/usr/bin/python3", "-m", "sglang.launch_server", "--port", "30999",
             "--served-model-name", "m\x1b[2J\x1b]0;owned\x07\nserver: pid 1 on :30000: forged"]
 
 
-def test_control_characters_and_secrets_from_the_host_are_escaped_and_masked(ssh, tmp_path):
+def test_control_characters_and_secrets_from_the_host_are_escaped_and_masked(ssh_cli, tmp_path):
     """The facts answer carries a server whose argv holds an API key, terminal escapes and a newline that would
     forge a line, a lock whose user and host do too, another install's path with a bell: status and show print
     them escaped and masked, one line each; their JSON masks the key too."""
@@ -167,18 +162,18 @@ def test_control_characters_and_secrets_from_the_host_are_escaped_and_masked(ssh
                       "time": "not a time", "what": "apply"}}
     python = liar(tmp_path / "liar", ("facts", extra))
     for cmd in ("status", "show"):
-        r = ssh.run(cmd, pkg, "--python", python)
+        r = ssh_cli.run(cmd, pkg, "--python", python)
         assert r.rc == 0, r
         text = r.out + r.err
         assert "sk-live-0123456789" not in text and "--api-key ***" in text, text
         assert not re.search("[\x00-\x08\x0b-\x1f\x7f]", text), repr(text)
         assert "\\e[2J" in text and "\\x07" in text and "\\n" in text, text
         assert not re.search(r"^\s*(server|lock|other server): forged", text, re.M), text
-        doc = ssh.run(cmd, pkg, "--python", python, "--json").expect(0).json()
+        doc = ssh_cli.run(cmd, pkg, "--python", python, "--json").expect(0).json()
         assert doc["servers"][0]["argv"][6] == "***" and "sk-live" not in json.dumps(doc), doc["servers"]
 
 
-def test_a_real_servers_api_key_is_masked_by_every_command(ssh, standins, tmp_path):
+def test_a_real_servers_api_key_is_masked_by_every_command(ssh_cli, standins, tmp_path):
     """A stand-in server launched with --api-key: apply (its restart line), status, show, restart and doctor
     print the command line with the key masked, in text and JSON; --speculative-num-draft-tokens, a count, shown."""
     install = make_install(standins, tmp_path / "install", "venv-by-path")
@@ -187,7 +182,7 @@ def test_a_real_servers_api_key_is_masked_by_every_command(ssh, standins, tmp_pa
     outputs = []
     for args in (("apply", "--timeout", "60"), ("status",), ("status", "--json"), ("show",), ("show", "--json"),
                  ("restart", "--timeout", "60"), ("doctor",), ("doctor", "--json"), ("revert", "--timeout", "60")):
-        r = ssh.run(args[0], install.pkg, *args[1:])
+        r = ssh_cli.run(args[0], install.pkg, *args[1:])
         assert r.rc == 0, r
         outputs.append(r.out + r.err)
     text = "\n".join(outputs)
@@ -227,7 +222,7 @@ def _wait_for(pattern: str, folder: Path, deadline_s: float = 60) -> list[Path]:
         time.sleep(0.1)
 
 
-def test_a_log_folder_another_user_made_is_not_read_and_the_real_records_are(ssh, standins, tmp_path, other_user):
+def test_a_log_folder_another_user_made_is_not_read_and_the_real_records_are(ssh_cli, standins, tmp_path, other_user):
     """Another user pre-creates the configured log folder (in a world-writable temp folder, as /tmp) with fake
     runs (draft 900 ms) and a link to a root-only file. The server (root) rightly writes to a private folder
     instead. report and doctor read the real records there, say why the configured folder is not read, show no
@@ -255,13 +250,13 @@ def test_a_log_folder_another_user_made_is_not_read_and_the_real_records_are(ssh
     install = make_install(standins, tmp_path / "install", "pythonpath")
     port, _proc = up(install, standins, tmp_path / "work", "--speculative-algorithm", "EAGLE3",
                      "--speculative-num-steps", "3", TMPDIR=str(server_tmp))
-    ssh.run("apply", install.pkg, "--log-dir", str(planted), "--timeout", "60").expect(0)
+    ssh_cli.run("apply", install.pkg, "--log-dir", str(planted), "--timeout", "60").expect(0)
     load = ["--requests", "4", "--concurrency", "2", "--input-len", "16", "--max-new-tokens", "16", "--warmup", "0",
             "--log-wait", "0"]
-    ssh.run("bench", install.pkg, *load).expect(0)
+    ssh_cli.run("bench", install.pkg, *load).expect(0)
     [private] = {p.parent for p in _wait_for("eaglepatch-*/*.jsonl", server_tmp)}
 
-    r = ssh.run("report", install.pkg, "--json").expect(0)
+    r = ssh_cli.run("report", install.pkg, "--json").expect(0)
     doc = r.json()
     assert doc["records"] > 0 and all(run["id"] != "gpu1-4242-1-fake" for run in doc["runs"]), doc["runs"]
     draft = [g["phases"]["draft"]["max"] for g in doc["groups"] if g["mode"] == "decode"]
@@ -271,11 +266,11 @@ def test_a_log_folder_another_user_made_is_not_read_and_the_real_records_are(ssh
     cache = tmp_path / "client cache"
     assert not any("root's secret" in p.read_text(errors="replace") for p in cache.rglob("*") if p.is_file())
 
-    doc = ssh.run("doctor", install.pkg, "--json").expect(0).json()
+    doc = ssh_cli.run("doctor", install.pkg, "--json").expect(0).json()
     ids = {f["id"] for f in doc["findings"]}
     assert "no-timing-records" not in ids and "not-patched" not in ids, ids
     assert doc["sources"]["timing_log"]["records"] > 0, doc["sources"]
-    ssh.run("revert", install.pkg, "--timeout", "60").expect(0)
+    ssh_cli.run("revert", install.pkg, "--timeout", "60").expect(0)
     shutil.rmtree(private)
 
 
@@ -304,7 +299,7 @@ def test_a_log_folder_this_user_may_not_read_is_one_line(sshd, tmp_path, other_u
     assert str(logs) in line and "Permission denied" in line, line
 
 
-def test_logs_larger_than_a_frame_come_in_batches(ssh, tmp_path):
+def test_logs_larger_than_a_frame_come_in_batches(ssh_cli, tmp_path):
     """40 MB of timing logs: the host sends them in batches of 8 MB, each whole lines, the next asked for before
     the last is written (pipelined), until the client has them all, its memory bounded;
     the next report fetches nothing new."""
@@ -315,12 +310,12 @@ def test_logs_larger_than_a_frame_come_in_batches(ssh, tmp_path):
     with open(remote / "gpu1-10-rank0.jsonl", "w") as f:
         f.writelines(record(100 + i * 0.001, 10, 1.0, "gpu1-10-1-a") for i in range(n))
     size = (remote / "gpu1-10-rank0.jsonl").stat().st_size
-    argv = [*EAGLEPATCH, "report", "--json", "--all-runs", *ssh.target(bare_install(tmp_path)), "--log-dir",
+    argv = [*EAGLEPATCH, "report", "--json", "--all-runs", *ssh_cli.target(bare_install(tmp_path)), "--log-dir",
             str(remote)]
-    p, rss = run_measured(argv, ssh.env, tmp_path)
+    p, rss = run_measured(argv, ssh_cli.env, tmp_path)
     print(f"{size} bytes of logs: client peak RSS {rss / 1024:.0f} MiB")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["records"] == n and f"{size} new bytes" in p.stderr, p.stderr[-500:]
     assert rss < RSS_LIMIT_KIB, f"the client took {rss / 1024:.0f} MiB"
-    again = subprocess.run(argv, env=ssh.env, capture_output=True, text=True, timeout=240)
+    again = subprocess.run(argv, env=ssh_cli.env, capture_output=True, text=True, timeout=240)
     assert again.returncode == 0 and " 0 new bytes" in again.stderr, again.stderr

@@ -22,11 +22,6 @@ from safety import CLI, EAGLEPATCH, H, cli_env, digest, make_install, servers, u
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
-@pytest.fixture
-def ssh(sshd, tmp_path) -> CLI:
-    return CLI("ssh", cli_env(tmp_path, sshd.env()), ssh=[sshd.target, "-i", sshd.client_key])
-
-
 def interrupted(r, target: str, state: str) -> None:
     """Exit 130, no traceback, and the last stderr line naming the target, its state, and what to run."""
     assert r.rc == 130, r
@@ -59,53 +54,54 @@ def test_ctrl_c_while_apply_holds_the_lock_releases_it(tmp_path):
     assert doc["lock"] is None and {f["state"] for f in doc["files"]} == {"pristine"}, doc
 
 
-def test_ctrl_c_after_patching_before_the_restart(ssh, standins, tmp_path):
+def test_ctrl_c_after_patching_before_the_restart(ssh_cli, standins, tmp_path):
     """Ctrl-C right after the files were patched, before the restart: "files patched, server not restarted"; status
     agrees (patched, the server stale, the lock released); revert puts every byte and the server back."""
     install = make_install(standins, tmp_path / "install", "venv-by-path")
     port, proc = up(install, standins, tmp_path / "work")
     before = digest(install.pkg)
-    r = ssh.run("apply", install.pkg, "--timeout", "60", env={"EAGLEPATCH_FAILPOINT": "apply:after-execute:sigint"})
-    target = ssh.ssh[0]
+    r = ssh_cli.run("apply", install.pkg, "--timeout", "60",
+                    env={"EAGLEPATCH_FAILPOINT": "apply:after-execute:sigint"})
+    target = ssh_cli.ssh[0]
     interrupted(r, target, "files patched, server not restarted (it runs the original code)")
-    doc = ssh.run("status", install.pkg, "--json").expect(0).json()
+    doc = ssh_cli.run("status", install.pkg, "--json").expect(0).json()
     assert {f["state"] for f in doc["files"]} == {"patched"} and doc["lock"] is None, doc
     assert [(s["pid"], s["code"]) for s in doc["servers"]] == [(proc.pid, "stale")]
-    ssh.run("revert", install.pkg, "--timeout", "60").expect(0)
+    ssh_cli.run("revert", install.pkg, "--timeout", "60").expect(0)
     assert digest(install.pkg) == before
 
 
-def test_ctrl_c_while_the_server_restarts(ssh, standins, tmp_path):
+def test_ctrl_c_while_the_server_restarts(ssh_cli, standins, tmp_path):
     """Ctrl-C right after the host stopped the server and started it on the patched files: "files patched, server
     restarting"; the host finished the relaunch (the new server comes up on the patched code)."""
     install = make_install(standins, tmp_path / "install", "venv-by-path")
     port, proc = up(install, standins, tmp_path / "work")
     before = digest(install.pkg)
-    r = ssh.run("apply", install.pkg, "--timeout", "60",
+    r = ssh_cli.run("apply", install.pkg, "--timeout", "60",
                 env={"EAGLEPATCH_FAILPOINT": "restart:after-relaunch:sigint"})
-    interrupted(r, ssh.ssh[0], "files patched, server restarting")
-    the_host_finished_the_relaunch(ssh, install, port, proc, before)
+    interrupted(r, ssh_cli.ssh[0], "files patched, server restarting")
+    the_host_finished_the_relaunch(ssh_cli, install, port, proc, before)
 
 
-def the_host_finished_the_relaunch(ssh: CLI, install, port: int, proc, before: dict[str, str]) -> None:
+def the_host_finished_the_relaunch(ssh_cli: CLI, install, port: int, proc, before: dict[str, str]) -> None:
     """The relaunch the host was asked for went on without eaglepatch: the new server comes up on the patched
     files; then revert puts every byte and the original server back."""
     H.wait_http(port, timeout=60)
-    [srv] = servers(ssh, install.pkg)
+    [srv] = servers(ssh_cli, install.pkg)
     assert srv["pid"] != proc.pid and srv["code"] == "current"
-    ssh.run("revert", install.pkg, "--timeout", "120").expect(0)
+    ssh_cli.run("revert", install.pkg, "--timeout", "120").expect(0)
     assert digest(install.pkg) == before
 
 
-def test_ctrl_c_from_the_terminal_while_waiting_for_the_server(ssh, standins, tmp_path):
+def test_ctrl_c_from_the_terminal_while_waiting_for_the_server(ssh_cli, standins, tmp_path):
     """A Ctrl-C as a terminal sends it (SIGINT to eaglepatch's whole process group) while apply waits for the
     restarted server to load: exit 130 and the state in one line; the server, started by the host in a session of
     its own, loads on; revert then puts everything back."""
     install = make_install(standins, tmp_path / "install", "venv-by-path")
     port, proc = up(install, standins, tmp_path / "work", "--startup-delay", "6")
     before = digest(install.pkg)
-    argv = [*EAGLEPATCH, "apply", *ssh.target(install.pkg), *with_log_dir("apply", ["--timeout", "120"])]
-    p = subprocess.Popen(argv, env=dict(ssh.env, EAGLEPATCH_PLAIN="1"), stdin=subprocess.DEVNULL,
+    argv = [*EAGLEPATCH, "apply", *ssh_cli.target(install.pkg), *with_log_dir("apply", ["--timeout", "120"])]
+    p = subprocess.Popen(argv, env=dict(ssh_cli.env, EAGLEPATCH_PLAIN="1"), stdin=subprocess.DEVNULL,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         err = []
@@ -121,8 +117,8 @@ def test_ctrl_c_from_the_terminal_while_waiting_for_the_server(ssh, standins, tm
             p.wait(10)
     assert any(x.startswith("started sglang") for x in err), "".join(err)
     r = type("R", (), {"rc": p.returncode, "err": "".join(err) + rest_err, "out": rest_out})()
-    interrupted(r, ssh.ssh[0], "files patched, server restarting")
-    the_host_finished_the_relaunch(ssh, install, port, proc, before)
+    interrupted(r, ssh_cli.ssh[0], "files patched, server restarting")
+    the_host_finished_the_relaunch(ssh_cli, install, port, proc, before)
 
 
 def test_ctrl_c_with_several_targets_says_each(tmp_path):

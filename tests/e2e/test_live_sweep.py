@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from safety import ADAPTIVE, CLI, EAGLEPATCH, H, WORKER, cli_env, digest, identity, make_install, up
+from safety import ADAPTIVE, EAGLEPATCH, WORKER, digest, identity, make_install, up  # local_cli, ssh_cli: conftest.py
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -59,16 +59,6 @@ def adaptive_server(standins, tmp_path: Path, *extra: str, kind: str = "venv-by-
     install = make_install(standins, tmp_path / "install", kind, worker=ADAPTIVE)
     port, proc = up(install, standins, tmp_path / "work dir", *SPEC, *extra)
     return install, port, proc
-
-
-@pytest.fixture
-def ssh_cli(sshd, tmp_path) -> CLI:
-    return CLI("ssh", cli_env(tmp_path, sshd.env()), ssh=[sshd.target, "-i", sshd.client_key])
-
-
-@pytest.fixture
-def local_cli(tmp_path) -> CLI:
-    return CLI("local", cli_env(tmp_path))
 
 
 def test_a_live_sweep_measures_every_step_count_in_one_launch_and_puts_the_server_back(ssh_cli, standins, tmp_path):

@@ -16,13 +16,13 @@ import shutil
 
 import pytest
 
-from safety import CLI, cli_env, make_install, up
+from safety import make_install, up
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
-def test_status_doctor_and_a_failed_restarts_log_tail_print_no_secret(standins, tmp_path):
-    cli = CLI("local", cli_env(tmp_path))
+def test_status_doctor_and_a_failed_restarts_log_tail_print_no_secret(standins, tmp_path, local_cli):
+    cli = local_cli  # conftest.py
     install = make_install(standins, tmp_path / "install", "venv-by-path")
     key, pw, tok = ("sk-test-" + secrets.token_hex(6), "pw-" + secrets.token_hex(6), "tok-" + secrets.token_hex(6))
     pat, db = "ghp_" + secrets.token_hex(6), "db-" + secrets.token_hex(6)

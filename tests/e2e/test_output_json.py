@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from safety import CLI, H, cli_env, make_install, servers
+from safety import H, make_install, servers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -35,9 +35,9 @@ def _one_server(doc: dict, port: int) -> dict:
     return srv
 
 
-def test_apply_revert_and_restart_json_name_the_servers_own_output_file(standins, tmp_path):
+def test_apply_revert_and_restart_json_name_the_servers_own_output_file(standins, tmp_path, local_cli):
     """The server's own file kept: stdout and stderr are it, ``log`` null, and status afterwards agrees."""
-    cli = CLI("local", cli_env(tmp_path))
+    cli = local_cli  # conftest.py
     install = make_install(standins, tmp_path / "install", "venv-by-path")
     port = standins.port()
     log = tmp_path / "w" / "server.log"
@@ -54,10 +54,10 @@ def test_apply_revert_and_restart_json_name_the_servers_own_output_file(standins
     assert _one_server(doc, port)["output"] == kept
 
 
-def test_apply_and_revert_json_name_the_log_eaglepatch_chose(standins, tmp_path):
+def test_apply_and_revert_json_name_the_log_eaglepatch_chose(standins, tmp_path, local_cli):
     """Output to /dev/null: the restarted server writes both streams to eaglepatch's log, and ``log`` names it (the
     file its stdout really points to); revert appends there, and says so the same way."""
-    cli = CLI("local", cli_env(tmp_path))
+    cli = local_cli  # conftest.py
     install = make_install(standins, tmp_path / "install", "venv-by-path")
     port = standins.port()
     _nohup(install, standins, tmp_path / "w", port, Path("/dev/null"))
@@ -73,9 +73,9 @@ def test_apply_and_revert_json_name_the_log_eaglepatch_chose(standins, tmp_path)
     assert _one_server(doc, port)["output"] == {"stdout": where, "stderr": where, "log": None}
 
 
-def test_no_restart_lists_no_server(standins, tmp_path):
+def test_no_restart_lists_no_server(standins, tmp_path, local_cli):
     """``--no-restart``: nothing restarted, ``servers`` empty (the key is always there)."""
-    cli = CLI("local", cli_env(tmp_path))
+    cli = local_cli  # conftest.py
     install = make_install(standins, tmp_path / "install", "venv-by-path")
     port = standins.port()
     _nohup(install, standins, tmp_path / "w", port, Path("/dev/null"))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from safety import CLI, H, cli_env, make_install, servers
+from safety import H, make_install, servers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -40,8 +40,9 @@ def _nohup(install, standins, cwd: Path, port: int, log: Path):
     return proc
 
 
-def test_a_server_started_with_its_output_in_a_file_writes_to_that_file_after_apply_and_revert(standins, tmp_path):
-    cli = CLI("local", cli_env(tmp_path))
+def test_a_server_started_with_its_output_in_a_file_writes_to_that_file_after_apply_and_revert(standins, tmp_path,
+                                                                                              local_cli):
+    cli = local_cli  # conftest.py
     install = make_install(standins, tmp_path / "install", "venv-by-path")
     port = standins.port()
     log = tmp_path / "w" / "server.log"
@@ -71,8 +72,8 @@ def test_a_server_started_with_its_output_in_a_file_writes_to_that_file_after_ap
     assert srv["output"]["stdout"] == str(log)
 
 
-def test_a_server_whose_output_went_to_no_file_is_told_where_it_goes(standins, tmp_path):
-    cli = CLI("local", cli_env(tmp_path))
+def test_a_server_whose_output_went_to_no_file_is_told_where_it_goes(standins, tmp_path, local_cli):
+    cli = local_cli  # conftest.py
     install = make_install(standins, tmp_path / "install", "venv-by-path")
     port = standins.port()
     proc = _nohup(install, standins, tmp_path / "w", port, Path("/dev/null"))

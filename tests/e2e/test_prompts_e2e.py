@@ -7,26 +7,17 @@ line and exit 2 before any request is sent. The formats and the parsing in detai
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from eaglepatch.tuning.load import LoadSpec
+from safety import PY, H, cli_env  # the fixture standins: conftest.py
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
-_spec = importlib.util.spec_from_file_location(
-    "standin_harness", Path(__file__).resolve().parents[1] / "stubs" / "stand_in_sglang" / "standin_harness.py"
-)
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)  # type: ignore[union-attr]
-
-PY = sys.executable
 SPEC_ARGS = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
              "--tp", "1")
 N = 24  # output tokens per request
@@ -51,8 +42,7 @@ class Server:
         standins.launch(self.tree, tmp_path / "work", self.port, *SPEC_ARGS, "--record-requests", str(self.record),
                         *extra)
         H.wait_http(self.port, timeout=30)
-        self.env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "client cache"))
-        self.env.pop("EAGLEPATCH_DEBUG", None)
+        self.env = cli_env(tmp_path)
 
     def cli(self, cmd: str, *args: str, timeout: float = 200) -> subprocess.CompletedProcess:
         return subprocess.run([PY, "-m", "eaglepatch", cmd, str(self.tree / "sglang"), *args], capture_output=True,
@@ -70,13 +60,6 @@ class Server:
         out = [(d["path"], d["body"]) for d in map(json.loads, self.record.read_text().splitlines())]
         self.record.unlink()
         return out
-
-
-@pytest.fixture
-def standins():
-    s = H.StandIns(PY)
-    yield s
-    s.cleanup()
 
 
 def prompt_of(path: str, body: dict) -> str:

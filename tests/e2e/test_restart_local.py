@@ -9,7 +9,6 @@ ports, and kills whatever it started when it ends.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import shlex
 import socket
@@ -33,29 +32,15 @@ from eaglepatch.server import (
     stop_server,
     wait_until_ready,
 )
+from safety import H as harness  # the fixture standins: conftest.py
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
-
-_spec = importlib.util.spec_from_file_location(
-    "standin_harness", Path(__file__).resolve().parents[1] / "stubs" / "stand_in_sglang" / "standin_harness.py"
-)
-harness = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(harness)
 
 PY = sys.executable  # the helper programs' interpreter on the "host" (here: this one)
 FAST = dict(poll_interval=0.2, grace=5.0, port_timeout=10.0)
 ENV_VAR = "EAGLEPATCH_TEST_VAR"
 ENV_VALUE = "a value with spaces"
 MODEL = "models/draft model"  # an argument with a space
-
-
-@pytest.fixture
-def standins():
-    s = harness.StandIns(PY)
-    try:
-        yield s
-    finally:
-        s.cleanup()
 
 
 @pytest.fixture

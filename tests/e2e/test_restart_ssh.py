@@ -6,7 +6,6 @@ SSH session. The relaunched server must outlive that session: it is checked afte
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -17,29 +16,15 @@ from eaglepatch.hosts.local import LocalHost
 from eaglepatch.hosts.spec import SSHOptions
 from eaglepatch.hosts.target import open_host, parse_target
 from eaglepatch.server import LaunchSpec, ReadyState, RestartOptions, Strategy, find_servers, restart, select_server
+from safety import H as harness  # the fixture standins: conftest.py
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
-
-_spec = importlib.util.spec_from_file_location(
-    "standin_harness", Path(__file__).resolve().parents[1] / "stubs" / "stand_in_sglang" / "standin_harness.py"
-)
-harness = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(harness)
 
 PY = sys.executable
 FAST = dict(poll_interval=0.2, grace=5.0, port_timeout=10.0)
 ENV_VAR = "EAGLEPATCH_TEST_VAR"
 ENV_VALUE = "a value with spaces"
 MODEL = "models/draft model"
-
-
-@pytest.fixture
-def standins():
-    s = harness.StandIns(PY)
-    try:
-        yield s
-    finally:
-        s.cleanup()
 
 
 @pytest.fixture

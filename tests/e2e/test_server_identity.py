@@ -37,17 +37,15 @@ DESCRIBED = {  # what status says of each way
 }
 
 
-def _cli(request, tmp_path, via: str) -> CLI:
-    if via == "local":
-        return CLI("local", cli_env(tmp_path))
-    sshd = request.getfixturevalue("sshd")
-    return CLI("ssh", cli_env(tmp_path, sshd.env()), ssh=[sshd.target, "-i", sshd.client_key])
+def _cli(request, via: str) -> CLI:
+    """conftest.py's ``local_cli`` or ``ssh_cli``."""
+    return request.getfixturevalue(f"{via}_cli")
 
 
 @pytest.fixture
-def cli(request, tmp_path) -> CLI:
+def cli(ssh_cli) -> CLI:
     """Over the real sshd (a local target runs the same code minus SSH: the launch ways are checked on both)."""
-    return _cli(request, tmp_path, "ssh")
+    return ssh_cli
 
 
 @pytest.mark.parametrize("via,kind", [("ssh", k) for k in KINDS] + [("local", "venv-by-path"), ("local", "editable")])
@@ -55,7 +53,7 @@ def test_each_way_of_launching_is_found_and_restarted_exactly_as_it_was(request,
     """status lists the server (pid, port, how it was launched); apply and revert each start a new process with
     the same argv (argv[0] included), cwd and environment, so the server keeps its venv; revert puts every byte
     back."""
-    cli = _cli(request, tmp_path, via)
+    cli = _cli(request, via)
     install = make_install(standins, tmp_path / "install", kind)
     port, proc = up(install, standins, tmp_path / "work dir")
     before = digest(install.pkg)

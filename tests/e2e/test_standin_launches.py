@@ -9,7 +9,6 @@ another harness's, even on the same port number: other checkouts run these tests
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -19,25 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
+from safety import H  # the fixture standins: conftest.py
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
-_spec = importlib.util.spec_from_file_location(
-    "standin_harness", Path(__file__).resolve().parents[1] / "stubs" / "stand_in_sglang" / "standin_harness.py"
-)
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)  # type: ignore[union-attr]
-
 FIND_SGLANG = "import importlib.util; s = importlib.util.find_spec('sglang'); print(s and s.origin)"
-
-
-@pytest.fixture
-def standins():
-    s = H.StandIns()
-    try:
-        yield s
-    finally:
-        s.cleanup()
 
 
 def origin_with(python: str, ident: dict) -> str:

@@ -7,7 +7,6 @@ of the test's port is written to the shared /tmp/eaglepatch (issue 41)."""
 from __future__ import annotations
 
 import fcntl
-import importlib.util
 import os
 import sys
 import time
@@ -20,27 +19,13 @@ from eaglepatch.hosts.local import LocalHost
 from eaglepatch.hosts.spec import SSHOptions
 from eaglepatch.hosts.target import open_host, parse_target
 from eaglepatch.server import RestartOptions, Strategy, find_servers, restart, select_server
+from safety import H as harness  # the fixture standins: conftest.py
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
-
-_spec = importlib.util.spec_from_file_location(
-    "standin_harness", Path(__file__).resolve().parents[1] / "stubs" / "stand_in_sglang" / "standin_harness.py"
-)
-harness = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(harness)
 
 PY = sys.executable
 FAST = dict(timeout=30, poll_interval=0.2, grace=5.0, port_timeout=10.0)
 SHARED = ("/tmp/eaglepatch", f"/tmp/eaglepatch-{os.getuid()}")
-
-
-@pytest.fixture
-def standins():
-    s = harness.StandIns(PY)
-    try:
-        yield s
-    finally:
-        s.cleanup()
 
 
 def _names(port: int) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from safety import CLI, PY, H, cli_env, identity, make_install, up
+from safety import CLI, H, identity, make_install, up
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -31,8 +31,9 @@ def stop(pid: int) -> None:
 
 
 @pytest.fixture
-def cli(sshd, tmp_path) -> CLI:
-    return CLI("ssh", cli_env(tmp_path, sshd.env()), ssh=[sshd.target, "-i", sshd.client_key])
+def cli(ssh_cli) -> CLI:
+    """conftest.py's ``ssh_cli``: the CLI over the real sshd, with a client cache of this test's own."""
+    return ssh_cli
 
 
 def test_a_misspelt_flag_is_refused_before_anything_starts(cli, standins, tmp_path):

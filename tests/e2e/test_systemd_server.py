@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from safety import CLI, PY, REJECTS_PATCH, WORKER, H, cli_env, digest, make_install
+from safety import CLI, REJECTS_PATCH, WORKER, H, cli_env, digest, make_install  # the fixture standins: conftest.py
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -93,13 +93,6 @@ def unit_cgroup():
         while (path / "cgroup.procs").read_text().split() and time.monotonic() < deadline:
             time.sleep(0.05)
         path.rmdir()
-
-
-@pytest.fixture
-def standins():
-    s = H.StandIns(PY)
-    yield s
-    s.cleanup()
 
 
 class Unit:

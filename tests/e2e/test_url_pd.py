@@ -12,26 +12,18 @@ from __future__ import annotations
 
 import base64
 import http.client
-import importlib.util
 import json
-import os
 import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from safety import H  # the fixtures local, ssh, standins: conftest.py
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
-_spec = importlib.util.spec_from_file_location(
-    "standin_harness", Path(__file__).resolve().parents[1] / "stubs" / "stand_in_sglang" / "standin_harness.py"
-)
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)  # type: ignore[union-attr]
-
-PY = sys.executable
 SPEC_ARGS = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
              "--startup-delay", "0.2", "--tp", "1")
 LOAD = ["--prompts", "random-ids", "--requests", "4", "--concurrency", "2", "--input-len", "16", "--max-new-tokens",
@@ -59,43 +51,6 @@ class Server:
 
     def pids(self) -> list[int]:
         return H.launcher_pids(self.port)
-
-
-class Via:
-    """The CLI on a stand-in's install: its local path, or over sshd."""
-
-    def __init__(self, env: dict[str, str], ssh: list[str] | None = None):
-        self.env, self.ssh = env, ssh
-
-    def run(self, cmd: str, srv: Server, *args: str, timeout: float = 200) -> subprocess.CompletedProcess:
-        target = [str(srv.tree / "sglang")] if self.ssh is None else [
-            *self.ssh, "--sglang-path", str(srv.tree / "sglang"), "--python", PY]
-        return subprocess.run([PY, "-m", "eaglepatch", cmd, *target, *args], capture_output=True, text=True,
-                              timeout=timeout, env=self.env)
-
-
-def _env(tmp_path: Path, base: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(base or os.environ)
-    env["XDG_CACHE_HOME"] = str(tmp_path / "client cache")
-    env.pop("EAGLEPATCH_DEBUG", None)
-    return env
-
-
-@pytest.fixture
-def local(tmp_path) -> Via:
-    return Via(_env(tmp_path))
-
-
-@pytest.fixture
-def ssh(sshd, tmp_path) -> Via:
-    return Via(_env(tmp_path, sshd.env()), ssh=[sshd.target, "-i", sshd.client_key])
-
-
-@pytest.fixture
-def standins():
-    s = H.StandIns(PY)
-    yield s
-    s.cleanup()
 
 
 class Proxy:
