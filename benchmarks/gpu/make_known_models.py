@@ -29,6 +29,17 @@ after the first non-member, and with ``S`` a random set the accept length at ``k
 ``known.json`` beside the models holds ``f``, ``S`` and ``p``; ``known_truth.py`` walks the load's prompts through
 them for the exact figure of a given load.
 
+``--regions pA,pB`` (instead of ``--p``) makes the acceptance depend on where a request's walk runs: ``f`` is then
+three cycles, not one: the special ids and those below ``lo`` (default 10: never a prompt's last token) in one
+cycle of non-members, region A = ids ``[lo, mid)`` in a second and region B = ``[mid, V)`` in a third
+(``--region-bounds lo,mid``, default ``mid = lo + (V - lo) // 2``), and ``S`` holds ``round(pA |A|)`` ids of A
+and ``round(pB |B|)`` of B. A walk that starts in a region stays in it: a request whose prompt ends on an id of A
+has the accept length ``1 + pA + ... + pA^k`` (B's likewise), and a set of prompts ending in A gets A's.
+``known.json`` then holds ``"regions"`` (``[{"name", "lo", "hi", "p", "members"}, ...]``) and ``"p": null``. The
+tokenizer's word for id ``t`` is ``known_truth.word(t)`` (``w0`` is 0, ids 1-4 the specials, ``w<j>`` is
+``j + 4``); its chat template (``CHAT_TEMPLATE``) joins the messages' contents and appends nothing, so that a
+chat request's walk starts from its last message's last word, as a text prompt's does.
+
 ``--check`` runs the construction's arithmetic (RMSNorm, the SiLU MLP, the heads; weights rounded to bf16 as
 stored) with numpy on a sample of tokens and fails unless every prediction is the intended one.
 """
@@ -75,6 +86,63 @@ def construction(V: int, p: float, seed: int) -> tuple[list[int], list[int], lis
         finv[u] = t
     members = set(rng.sample(range(V), round(p * V)))
     return f, finv, [t in members for t in range(V)]
+
+
+DEFAULT_LO = 10  # the first id of region A: below it the specials (1-4) and w0..w5, never a prompt's last token
+
+
+def region_bounds(V: int, lo: int | None = None, mid: int | None = None) -> tuple[int, int]:
+    """``(lo, mid)``: region A is ``[lo, mid)``, region B ``[mid, V)``; the defaults split ``[10, V)`` in halves."""
+    lo = DEFAULT_LO if lo is None else lo
+    mid = lo + (V - lo) // 2 if mid is None else mid
+    if not 5 <= lo < mid < V - 1 or mid - lo < 2:
+        raise ValueError(f"regions [{lo}, {mid}) and [{mid}, {V}): need 5 <= lo < mid < V - 1 (ids 1-4 are special)")
+    return lo, mid
+
+
+def construction_regions(V: int, pa: float, pb: float, seed: int, lo: int | None = None,
+                         mid: int | None = None) -> tuple[list[int], list[int], list[bool], list[dict]]:
+    """(f, f^-1, membership of S, regions) for ids 0..V-1 in two regions: ``f`` one random cycle on ``[0, lo)``
+    (no members), one on A = ``[lo, mid)`` and one on B = ``[mid, V)``; ``S`` ``round(pa |A|)`` random ids of A and
+    ``round(pb |B|)`` of B. ``regions``: ``[{"name": "A", "lo", "hi", "p", "members"}, {"name": "B", ...}]``."""
+    lo, mid = region_bounds(V, lo, mid)
+    rng = random.Random(seed)
+    f = [0] * V
+    members: set[int] = set()
+    regions = []
+    for name, a, b, p in (("", 0, lo, 0.0), ("A", lo, mid, pa), ("B", mid, V, pb)):
+        order = list(range(a, b))
+        rng.shuffle(order)
+        for i, t in enumerate(order):
+            f[t] = order[(i + 1) % len(order)]
+        chosen = set(rng.sample(range(a, b), round(p * (b - a))))
+        members |= chosen
+        if name:
+            regions.append({"name": name, "lo": a, "hi": b, "p": p, "members": len(chosen)})
+    finv = [0] * V
+    for t, u in enumerate(f):
+        finv[u] = t
+    return f, finv, [t in members for t in range(V)], regions
+
+
+def pick_seed_regions(V: int, pa: float, pb: float, seeds: int = 20, steps: Sequence[int] = range(1, 9),
+                      lo: int | None = None, mid: int | None = None, requests: int = 150) -> tuple[int, float]:
+    """``pick_seed`` for two regions: the seed whose walks from ``requests`` random prompt ends in each region are
+    closest to that region's formula at every ``k`` of ``steps`` (the largest relative deviation over both)."""
+    from known_truth import formula, walk
+
+    lo, mid = region_bounds(V, lo, mid)
+    rng = random.Random(12345)
+    ends = {"A": [rng.randrange(lo, mid) for _ in range(requests)],
+            "B": [rng.randrange(mid, V) for _ in range(requests)]}
+    best = (0, math.inf)
+    for seed in range(seeds):
+        f, _finv, member, regions = construction_regions(V, pa, pb, seed, lo, mid)
+        dev = max(abs(walk(ends[r["name"]], f, member, k, 256)["accept_len"] / formula(r["p"], k) - 1)
+                  for r in regions for k in steps)
+        if dev < best[1]:
+            best = (seed, dev)
+    return best
 
 
 def pick_seed(V: int, p: float, seeds: int = 20, steps: Sequence[int] = range(1, 9)) -> tuple[int, float]:
@@ -169,8 +237,14 @@ def check(H: int, V: int, f: list[int], member: list[bool], sample: int = 64, st
     return {"tokens": min(sample, V), "steps": steps, "draft_predictions_checked": checked}
 
 
+# The messages' contents, each followed by a space; no generation prompt: a chat request's last token is its last
+# message's last word (known_truth.chat_last_token), the walk's start as for a text prompt.
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+
+
 def write_tokenizer(d: str, vocab_size: int) -> None:
-    """A WordLevel tokenizer of exactly ``vocab_size`` entries (w0..., plus the 4 specials at ids 1-4)."""
+    """A WordLevel tokenizer of exactly ``vocab_size`` entries (w0..., plus the 4 specials at ids 1-4; the word of
+    id ``t`` is ``known_truth.word(t)``), with the chat template ``CHAT_TEMPLATE``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -183,14 +257,21 @@ def write_tokenizer(d: str, vocab_size: int) -> None:
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tk.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                            pad_token="<pad>", model_max_length=4096).save_pretrained(d)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   pad_token="<pad>", model_max_length=4096)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(d)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--p", type=float, required=True, help="the share of tokens the draft agrees on")
+    ap.add_argument("--p", type=float, default=None, help="the share of tokens the draft agrees on")
+    ap.add_argument("--regions", default=None, metavar="PA,PB",
+                    help="two regions of the walk, the draft agreeing on a share PA of region A's ids and PB of B's "
+                         "(instead of --p)")
+    ap.add_argument("--region-bounds", default=None, metavar="LO,MID",
+                    help="region A = ids [LO, MID), B = [MID, V) (default LO 10, MID halfway)")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     ap.add_argument("--used", type=int, default=None, help="ids the walk uses (0..N-1)")
     ap.add_argument("--seed", type=int, default=None, help="the permutation's and S's seed (default: pick_seed)")
@@ -201,11 +282,23 @@ def main() -> int:
     H, L, NH, NKV, I, VT, DI, V = SHAPES[a.shape]
     V = a.used or V
     assert 2 * V <= H and 2 * V <= DI and 1000 <= V <= VT, "the lookup needs 2V <= hidden, draft intermediate"
-    seed, dev = (a.seed, None) if a.seed is not None else pick_seed(V, a.p)
-    f, finv, member = construction(V, a.p, seed)
+    if (a.p is None) == (a.regions is None):
+        ap.error("give --p or --regions, one of them")
+    regions = None
+    if a.regions is not None:
+        pa, pb = (float(x) for x in a.regions.split(","))
+        lo, mid = ((int(x) for x in a.region_bounds.split(",")) if a.region_bounds else (None, None))
+        lo, mid = region_bounds(V, lo, mid)
+        seed, dev = (a.seed, None) if a.seed is not None else pick_seed_regions(V, pa, pb, lo=lo, mid=mid)
+        f, finv, member, regions = construction_regions(V, pa, pb, seed, lo, mid)
+    else:
+        seed, dev = (a.seed, None) if a.seed is not None else pick_seed(V, a.p)
+        f, finv, member = construction(V, a.p, seed)
     first, later = draft_outputs(f, member)
     report: dict = {"p": a.p, "used": V, "shape": a.shape, "members": sum(member), "seed": seed,
                     "walk_vs_formula_max_dev": dev}
+    if regions is not None:
+        report["regions"] = regions
     if a.check or a.check_only:
         report["check"] = check(H, V, f, member)
         print("check:", report["check"], flush=True)

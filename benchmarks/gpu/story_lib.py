@@ -177,3 +177,62 @@ def make_known(mdir: str, p: float, shape: str) -> dict | None:
 def save(name: str) -> None:
     story["elapsed_s"] = round(time.time() - T0, 1)
     (OUT / f"{name}.json").write_text(json.dumps(story, indent=1))
+
+
+def make_known_regions(mdir: str, regions: str, shape: str, seed: str | None = None) -> dict | None:
+    """``make_known`` for the models of two regions (make_known_models.py ``--regions PA,PB``; ``seed``: its
+    ``--seed``, else it picks one): made unless ``mdir/known.json`` is there (None then), else what making them took
+    (``{"seconds", "rc", "out_tail"}``). Exits when they could not be made."""
+    if os.path.exists(f"{mdir}/known.json"):
+        return None
+    t = time.time()
+    args = [PY, str(Path(__file__).resolve().parent / "make_known_models.py"), "--out", mdir, "--regions", regions,
+            "--check", "--shape", shape, *(["--seed", seed] if seed else [])]
+    r = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(SITE)))
+    print(r.stdout[-1500:], flush=True)
+    if r.returncode:
+        raise SystemExit(f"make_known_models ({shape}, regions {regions}) failed")
+    return {"seconds": round(time.time() - t, 1), "rc": r.returncode, "out_tail": r.stdout[-800:]}
+
+
+def bench_prompts(prompts: str, requests: int, concurrency: int, max_new: int, warmup: int = 4,
+                  log_wait: float = 3, timeout: float = 240, extra: tuple[str, ...] = ()) -> tuple[dict | None, str]:
+    """``eaglepatch bench --prompts PROMPTS --ignore-eos --json`` against the target, ``requests`` exactly:
+    (its JSON, None when it failed; its stderr)."""
+    rc, out, err = ep("bench", TARGET, "--prompts", prompts, "--ignore-eos", "--requests", str(requests),
+                      "--concurrency", str(concurrency), "--max-new-tokens", str(max_new), "--warmup", str(warmup),
+                      "--log-wait", str(log_wait), *extra, "--json", timeout=timeout)
+    if rc != 0:
+        return None, err
+    return json.loads(out), err
+
+
+def server_pid() -> int | None:
+    """The pid of the target's server now running (``eaglepatch status --json``), None when none runs."""
+    rc, out, _ = ep("status", TARGET, "--json", timeout=60)
+    if rc != 0:
+        return None
+    doc = json.loads(out)
+    doc = doc[0] if isinstance(doc, list) and doc else doc
+    return ((doc or {}).get("server") or {}).get("pid")
+
+
+def stop_pid_group(pid: int) -> None:
+    """Stop a server this story's eaglepatch launched (its own session: the whole group), as Server.down does."""
+    try:
+        pgid = os.getpgid(pid)
+    except ProcessLookupError:
+        return
+    own = pgid == os.getpgid(0)  # not in a session of its own: the server's process alone, never this story's group
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.kill(pid, sig) if own else os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        end = time.time() + wait
+        while time.time() < end and health():
+            time.sleep(0.5)
+        if not health():
+            break
+    time.sleep(1)
