@@ -6,7 +6,8 @@ reproduced alone:
 
 1. benchmarks/bench_transform.py: transform time vs ``libcst.parse_module``, worker files of every pinned release;
 2. benchmarks/bench_ssh.py: ``apply``/``revert --no-restart`` over loopback SSH vs one bare ``ssh host true``;
-3. benchmarks/bench_report.py: ``report`` over 1,000,000 records vs a bare json parse, and its peak memory;
+3. benchmarks/bench_report.py: ``report`` over 1,000,000 records vs a bare json parse, and its peak memory; and
+   benchmarks/bench_report_runs.py: the whole ``report`` command's peak memory over a log of 20,000 runs;
 4. benchmarks/bench_runtime.py: the runtime's host overhead per cycle, ``cpu`` timer (and per entry call under
    ``apply --every N``);
 5. the GPU figures, copied from docs/gpu/timer_check.json and docs/gpu/two_ranks.json (measured on H200s; never
@@ -381,6 +382,43 @@ def section_report(run: dict, summary: list) -> str:
                     f"json parse {r['json_parse_s']:.2f} s", f"{r['ratio']:.2f}x", f"<= {target}x", verdict(ok_t)])
     summary.append(["report peak memory", f"{r['peak_mb']:.1f} MB", "import-only child", "", "< 200 MB",
                     verdict(ok_m)])
+    return "\n".join(out)
+
+
+def section_report_runs(run: dict, summary: list) -> str:
+    """Section 3's subsection: benchmarks/bench_report_runs.py, the whole ``report`` command over a log of many runs."""
+    out = ["### `report` over many runs (issue 41)", ""]
+    out.append(
+        "How to read: benchmarks/bench_report_runs.py writes one seeded log file of many short runs (a header line "
+        "per run, decode cycles at bs 1-8 with each request's tokens, a prefill cycle in about one run of ten), the "
+        "shape of a folder after many short launches, and runs the whole `eaglepatch report --all-runs FILE` command "
+        "in a child process (the console script's entry point), plain, with `--json` and with `--predict --json`, "
+        "reading its peak resident size (VmHWM at exit) and its wall time. \"JSON written as made\" is the same "
+        "command with `reporting.report(..., write=sys.stdout.write)`, the JSON handed to stdout piece by piece as "
+        "it is made. `--predict` prices by batch size only the runs whose decode records reach the cycles a price "
+        "needs (`MIN_CYCLES`, counted by the report's own pass); the others' notes give their counts, and their "
+        "groups by batch size are never made. Target (issue 41): every peak under 200 MB at 20,000 runs.")
+    out.append("")
+    if "error" in run:
+        summary.append(["report over many runs, peak memory", "failed", "", "", "< 200 MB", "**FAILED**"])
+        return "\n".join(out) + "\n" + failed("report_runs", run)
+    r = run["result"]
+    target = r.get("target_mb", 200.0)
+    modes = [m for m in ("plain", "json", "json_streamed", "predict_json", "predict_json_streamed") if m in r]
+    out += [f"Command: `{run['command']}` ({run['wall_s']:.0f} s; {r['runs']:,} runs, {r['records']:,} records, "
+            f"{r['bytes'] / 1e6:.1f} MB of JSON lines).", ""]
+    rows = []
+    for m in modes:
+        x = r[m]
+        cmd = x["command"].replace(" (JSON written as made)", "")
+        rows.append([f"`{cmd}`" + (", JSON written as made" if m.endswith("_streamed") else ""),
+                     f"**{x['peak_mb']:.1f} MB**", f"< {target:.0f} MB: {verdict(x['peak_mb'] < target)}",
+                     f"{x['wall_s']:.1f} s"])
+    out += [table(["command", "peak", "target", "wall"], rows), ""]
+    worst = max(modes, key=lambda m: r[m]["peak_mb"])
+    summary.append([f"report over {r['runs']:,} runs, highest peak memory (`{r[worst]['command']}`)",
+                    f"{r[worst]['peak_mb']:.1f} MB", "", "", f"< {target:.0f} MB",
+                    verdict(r[worst]["peak_mb"] < target)])
     return "\n".join(out)
 
 
@@ -908,6 +946,9 @@ def main(argv: list[str] | None = None) -> int:
                                + (["--releases", "0.5.3", "0.5.23"] if q else [])),
         "ssh": run_bench("bench_ssh.py", ["--runs", "3" if q else "7", "--breakdown-runs", "1" if q else "3"]),
         "report": run_bench("bench_report.py", ["--records", "100000" if q else "1000000", "--repeat", "3", "--cli"]),
+        "report_runs": run_bench("bench_report_runs.py", ["--runs", "2000" if q else "20000", "--modes",
+                                                          "plain,json,predict_json,json_streamed,"
+                                                          "predict_json_streamed"]),
         "runtime": run_bench("bench_runtime.py", ["--timer", "cpu", "--cycles", "20000" if q else "200000",
                                                   "--repeats", "3" if q else "5", "--json"]),
         "accepts": run_accepts_pair(q),
@@ -919,7 +960,7 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter() - t0
     summary: list[list] = []
     sections = [section_transform(runs["transform"], summary), section_ssh(runs["ssh"], summary),
-                section_report(runs["report"], summary),
+                section_report(runs["report"], summary) + "\n" + section_report_runs(runs["report_runs"], summary),
                 section_runtime(runs["runtime"], summary) + "\n" + section_accepts(runs["accepts"]) + "\n"
                 + section_runtime_by_bs(runs["runtime_by_bs"], summary) + "\n"
                 + section_runtime_every(runs["runtime_every"], summary),

@@ -260,8 +260,8 @@ def shown(text: object, keep: str = "") -> str:
     s = text if isinstance(text, str) else str(text)
     if not _CONTROL.search(s):
         return s
-    if keep:
-        return "".join(c if c in keep else _CONTROL.sub(_escape, c) for c in s)
+    if keep:  # one pass (a report's table runs to megabytes: never a list of its characters)
+        return _CONTROL.sub(lambda m: m.group(0) if m.group(0) in keep else _escape(m), s)
     return _CONTROL.sub(_escape, s)
 
 

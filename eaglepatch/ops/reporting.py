@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import time
 from typing import Any, Callable, Sequence
@@ -78,9 +77,12 @@ def _is_log_source(path: str) -> bool:
 def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, trace: str | None, compare: bool,
            log_dir: str | None, fmt: str, say: Say, runs: RunSelection = RunSelection(),
            chart: str | None = None, predict: bool = False, steps: Sequence[int] | None = None,
-           sweep_of: SweepOf | None = None) -> str:
+           sweep_of: SweepOf | None = None, write: Callable[[str], Any] | None = None) -> str:
     """The report of ``sources`` (local timing logs, or TARGETs whose logs are fetched first), as the text to
-    print; ``sweep_of``: where ``--predict`` finds a TARGET's measured baseline (none: predicted without it)."""
+    print; ``sweep_of``: where ``--predict`` finds a TARGET's measured baseline (none: predicted without it).
+    ``write`` (e.g. ``sys.stdout.write``): the JSON (``fmt="json"``) is handed to it piece by piece as it is made,
+    and ``""`` returned, so that a report of many runs never holds its whole text (the tables and the CSV are
+    returned as ever)."""
     from eaglepatch import report as rep
 
     per_source: list[list[str]] = []  # the log files of each source
@@ -122,7 +124,8 @@ def report(sources: Sequence[str], c: Connect, *, by: str | None, skip: int, tra
             if predict and sweep is None and sweep_of is not None:
                 sweep = sweep_of(fetched.name)
         return _report(rep, per_source, own, sources, select, follower, by=by, skip=skip, trace=trace,
-                       compare=compare, fmt=fmt, say=say, chart=chart, predict=predict, steps=steps, sweep=sweep)
+                       compare=compare, fmt=fmt, say=say, chart=chart, predict=predict, steps=steps, sweep=sweep,
+                       write=write)
     finally:
         if follower is not None:
             follower.close()
@@ -169,9 +172,18 @@ class _Ahead:
 def _report(rep: Any, per_source: list[list[str]], own: list[dict[str, Any]], sources: Sequence[str],
             select: dict[str, Any], follower: Any, *, by: str | None, skip: int, trace: str | None, compare: bool,
             fmt: str, say: Say, chart: str | None, predict: bool, steps: Sequence[int] | None,
-            sweep: dict[str, Any] | None) -> str:
+            sweep: dict[str, Any] | None, write: Callable[[str], Any] | None = None) -> str:
     """``report`` once each source's files and runs are known: aggregated (the follower's result, where it has the
     same), compared or predicted, rendered."""
+    from eaglepatch.report.jsontext import indented, write_indented
+
+    def json_text(doc: dict[str, Any]) -> str:
+        # piece by piece: the same text as json.dumps(doc, indent=1), never the whole document at once
+        if write is None:
+            return indented(doc)
+        write_indented(doc, write)
+        return ""
+
     if compare:
         results, traces = rep.aggregate_each(per_source, list(sources), trace_path=trace, by=by, skip=skip,
                                              each=own, **select)
@@ -184,7 +196,7 @@ def _report(rep: Any, per_source: list[list[str]], own: list[dict[str, Any]], so
             write_compare_chart(cmp.to_json(), chart)
             say(f"chart written to {chart}")
         if fmt == "json":
-            return json.dumps(cmp.to_json(), indent=1) + "\n"
+            return json_text(cmp.to_json())
         if fmt == "csv":
             return rep.render_compare_csv(cmp)
         return rep.render_compare_table(cmp) + "\n"
@@ -209,38 +221,123 @@ def _report(rep: Any, per_source: list[list[str]], own: list[dict[str, Any]], so
     result = follower.result(files, kwargs) if follower is not None and files else None
     if follower is not None and os.environ.get("EAGLEPATCH_DEBUG"):
         console.line(f"eaglepatch: report: aggregated {'after the fetch: ' + str(follower.why) if result is None else 'while fetching'}")
+    by_bs: dict[str | None, Any] | None = None
+    if predict:
+        from eaglepatch.report.predict import MIN_CYCLES, predict as predict_groups
+        from eaglepatch.report.predict_bs import for_runs
+
+        if result is None and by not in ("bs", None) and files:
+            # the cost curves need the decode cycles by batch size: a pass of their own, priced and dropped before
+            # the report's pass (many runs: the groups of both passes never held at once)
+            per_bs = rep.aggregate(files, **dict(kwargs, by="bs", trace_path=None))
+            by_bs = for_runs(per_bs, steps=steps, sweep=sweep, min_cycles=MIN_CYCLES)
+            del per_bs
     if result is None:
         result = rep.aggregate(files, **kwargs) if files else rep.aggregate([], by=by, skip=skip)
     if trace:
         say(f"trace written to {trace}: open it in https://ui.perfetto.dev")
     preds = None
-    by_bs: dict[str | None, Any] = {}
     if predict:
-        from eaglepatch.report.predict import MIN_CYCLES, predict as predict_groups
-        from eaglepatch.report.predict_bs import for_runs
-
         preds = predict_groups(result, steps=steps, sweep=sweep, min_cycles=MIN_CYCLES)
-        # the cost curves need the decode cycles by batch size: a second pass over the same files unless --by bs
-        per_bs = result if by == "bs" else (rep.aggregate(files, **dict(kwargs, by="bs", trace_path=None))
-                                             if files else result)
-        by_bs = for_runs(per_bs, steps=steps, sweep=sweep, min_cycles=MIN_CYCLES)
+        if by_bs is None and by is None and files and not result.merged:
+            by_bs = _priced_by_bs(rep, result, files, kwargs, steps=steps, sweep=sweep, min_cycles=MIN_CYCLES)
+        if by_bs is None:
+            # the same second pass after a result aggregated while fetching (or --by bs: the result is it)
+            per_bs = result if by == "bs" or not files else rep.aggregate(files, **dict(kwargs, by="bs",
+                                                                                          trace_path=None))
+            by_bs = for_runs(per_bs, steps=steps, sweep=sweep, min_cycles=MIN_CYCLES)
+            del per_bs
+    by_bs = by_bs or {}
     if fmt == "json" or (predict and chart is not None):
-        doc = result.to_json()
-        doc["sources"] = list(sources)
-        for gd, pred in zip(doc["groups"], preds or ()):
-            if pred is not None:
-                gd.update(pred.to_json())
-        attach_by_bs(doc, by_bs)
+        doc = report_doc(result, sources, preds, by_bs)
         if predict and chart is not None:
             from eaglepatch.report.chart.predict import write_predict_chart
 
+            doc["groups"] = doc["groups"].materialize()
+            doc["runs"] = doc["runs"].materialize()
             write_predict_chart(doc, chart, sweep)
             say(f"chart written to {chart}")
         if fmt == "json":
-            return json.dumps(doc, indent=1) + "\n"
+            return json_text(doc)
     if fmt == "csv":
         return rep.render_csv(result)
     return rep.render_table(result, predictions=preds, by_bs=by_bs) + "\n"
+
+
+def _priced_by_bs(rep: Any, result: Any, files: list[str], kwargs: dict[str, Any], *, steps: Sequence[int] | None,
+                  sweep: dict[str, Any] | None, min_cycles: int) -> dict[str | None, Any] | None:
+    """``predict_bs.for_runs`` of ``result``'s runs (aggregated ``by=None``) by batch size, with a second pass (by
+    batch size) that keeps the groups of the runs that may be priced alone: those whose decode records (the main
+    pass counts them) reach ``min_cycles``, and those of several ranks (their count per rank is the second pass's).
+    Each other run's count of cycles, for its note, is its decode records: exact where every one of them has a
+    ``bs``, which the second pass checks; where one has none, None (the caller makes the pass of every run)."""
+    from eaglepatch.report.predict_bs import decode_bounds, for_runs, too_few
+
+    bounds = decode_bounds(result)
+    keep = [run for run, (n, one) in bounds.items() if n >= min_cycles or not one]
+    priced: dict[str | None, Any] = {}
+    if len(keep) < len(bounds):
+        over: list[tuple[str, Any]] = []
+        if keep:
+            per_bs = rep.aggregate(files, **dict(kwargs, by="bs", trace_path=None, run_ids=keep, since=None,
+                                                 only_runs=keep, passed_over=over))
+        else:
+            # no run to price: a pass that keeps no group, for the check below (no selection: no run to name)
+            per_bs = rep.aggregate(files, **dict(kwargs, by="bs", trace_path=None, run_ids=None, since=None,
+                                                 latest=False, only_runs=(), passed_over=over))
+        from eaglepatch.report.predict import as_int
+
+        if any(mode == "decode" and as_int(bs) is None for mode, bs in over):
+            return None  # a decode record without a batch size: its run's count is the second pass's
+        priced = for_runs(per_bs, steps=steps, sweep=sweep, min_cycles=min_cycles) if keep else {}
+        del per_bs
+    elif keep:
+        per_bs = rep.aggregate(files, **dict(kwargs, by="bs", trace_path=None))
+        priced = for_runs(per_bs, steps=steps, sweep=sweep, min_cycles=min_cycles)
+        del per_bs
+    out: dict[str | None, Any] = {}
+    for run, (n, _one) in bounds.items():  # for_runs' order: the runs' (their groups') order
+        if run in priced:
+            out[run] = priced[run]
+        elif n < min_cycles and run not in keep:
+            out[run] = too_few(n, min_cycles)
+    return out
+
+
+def report_doc(result: Any, sources: Sequence[str], preds: Sequence[Any] | None,
+               by_bs: dict[str | None, Any]) -> dict[str, Any]:
+    """The ``report --json`` document of ``result`` (``ReportResult.to_json``): ``sources`` as given, each decode
+    group's prediction (``preds``, one per group or None) in its object, each run's prices by batch size
+    (``attach_by_bs``). Its ``groups`` and ``runs`` are ``Items``, made as ``indented`` writes them."""
+    from eaglepatch.report.jsontext import Items
+
+    preds = list(preds or ())
+
+    def groups() -> Any:
+        for i, g in enumerate(result.groups):
+            gd = g.to_json()
+            pred = preds[i] if i < len(preds) else None
+            if pred is not None:
+                gd.update(pred.to_json())
+            yield gd
+
+    def runs() -> Any:
+        for r in result.runs:
+            rd = r.to_json()
+            b = by_bs.get(r.id)
+            if b is not None:
+                rd.update(b.to_json())
+            yield rd
+
+    doc = result.to_json(lazy=True)
+    doc["sources"] = list(sources)
+    doc["groups"] = Items(groups())
+    doc["runs"] = Items(runs())
+    listed = {r.id for r in result.runs}
+    for run, b in by_bs.items():  # a run the document does not list (older logs without run ids): the top level
+        if run not in listed:
+            doc.update(b.to_json())
+    return doc
 
 
 def attach_by_bs(doc: dict[str, Any], by_bs: dict[str | None, Any]) -> None:

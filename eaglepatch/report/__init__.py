@@ -24,7 +24,8 @@ The names above are the package's face; its modules, each of one concern, bottom
 * ``groups``: a group's accumulator, finished into its ``GroupStats``;
 * ``scan``: the hot loop over the lines (msgspec, else the standard library's json);
 * ``aggregation``: ``aggregate``: the scan, run selection, the groups put in order;
-* ``trace``: the Chrome trace file; ``render``: the table and the CSV; ``comparison``: ``--compare``;
+* ``trace``: the Chrome trace file; ``render``: the table and the CSV; ``jsontext``: the JSON text, written a
+  group at a time; ``comparison``: ``--compare``;
   ``predict``: ``--predict``, other step counts from one run's records;
 * ``chart/``: the SVG/PNG charts: ``draw`` (the scene, its writers, text metrics, axes), ``compare`` and
   ``predict`` (the ``--compare`` and ``--predict`` charts).

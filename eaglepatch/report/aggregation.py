@@ -87,12 +87,16 @@ def aggregate(
     launches: Collection[tuple[int, int]] | None = None,
     install: str | None = None,
     origins: Sequence[str] | None = None,
+    only_runs: Collection[str] | None = None,
+    passed_over: list[tuple[str, Any]] | None = None,
 ) -> ReportResult:
     """Read the timing logs ``files`` (local paths, read in the given order) and return their statistics.
 
     ``by``: ``None`` (one group per mode and run), ``"bs"``, ``"rank"`` or ``"host"`` (groups per mode, run and
     that value).
-    ``skip``: drop the first ``skip`` valid cycles of every process (host, pid, rank), counted across files.
+    ``skip``: drop the first ``skip`` valid cycles of every process (host, pid, rank), counted across files: a
+    record of ``"every": N`` (apply --every N) stands for N cycles, and is dropped where it begins within them
+    (so at N > 1 up to N - 1 more than ``skip`` go, never fewer).
     ``trace_path``: also write a Chrome trace-event JSON file there (see ``eaglepatch.report.trace``); it holds
     every valid record of the selected runs, the skipped ones too (marked ``"skipped": true`` in their args).
     ``idle_gap_s``: gaps between cycles longer than this count as idle and are left out of ``between_ms``.
@@ -108,7 +112,10 @@ def aggregate(
     ticks)``, and runs of logs without run ids), ``install`` (leave out the runs whose header names a runtime
     outside this sglang package folder: another install's; runs whose headers name none stay), ``latest`` (only
     the newest of what is left, by start). ``origins``: a label per file (the SOURCE it came from), for each
-    run's ``sources`` (a report of several SOURCEs says whose each run is).
+    run's ``sources`` (a report of several SOURCEs says whose each run is). ``only_runs`` (with ``run_ids`` naming
+    no other run): the groups of these runs alone are kept while the files are read (a run whose records all go
+    elsewhere may be missing from the result's runs); ``passed_over``, a list: the (mode, ``by`` value) of each
+    group that the other runs' records fell in is appended to it.
     ``merge_runs``: the selected runs' records together, as one run (the result's ``merged`` is true when that put
     several runs together, and the renderers warn).
 
@@ -120,7 +127,8 @@ def aggregate(
     See ``eaglepatch.report.scan``'s docstring for the assumptions.
 
     Returns a ``ReportResult``; ``records`` counts all valid records of the selected runs, those dropped by
-    ``skip`` included. Raises ``UsageError`` for a bad ``by``/``skip``/``idle_gap_s``/``since``, a run id that
+    ``skip`` included; ``skipped_cycles`` the cycles ``skip`` dropped; a group's ``n`` its cycles (a record of
+    ``"every": N`` counts N), its ``record_count`` its records. Raises ``UsageError`` for a bad ``by``/``skip``/``idle_gap_s``/``since``, a run id that
     names no run (or several), a file that cannot be opened, or a trace file that cannot be written. Lines that
     do not parse are counted, never raised.
     """
@@ -147,7 +155,8 @@ def aggregate(
 
             tracer = TraceWriter(trace_path)
         try:
-            return scan_files(files, by, skip, idle_gap_s, tracer, t_min, t_max, trace_runs)
+            return scan_files(files, by, skip, idle_gap_s, tracer, t_min, t_max, trace_runs,
+                              None if only_runs is None else frozenset(only_runs))
         finally:
             if tracer is not None:
                 tracer.close()
@@ -155,6 +164,9 @@ def aggregate(
     # With a trace, the first pass writes every run's records; should the selection leave a run out, a second
     # pass writes the trace again with the selected runs alone (its numbers are the same as the first's).
     out = scan(None)
+    if passed_over is not None:
+        passed_over.extend((a.mode, a.keyval) for a in out.scratch.values() if len(a.cyc))
+    out.scratch.clear()
     dropped = out.drops_note()
     unread = tuple(out.notes) + ((dropped,) if dropped else ())
 
@@ -164,14 +176,23 @@ def aggregate(
         for a in ctx.values():
             counts[rid] += len(a.cyc)
     infos: list[RunInfo] = []
+    shared: dict[Any, Any] = {}  # one tuple for the runs of the same flags (many launches of one server)
+    skipped_cycles = {rid: r.skipped_cycles for rid, r in out.runs.items() if r.skipped_cycles}
     for rid, r in out.runs.items():
         n = counts[rid] + r.skipped
         if n == 0 and (windowed or not r.headers):
             continue  # only rejected records, or (in a window) a header alone
         labels = tuple(dict.fromkeys(origins[i] for i in sorted(r.files))) if origins is not None else ()
+        flags = tuple(r.flags.items())
+        try:
+            flags = shared.setdefault(flags, flags)
+        except TypeError:  # a flag whose value is a list or an object
+            pass
         infos.append(RunInfo(id=rid, start=r.start if math.isfinite(r.start) else None, timer=r.timer(),
-                             flags=tuple(r.flags.items()), records=n, runtime=r.runtime, sources=labels))
+                             flags=flags, records=n, runtime=r.runtime, sources=labels))
     infos.sort(key=lambda r: (r.start is not None, r.start or 0.0, r.id))
+    out.runs.clear()  # what the scan learnt of the runs is in ``infos`` now
+    del shared
 
     chosen = infos
     if run_ids:
@@ -232,7 +253,8 @@ def aggregate(
     flat.sort(key=sort_key)
     base.clear()
     groups = []
-    for bkey, spec, a in flat:
+    for i, (bkey, spec, a) in enumerate(flat):
+        flat[i] = None  # type: ignore[call-overload]  # each accumulator freed once finished: never all of both
         rid = bkey[0]
         key: list[tuple[str, Any]] = [] if by is None else [(by, bkey[2])]
         if bkey[3] is not None:
@@ -242,11 +264,13 @@ def aggregate(
         if multi:
             key.append(("run", rid))
         groups.append(finish_group(a, tuple(key), rid if not merged else None))
+        del a
     del flat
     return ReportResult(
         sources=tuple(files if sources is None else sources),
         records=sum(r.records for r in chosen),
         skipped_lines=out.bad,
+        skipped_cycles=sum(skipped_cycles.get(r.id, 0) for r in chosen),
         groups=tuple(groups),
         by=by,
         skip=skip,

@@ -283,7 +283,7 @@ class Batches:
         if len(self.phases) >= _MAX_PHASES:
             return
         seen = dict.fromkeys(self.phases)
-        for ctx in self.st.ctxs.values():
+        for ctx in (*self.st.ctxs.values(), self.st.out.scratch):
             for g in ctx.values():
                 seen.update(dict.fromkeys(g.ph))
                 seen.update(dict.fromkeys(g.hph))
@@ -406,6 +406,7 @@ class Batches:
         st.last_end = ends[-1]
         if k:
             st.R.skipped += k
+            st.R.skipped_cycles += k  # records without "every" (the line loop reads those)
         groups, st.carry = plans
         for gk, mode, kv, cols in groups:
             if dp is not None:  # the line loop's key: the data-parallel group last
@@ -413,6 +414,7 @@ class Batches:
             g = st.groups.get(gk)
             if g is None:
                 g = st.groups[gk] = Acc(mode, kv, st.c_rid, st.c_spec, dp, node)
-            g.ranks.add(rank)
+            if rank not in g.ranks:
+                g.ranks += (rank,)
             apply(g, *cols, rank)
         return True

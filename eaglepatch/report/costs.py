@@ -138,14 +138,14 @@ class Observed:
 
 def observe(g: GroupStats, bs: int, steps: int) -> Observed | None:
     """A decode group's figures, or None when it has no cadence (no accepted tokens) or no cycles."""
-    if g.mode != "decode" or not g.n or g.cadence_ms is None:
+    if g.mode != "decode" or not g.record_count or g.cadence_ms is None:
         return None
     per: dict[str, float] = {}
     for name in ("draft", "verify", "draft_extend"):
         p = g.phase(name)
-        per[name] = p.stats.total / g.n if p is not None and p.stats is not None else 0.0
+        per[name] = p.stats.total / g.record_count if p is not None and p.stats is not None else 0.0
     per["rest"] = max(g.cadence_ms - sum(per.values()), 0.0)
-    return Observed(bs, steps, g.n, per)
+    return Observed(bs, steps, g.record_count, per)
 
 
 @dataclass(frozen=True)

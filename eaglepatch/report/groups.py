@@ -57,11 +57,12 @@ class Acc:
         "dp",
         "node",
         "others",
+        "untimed",
     )
 
     def __init__(self, mode: str, keyval: Any, run: str = "", spec: str | None = None, dp: Any = None,
                  node: Any = None):
-        self.mode = mode
+        self.mode = sys.intern(mode) if type(mode) is str else mode  # a string of each record: one per mode
         self.keyval = keyval
         self.run = run
         self.spec = spec
@@ -85,10 +86,13 @@ class Acc:
         # the spread of tok/s over windows of the run
         self.accs = array("f")
         self.walls = array("f")
-        self.ranks: set[Any] = set()  # the ranks of the processes whose records came in (added per process)
+        # the ranks of the processes whose records came in (added per process), a tuple: a set costs 216 bytes, and
+        # a log of many short runs makes tens of thousands of groups
+        self.ranks: tuple[Any, ...] = ()
         self.dp = dp  # the data-parallel group of the records the scan added (a record's "dp"; None: none said)
         self.node = node  # the node rank of the records' processes (a record's "node"), for --by rank
         self.others: dict[Any, DPSums] = {}  # the sums of other DP groups merged in (merge_into), by dp
+        self.untimed = 0  # the cycles its records stand for beyond themselves ("every": N, N - 1 each)
 
 
 class DPSums:
@@ -105,7 +109,7 @@ class DPSums:
         self.bs_ab = 0
         self.wcyc_acc = 0.0
         self.hists: dict[Any, dict[int, int]] = {}
-        self.ranks: set[Any] = set()
+        self.ranks: tuple[Any, ...] = ()
 
 
 def _one_rank(hists: dict[Any, dict[int, int]]) -> tuple[Any, dict[int, int]]:
@@ -403,7 +407,8 @@ def finish_group(g: Acc, key: tuple[tuple[str, Any], ...], run: str | None) -> G
     return GroupStats(
         mode=g.mode,
         key=key,
-        n=cycle.n,
+        n=cycle.n + g.untimed,  # cycles: a record of "every": N stands for N
+        records=cycle.n if g.untimed else None,
         cycle=cycle,
         phases=tuple(phases),
         accept_len=accept_len,
@@ -453,6 +458,8 @@ def merge_into(a: Acc, b: Acc) -> None:
     """Append ``b``'s series to ``a``'s and add its sums: those of ``a``'s DP group to ``a``'s, another DP group's
     kept apart (``a.others``); ``b`` is left empty. For ``merge_runs`` and the DP groups of one group."""
     a.cyc.extend(b.cyc)
+    a.untimed += b.untimed
+    b.untimed = 0
     a.btw.extend(b.btw)
     a.hcyc.extend(b.hcyc)
     for mine, theirs in ((a.ph, b.ph), (a.hph, b.hph)):
@@ -478,7 +485,7 @@ def merge_into(a: Acc, b: Acc) -> None:
         _add_sums(dst, part)
     b.others = {}
     b.hists = {}
-    b.ranks = set()
+    b.ranks = ()
 
 
 def _add_sums(a: Any, b: Any) -> None:
@@ -499,4 +506,4 @@ def _add_sums(a: Any, b: Any) -> None:
         else:
             for t, n in theirs.items():
                 mine[t] = mine.get(t, 0) + n
-    a.ranks |= b.ranks
+    a.ranks += tuple(r for r in b.ranks if r not in a.ranks)

@@ -140,6 +140,7 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
     runs = st.runs
     new_run = st.new_run
     ctxs = st.ctxs
+    only = st.out.only
     file_run = st.file_run
     file_index = st.file_index
     c_host = st.c_host
@@ -273,29 +274,35 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
                         spec = spec_of(sraw)
                 acap = accept_cap(sraw)
                 R = runs.get(rid) or new_run(rid)
-                R.files.add(file_index)
+                if file_index not in R.files:
+                    R.files += (file_index,)
                 if t < R.start:
                     R.start = float(t)
                 timer = d.get("timer")
                 if type(timer) is str and timer:
-                    R.timers.add(timer)
+                    if timer not in R.timers:
+                        R.timers += (timer,)
                 groups = ctxs.get((rid, spec))
                 if groups is None:
-                    groups = ctxs[(rid, spec)] = {}
+                    if only is not None and rid not in only:
+                        groups = st.out.scratch
+                    else:
+                        groups = ctxs[(rid, spec)] = {}
                 c_rid = rid
                 c_spec = spec
                 c_rraw = rraw
                 c_sraw = sraw
                 cur_gk = NO
 
-            if cnt < skip:
+            if cnt < skip:  # skip counts cycles: a record of "every": N stands for N of them
                 check_skipped(d, acap)
                 if type(mode) is not str:
                     raise BadLine("bad mode")
-                cnt += 1
+                cnt += 1 if ev is NO else ev
                 last_end = e
                 records += 1
                 R.skipped += 1
+                R.skipped_cycles += 1 if ev is NO else ev
                 if tracer is not None and R.traced:
                     tracer.add(d, host, pid, rank, mode, t, True)
                 continue
@@ -318,7 +325,8 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
                     if bycode == 1 and kv is not None and not is_num(kv):
                         raise BadLine("bad bs") from None
                     ng = groups[gk] = Acc(mode, kv, c_rid, c_spec, c_dp, c_node)
-                ng.ranks.add(c_rank)  # looked up again at every change of process (its run switch resets cur_gk)
+                if c_rank not in ng.ranks:
+                    ng.ranks += (c_rank,)  # looked up again at every change of process (its run switch resets cur_gk)
                 ah = ng.hists.get(c_rank)
                 if ah is None:
                     ah = ng.hists[c_rank] = {}
@@ -400,6 +408,7 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
                 gap, wc = per_cycle(st.every_u, (c_host, c_pid, c_rank), gap, wc, ev, idle)
                 if gap is not None:
                     btw_app(gap)
+                g.untimed += ev - 1  # the group's n counts cycles
             if acc is not None:
                 s_acc = x_acc
                 s_cyc_acc += cyc
@@ -426,7 +435,7 @@ def read_lines(st: Any, source: Iterable[str]) -> None:
             elif ahs is not None:
                 for k, v in pairs:
                     ah[k] = ah.get(k, 0) + v
-            cnt += 1
+            cnt += 1 if ev is NO else ev
             last_end = e
             records += 1
             if tracer is not None and R.traced:

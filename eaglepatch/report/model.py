@@ -18,7 +18,7 @@ from eaglepatch.report.stats import round_json
 BY_CHOICES: tuple[str, ...] = ("bs", "rank", "host")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Stats:
     """Summary of one series of milliseconds: count, mean, p50/p90/p99 (numpy-linear), max and the total."""
 
@@ -41,7 +41,7 @@ class Stats:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PhaseStats:
     """One phase of a group: stats over the cycles in which it ran, and its share of the group's cycle time.
 
@@ -70,7 +70,7 @@ class PhaseStats:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BetweenStats:
     """Gaps between one cycle's end and the next cycle's start in the same process, in milliseconds."""
 
@@ -90,7 +90,7 @@ class BetweenStats:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Acceptance:
     """A decode group's acceptance profile, from the records' per-request counts (``accepts``/``accept_hist``):
     ``hist`` holds ``(tokens, request-cycles)`` pairs, tokens ascending (a request-cycle is one request in one
@@ -201,7 +201,7 @@ def compact_flags(flags: Sequence[tuple[str, Any]] | dict[str, Any]) -> str:
     return " ".join(out)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RunInfo:
     """One run (a server launch with one patch configuration): ``id`` (a record's ``"run"``, or
     ``"file:<basename>"`` for records without one), ``start`` (epoch seconds: the earliest ``t`` of its header
@@ -260,7 +260,7 @@ class RunInfo:
                        sources=tuple(d.get("sources") or ()))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GroupStats:
     """The statistics of one group, keyed by ``mode`` and ``key``.
 
@@ -271,6 +271,10 @@ class GroupStats:
     ``wall_tokens_per_s`` are ``None`` when no record of the group has ``accepted``; ``between`` is ``None``
     when no gap was measured. ``tokens`` is the sum of ``accepted``. ``run`` is the id of the group's run,
     also when the key leaves it out (one run); ``None`` when runs were merged or it is not known.
+
+    ``n`` counts the group's cycles: a record that stands for ``every`` cycles (apply --every N) counts as that
+    many. ``records`` counts its records (the samples every statistic is computed from; ``None``: as many as
+    ``n``, the logs of every cycle); ``record_count`` gives it either way.
     """
 
     mode: str
@@ -295,6 +299,13 @@ class GroupStats:
     ranks: int = 1  # the ranks whose records the group holds (TP: each rank times every cycle)
     tp: int = 1  # the most ranks of one data-parallel group (the TP size: ranks that record the same batches)
     dp: int = 1  # the data-parallel groups (records' "dp"; one without): their tok/s add
+    records: int | None = None  # the records the group holds, where fewer than its cycles (None: n)
+
+    @property
+    def record_count(self) -> int:
+        """The records the group holds: the samples of its statistics (``n`` less the untimed cycles of apply
+        --every N)."""
+        return self.n if self.records is None else self.records
 
     def ranks_label(self) -> str:
         """``"4 ranks (TP 2 x DP 2)"``; ``""`` for one rank."""
@@ -325,11 +336,13 @@ class GroupStats:
 
     def to_json(self) -> dict[str, Any]:
         """Return the docs/contract.md group object; extra keys: ``"host_cycle_ms"`` (stats or ``None``) and per phase
-        ``"n"`` and ``"host"``; ``between_ms`` has an extra ``"n"``."""
+        ``"n"`` and ``"host"``; ``between_ms`` has an extra ``"n"`` (those ``n`` count records); ``"records"`` after
+        ``"n"`` where the group holds fewer records than cycles (apply --every N)."""
         return {
             "mode": self.mode,
             "key": self.key_dict(),
             "n": self.n,
+            **({"records": self.records} if self.records is not None and self.records != self.n else {}),
             "cycle_ms": self.cycle.to_json(),
             "phases": {p.name: p.to_json() for p in self.phases},
             "accept_len": round_json(self.accept_len),
@@ -346,7 +359,7 @@ class ReportResult:
     """What ``aggregate`` returns.
 
     ``records`` counts every valid record of the selected runs read, *including* the ones ``skip`` dropped (so
-    ``records`` minus the sum of the groups' ``n`` is the number skipped); ``skipped_lines`` counts the lines
+    ``records`` minus the sum of the groups' ``record_count`` is the number skipped); ``skipped_lines`` counts the lines
     that did not parse (in all files, whatever the selection). ``groups`` is ordered by run (oldest first), then
     decode first, then prefill, then other modes; within a mode by key (numbers ascending, then strings, null
     last). ``runs`` are the selected runs, oldest first; ``merged`` is true when ``merge_runs`` put several of
@@ -364,6 +377,7 @@ class ReportResult:
     merged: bool = False
     other_runs: tuple[RunInfo, ...] = ()
     unread: tuple[str, ...] = ()
+    skipped_cycles: int = 0  # the cycles that ``skip`` dropped (a record of "every": N stands for N)
 
     @property
     def has_host(self) -> bool:
@@ -405,16 +419,25 @@ class ReportResult:
         return (f"merged {len(self.runs)} runs{differ}: " + ", ".join(r.short() for r in self.runs)
                 + "; their figures blend")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, lazy: bool = False) -> dict[str, Any]:
         """Return exactly the docs/contract.md ``report --json`` object (plus the extra keys documented on
         ``GroupStats.to_json``); floats rounded to 4 decimals. Then ``"runs"`` (``RunInfo.to_json``, oldest
-        first), and, only when several runs were merged, ``"merged": true`` and ``"warnings": [text]``."""
+        first), and, only when several runs were merged, ``"merged": true`` and ``"warnings": [text]``.
+        ``lazy``: ``groups`` and ``runs`` are ``jsontext.Items``, each item made as it is written (``indented``)."""
+        if lazy:
+            from eaglepatch.report.jsontext import Items
+
+            groups: Any = Items(g.to_json() for g in self.groups)
+            runs: Any = Items(r.to_json() for r in self.runs)
+        else:
+            groups = [g.to_json() for g in self.groups]
+            runs = [r.to_json() for r in self.runs]
         out: dict[str, Any] = {
             "sources": list(self.sources),
             "records": self.records,
             "skipped_lines": self.skipped_lines,
-            "groups": [g.to_json() for g in self.groups],
-            "runs": [r.to_json() for r in self.runs],
+            "groups": groups,
+            "runs": runs,
         }
         warning = self.merge_warning()
         if warning is not None:
@@ -440,12 +463,13 @@ class ReportResult:
         only = runs[0].id if len(runs) == 1 else None
         groups = []
         for g in doc["groups"]:
-            cyc = stats(g["cycle_ms"], g["n"])
+            nrec = g.get("records", g["n"])
+            cyc = stats(g["cycle_ms"], nrec)
             phases = []
             for name, p in g["phases"].items():
                 host = p.get("host")
-                phases.append(PhaseStats(name=name, stats=stats(p, p.get("n", g["n"])),  # type: ignore[arg-type]
-                                         share=p["share"], host=stats(host, g["n"]) if host else None,
+                phases.append(PhaseStats(name=name, stats=stats(p, p.get("n", nrec)),  # type: ignore[arg-type]
+                                         share=p["share"], host=stats(host, nrec) if host else None,
                                          host_share=host.get("share") if host else None))
             b = g.get("between_ms")
             between = (BetweenStats(n=b.get("n", 0), mean=b["mean"], p50=b["p50"], p90=b["p90"],
@@ -453,11 +477,12 @@ class ReportResult:
             key = tuple(g["key"].items())
             run = None if merged else g["key"].get("run", only)
             acceptance = Acceptance.from_json(g["acceptance"]) if g.get("acceptance") else None
-            groups.append(GroupStats(mode=g["mode"], key=key, n=g["n"], cycle=cyc,  # type: ignore[arg-type]
+            groups.append(GroupStats(mode=g["mode"], key=key, n=g["n"], records=g.get("records"),
+                                     cycle=cyc,  # type: ignore[arg-type]
                                      phases=tuple(phases), accept_len=g["accept_len"],
                                      tokens_per_s=g["tokens_per_s"], between=between,
                                      wall_tokens_per_s=g["wall_tokens_per_s"], tokens=0.0,
-                                     host_cycle=stats(g.get("host_cycle_ms"), g["n"]), run=run,
+                                     host_cycle=stats(g.get("host_cycle_ms"), nrec), run=run,
                                      acceptance=acceptance))
         return ReportResult(sources=tuple(doc.get("sources") or ()), records=doc["records"],
                             skipped_lines=doc["skipped_lines"], groups=tuple(groups), runs=runs, merged=merged)

@@ -177,7 +177,8 @@ class Prediction:
 # The settings of a group
 
 
-def _int(v: Any) -> int | None:
+def as_int(v: Any) -> int | None:
+    """A whole number from a record or a flag (an int, or a string of digits), else None (a bool is not one)."""
     if isinstance(v, bool):
         return None
     if isinstance(v, int):
@@ -193,10 +194,10 @@ def shape_of(g: GroupStats, flags: dict[str, Any]) -> Shape:
     adaptive = bool(flags.get("speculative-adaptive"))
     if g.spec:
         parts = dict(p.partition("=")[::2] for p in g.spec.split(","))
-        return Shape(_int(parts.get("steps")), _int(parts.get("topk")), _int(parts.get("draft_tokens")), adaptive)
-    steps = _int(flags.get("speculative-num-steps"))
-    topk = _int(flags.get("speculative-eagle-topk"))
-    tokens = _int(flags.get("speculative-num-draft-tokens"))
+        return Shape(as_int(parts.get("steps")), as_int(parts.get("topk")), as_int(parts.get("draft_tokens")), adaptive)
+    steps = as_int(flags.get("speculative-num-steps"))
+    topk = as_int(flags.get("speculative-eagle-topk"))
+    tokens = as_int(flags.get("speculative-num-draft-tokens"))
     if topk is None and steps is not None and tokens == steps + 1:
         topk = 1  # a chain: the only shape where draft tokens = steps + 1
     return Shape(steps, topk, tokens, adaptive)
@@ -302,14 +303,15 @@ def _per_cycle(g: GroupStats, host: bool) -> dict[str, float] | None:
     """Each phase's time per cycle of the group (its total over the group's cycles; a phase that ran in some
     cycles only counts 0 in the others), and ``""`` for the rest of the cycle; on the host clock with ``host``."""
     cyc = g.host_cycle if host else g.cycle
-    if cyc is None or not g.n:
+    n = g.record_count  # the records the totals are over (apply --every N: fewer than the cycles)
+    if cyc is None or not n:
         return None
     out: dict[str, float] = {}
     for p in g.phases:
         st = p.host if host else p.stats
         if st is not None:
-            out[p.name] = st.total / g.n
-    out[""] = max(cyc.total / g.n - sum(out.values()), 0.0)
+            out[p.name] = st.total / n
+    out[""] = max(cyc.total / n - sum(out.values()), 0.0)
     return out
 
 
@@ -410,8 +412,9 @@ def _window_spread(g: GroupStats) -> float:
 
 
 def _per_rank(g: GroupStats) -> int:
-    """The group's decode cycles per rank (under TP every rank records every cycle)."""
-    return g.n // max(1, g.ranks)
+    """The group's decode records per rank (under TP every rank records every cycle; apply --every N: one record
+    in N cycles)."""
+    return g.record_count // max(1, g.ranks)
 
 
 def predict_group(g: GroupStats, shape: Shape, *, steps: Sequence[int] | None = None,

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 from eaglepatch.report import costs
 from eaglepatch.report.labels import CLIENT, UNSCALED, WALL
 from eaglepatch.report.model import Acceptance, GroupStats, ReportResult
-from eaglepatch.report.predict import (LAUNCH_SPREAD, Point, _int, _profile, _window_spread, baseline_from_sweep,
+from eaglepatch.report.predict import (LAUNCH_SPREAD, Point, _profile, as_int, _window_spread, baseline_from_sweep,
                                        default_steps, shape_of)
 
 # What the no-speculation estimate has missed by (relative, its tok/s under the measured one), by batch size:
@@ -133,8 +133,8 @@ def pooled(groups: Sequence[tuple[int, int, GroupStats]], k: int) -> tuple[Accep
             for t, n in g.acceptance.hist:
                 hist[t] = hist.get(t, 0) + n
         if g.accept_len is not None:
-            tokens += g.accept_len * g.n * bs
-            weight += g.n * bs
+            tokens += g.accept_len * g.record_count * bs
+            weight += g.record_count * bs
     acc = Acceptance(sum(hist.values()), tuple(sorted(hist.items()))) if hist else None
     return acc, (tokens / weight if weight else None)
 
@@ -192,7 +192,7 @@ def predict_by_bs(groups: Sequence[tuple[int, int, GroupStats]], *, max_bs: int 
         max_bs = max(UNKNOWN_MAX_BS, 1 << max(0, math.ceil(math.log2(max(measured)))))
         notes.append(f"the server's largest batch was not read from its flags (--max-running-requests, "
                      f"--cuda-graph-max-bs): priced up to {max_bs}")
-    own = {(bs, kk): g for bs, kk, g in groups if g.n >= MIN_GROUP_CYCLES and g.cadence_ms and g.accept_len}
+    own = {(bs, kk): g for bs, kk, g in groups if g.record_count >= MIN_GROUP_CYCLES and g.cadence_ms and g.accept_len}
 
     def at(bs: int, j: int) -> Point:
         g = own.get((bs, j))
@@ -251,7 +251,7 @@ def server_max_bs(flags: dict[str, Any]) -> int | None:
     """The largest batch the server runs: ``--max-running-requests``, else ``--cuda-graph-max-bs``; None when
     neither is given."""
     for name in ("max-running-requests", "cuda-graph-max-bs"):
-        v = _int(flags.get(name))
+        v = as_int(flags.get(name))
         if v is not None and v >= 1:
             return v
     return None
@@ -268,21 +268,44 @@ def for_runs(result: ReportResult, *, steps: Sequence[int] | None = None, sweep:
     runs = {r.id: r.flags_dict() for r in result.runs}
     by_run: dict[str | None, list[tuple[int, int, GroupStats]]] = {}
     for g in result.groups:
-        bs = _int(dict(g.key).get("bs"))
+        bs = as_int(dict(g.key).get("bs"))
         sh = shape_of(g, runs.get(g.run) or flags or {})
         if g.mode != "decode" or bs is None or not sh.steps or sh.topk not in (None, 1):
             continue
         by_run.setdefault(g.run, []).append((bs, sh.steps, g))
     out: dict[str | None, ByBs] = {}
     for run, groups in by_run.items():
-        cycles = sum(g.n // max(1, g.ranks) for _, _, g in groups)
+        cycles = sum(g.record_count // max(1, g.ranks) for _, _, g in groups)
         if cycles < min_cycles:
-            out[run] = ByBs(why=f"only {cycles} decode cycle(s) recorded per rank, too few to price every batch size "
-                                f"from (at least {min_cycles}): load the server first (eaglepatch bench)")
+            out[run] = too_few(cycles, min_cycles)
             continue
         fl = {**(flags or {}), **runs.get(run, {})}  # the header's flags, beside what the caller knows of the server
         k = max(s for _, s, _ in groups)
         out[run] = predict_by_bs(groups, max_bs=server_max_bs(fl), steps=steps, baseline=baselines_of(sweep, k))
+    return out
+
+
+def too_few(cycles: int, min_cycles: int) -> ByBs:
+    """Why a run of ``cycles`` decode cycles per rank (fewer than ``min_cycles``) is not priced by batch size."""
+    return ByBs(why=f"only {cycles} decode cycle(s) recorded per rank, too few to price every batch size from (at "
+                    f"least {min_cycles}): load the server first (eaglepatch bench)")
+
+
+def decode_bounds(result: ReportResult, flags: dict[str, Any] | None = None) -> dict[str | None, tuple[int, bool]]:
+    """Per run of ``result`` (aggregated ``by=None``, runs not merged), in the order of its groups: the records of
+    its decode groups that ``for_runs`` prices (top-k 1, a step count), and whether they are one rank's alone.
+    Their count bounds the run's decode cycles per rank by batch size from above, and is that number where they
+    are one rank's and every such record has a ``bs``."""
+    runs = {r.id: r.flags_dict() for r in result.runs}
+    out: dict[str | None, tuple[int, bool]] = {}
+    for g in result.groups:
+        if g.mode != "decode":
+            continue
+        sh = shape_of(g, runs.get(g.run) or flags or {})
+        if not sh.steps or sh.topk not in (None, 1):
+            continue
+        n, one = out.get(g.run, (0, True))
+        out[g.run] = (n + g.record_count, one and g.ranks <= 1)
     return out
 
 
@@ -314,5 +337,5 @@ def baselines_of(sweep: dict[str, Any] | None, steps: int) -> list[BaselinePoint
         out.append(BaselinePoint(int(ld["concurrency"]), med, spread, ratio))
     if out:
         return out
-    conc = _int((sweep.get("load") or {}).get("concurrency"))
+    conc = as_int((sweep.get("load") or {}).get("concurrency"))
     return [BaselinePoint(conc, bl.tokens_per_s, bl.spread, bl.ratio)] if conc else []

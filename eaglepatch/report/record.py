@@ -20,6 +20,7 @@ A line longer than ``LINE_CAP`` bytes is skipped unread (``eaglepatch.report.rea
 
 from __future__ import annotations
 
+import sys
 from array import array
 from typing import Any
 
@@ -132,7 +133,8 @@ def append_phases_slow(pm: dict[str, Any], phases: Any) -> None:
     for name, ms in items:
         app = pm.get(name)
         if app is None:
-            app = pm[name] = array("f").append
+            # a name of each record's: one string per phase name, not per group (many groups)
+            app = pm[sys.intern(name) if type(name) is str else name] = array("f").append
         app(ms)
 
 

@@ -249,7 +249,7 @@ def render_table(result: ReportResult, *, tablefmt: str = "simple",
     while out and out[-1] == "":
         out.pop()
     notes = []
-    dropped = result.records - sum(g.n for g in result.groups)
+    dropped = result.skipped_cycles
     if result.skip and dropped:
         notes.append(f"note: --skip {result.skip} left out the first {dropped} cycles (first {result.skip} per process)")
     if result.skipped_lines:

@@ -59,6 +59,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import sys
 from collections import Counter
 from typing import Any, Iterable, Sequence
 
@@ -104,23 +105,25 @@ def _fast_decode() -> Any:
 class _Run:
     """What the scan learns of one run (mutable; read by ``aggregate``, never leaves the report package)."""
 
-    __slots__ = ("id", "start", "timers", "header_timers", "flags", "headers", "skipped", "traced", "runtime",
-                 "files")
+    __slots__ = ("id", "start", "timers", "header_timers", "flags", "headers", "skipped", "skipped_cycles", "traced",
+                 "runtime", "files")
 
     def __init__(self, rid: str, traced: bool):
         self.runtime: str | None = None
-        self.files: set[int] = set()  # indexes of the files its lines came from
+        # small tuples, not sets (a log of many short launches holds tens of thousands of runs)
+        self.files: tuple[int, ...] = ()  # indexes of the files its lines came from
         self.id = rid
         self.start = math.inf
-        self.timers: set[str] = set()  # named by records
-        self.header_timers: set[str] = set()
+        self.timers: tuple[str, ...] = ()  # named by records
+        self.header_timers: tuple[str, ...] = ()
         self.flags: dict[str, Any] = {}
         self.headers = 0
         self.skipped = 0  # valid records that ``skip`` dropped
+        self.skipped_cycles = 0  # the cycles they stand for ("every": N)
         self.traced = traced
 
     def timer(self) -> str | None:
-        names = self.header_timers | self.timers
+        names = set(self.header_timers) | set(self.timers)
         if self.timers:
             names.discard("auto")
         return "+".join(sorted(names)) or None
@@ -130,10 +133,14 @@ class ScanOut:
     """The scan's findings: accumulators per (run id, spec), runs by id, records, bad lines, and the notes on the
     files it did not read (no regular file: ``eaglepatch.report.files.open_log``)."""
 
-    __slots__ = ("ctxs", "runs", "records", "bad", "notes", "drops")
+    __slots__ = ("ctxs", "runs", "records", "bad", "notes", "drops", "only", "scratch")
 
-    def __init__(self) -> None:
+    def __init__(self, only: Any = None) -> None:
         self.ctxs: dict[tuple[str, str | None], dict[Any, Acc]] = {}
+        # ``only``: the run ids whose groups are kept (None: all); the records of the others go to ``scratch``, one
+        # set of groups for them all (their runs, skip and records counted as ever; their groups not kept apart)
+        self.only = only
+        self.scratch: dict[Any, Acc] = {}
         self.runs: dict[str, _Run] = {}
         self.records = 0
         self.bad = 0
@@ -177,8 +184,8 @@ class Scan:
     partly in batches and partly line by line gives what a line-by-line read gives."""
 
     def __init__(self, by: str | None, skip: int, idle_gap_s: float, tracer: Any, t_min: float | None,
-                 t_max: float | None, trace_runs: Any, fast: Any):
-        self.out = ScanOut()
+                 t_max: float | None, trace_runs: Any, fast: Any, only_runs: Any = None):
+        self.out = ScanOut(only_runs)
         self.ctxs = self.out.ctxs
         self.runs = self.out.runs
         self.by = by
@@ -238,15 +245,18 @@ class Scan:
             r.start = float(t)
         timer = h.get("timer")
         if type(timer) is str and timer:
-            r.header_timers.add(timer)
+            if timer not in r.header_timers:
+                r.header_timers += (sys.intern(timer),)
         flags = h.get("flags")
         if type(flags) is dict:
             for k, v in flags.items():
-                r.flags.setdefault(str(k), v)
+                # the same names and values in every run's header (many launches): one string each
+                r.flags.setdefault(sys.intern(str(k)), sys.intern(v) if type(v) is str else v)
         runtime = h.get("runtime")
         if type(runtime) is str and runtime and r.runtime is None:
             r.runtime = runtime
-        r.files.add(self.file_index)
+        if self.file_index not in r.files:
+            r.files += (self.file_index,)
 
     def spec_of(self, sraw: Any) -> str | None:
         """The spec string of a record's ``"spec"`` (``None`` for none); raises ``BadLine``."""
@@ -291,14 +301,19 @@ class Scan:
             raise BadLine("bad run")
         spec = self.spec_of(sraw)
         R = self.runs.get(rid) or self.new_run(rid)
-        R.files.add(self.file_index)
+        if self.file_index not in R.files:
+            R.files += (self.file_index,)
         if t < R.start:
             R.start = float(t)
         if type(timer) is str and timer:
-            R.timers.add(timer)
+            if timer not in R.timers:
+                R.timers += (sys.intern(timer),)
         ctx = self.ctxs.get((rid, spec))
         if ctx is None:
-            ctx = self.ctxs[(rid, spec)] = {}
+            if self.out.only is not None and rid not in self.out.only:
+                ctx = self.out.scratch
+            else:
+                ctx = self.ctxs[(rid, spec)] = {}
         self.R = R
         self.groups = ctx
         self.c_rid = rid
@@ -327,11 +342,13 @@ def scan_files(
     t_min: float | None = None,
     t_max: float | None = None,
     trace_runs: Any = None,
+    only_runs: Any = None,
 ) -> ScanOut:
     """The hot loop. Returns the accumulators per (run, spec) and group key, the runs, the valid records and
-    the bad lines. ``trace_runs``: the run ids whose records go to ``tracer`` (``None``: all)."""
+    the bad lines. ``trace_runs``: the run ids whose records go to ``tracer`` (``None``: all); ``only_runs``: the run
+    ids whose groups are kept (``None``: all; the others' records go to ``ScanOut.scratch``)."""
     fast = _fast_decode()
-    st = Scan(by, skip, idle_gap_s, tracer, t_min, t_max, trace_runs, fast)
+    st = Scan(by, skip, idle_gap_s, tracer, t_min, t_max, trace_runs, fast, only_runs)
     batches = Batches(st) if fast is not None and tracer is None else None
     with few_collections():  # records decoded by the thousand, freed by reference counting: ~4% of the time
         _scan(st, batches, files)

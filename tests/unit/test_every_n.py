@@ -161,7 +161,8 @@ def test_between_wall_and_accept_length_as_at_n_1(streams, n):
     between of 740 ms against 1.8 ms, and wall tok/s of 35 against 2200.)"""
     full = _decode(aggregate([streams[1]]))
     part = _decode(aggregate([streams[n]]))
-    assert abs(part.n - full.n / n) < 0.1 * full.n / n  # a sample of every N-th cycle
+    assert abs(part.record_count - full.n / n) < 0.1 * full.n / n  # a sample of every N-th cycle
+    assert abs(part.n - full.n) < 0.1 * full.n  # n counts the cycles the records stand for
 
     assert abs(part.between.mean - full.between.mean) <= 3 * _between_se(n, part.between.n), (part.between.mean,
                                                                                                full.between.mean)
@@ -269,3 +270,45 @@ def test_parsers_agree_at_n_8(streams, monkeypatch):
     b = _decode(aggregate([streams[8]]))
     assert (a.n, a.between.mean, a.between.p90, a.wall_tokens_per_s, a.cadence_ms) == (
         b.n, b.between.mean, b.between.p90, b.wall_tokens_per_s, b.cadence_ms)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# n and --skip count cycles
+
+
+def test_n_counts_cycles_not_records(streams):
+    """A group's ``n`` counts cycles: at N = 8 each record stands for 8, so the groups of the same stream add up to
+    the same cycles as at N = 1 (32,000: N divides them), the records kept apart (``records`` in the JSON, only
+    where they are fewer than the cycles). Before, n counted records: 4,000 at N = 8 against 32,000."""
+    full, part = aggregate([streams[1]]), aggregate([streams[8]])
+    assert sum(g.n for g in full.groups) == CYCLES
+    assert sum(g.n for g in part.groups) == CYCLES
+    assert sum(g.record_count for g in part.groups) == part.records == CYCLES // 8
+    assert all(g.n == 8 * g.record_count for g in part.groups)
+    # the decode group's cycles as at N = 1, within the sampling of which cycles are decode ones
+    assert abs(_decode(part).n - _decode(full).n) < 0.05 * _decode(full).n
+    # the statistics are of the records still: the cycle time's mean and p50 as at N = 1
+    assert _decode(part).cycle.mean == pytest.approx(_decode(full).cycle.mean, rel=0.03)
+    doc = _cli_json(streams[8])
+    assert sum(g["n"] for g in doc["groups"]) == CYCLES
+    assert sum(g["records"] for g in doc["groups"]) == doc["records"] == CYCLES // 8
+    assert all("records" not in g for g in _cli_json(streams[1])["groups"])
+
+
+@pytest.mark.parametrize("parser", ["msgspec", "json"])
+@pytest.mark.parametrize("skip", [80, 81])
+def test_skip_counts_cycles(streams, monkeypatch, parser, skip):
+    """``--skip N`` drops the first N cycles at every N: at N = 8 the records that begin within them (80 cycles: 10
+    records; 81: 11 records, 88 cycles, never fewer than asked), where it dropped N records (640 cycles) before."""
+    if parser == "json":
+        monkeypatch.setenv("EAGLEPATCH_JSON_PARSER", "json")
+    full = aggregate([streams[1]], skip=skip)
+    part = aggregate([streams[8]], skip=skip)
+    assert sum(g.n for g in full.groups) == CYCLES - skip
+    dropped = -(-skip // 8)  # records
+    assert part.records - sum(g.record_count for g in part.groups) == dropped
+    assert part.skipped_cycles == 8 * dropped
+    assert sum(g.n for g in part.groups) == CYCLES - 8 * dropped
+    res = CliRunner().invoke(cli.app, ["report", streams[8], "--skip", str(skip)])
+    assert res.exit_code == 0, res.output
+    assert f"--skip {skip} left out the first {8 * dropped} cycles" in res.stdout
