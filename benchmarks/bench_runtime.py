@@ -11,6 +11,11 @@ a server pays that too. Records the writer could not keep up with are dropped by
 `records_dropped` says how many (a real server leaves the GIL far more often than this tight loop does).
 It also reports the cost of an untimed call under `every=N` sampling.
 
+`--rids none|ours|others|mixed` gives the batch's requests sglang ids (none: no `rid`, as before the runtime read
+whose each request is; mixed: every fourth another client's, so that records carry `"others"` and `"others_at"`),
+and `--churn` hands each cycle a new list of them (the runtime then looks into every request again: the worst case,
+a membership change every cycle), the bare loop making the same list.
+
 `--per-call 1,8,64` measures instead the runtime's cost per entry call, every call counted, under `apply --every N`
 for each N given (one timed call in N, each of its records saying `"every": N`): the hooked loop at each N and the
 bare loop, interleaved repeat by repeat, (hooked - bare) / calls, median over repeats. Output: {"timer",
@@ -58,9 +63,21 @@ def load_runtime(path=None):
     return mod
 
 
+class Req(object):
+    def __init__(self, rid):
+        self.rid = rid
+
+
 class Batch(object):
-    def __init__(self, n):
-        self.reqs = [object() for _ in range(n)]
+    """`n` requests: without ids (`rids` "none", as before the runtime read them), all eaglepatch's ("ours"), all
+    another client's ("others"), or every fourth another client's ("mixed": the runtime then writes their places)."""
+
+    def __init__(self, n, rids="none"):
+        if rids == "none":
+            self.reqs = [object() for _ in range(n)]
+        else:
+            self.reqs = [Req("%s-%d" % ("user" if rids == "others" or (rids == "mixed" and i % 4 == 0)
+                                        else "eaglepatch-0a1b2c3d", i)) for i in range(n)]
 
 
 class Output(object):
@@ -103,15 +120,25 @@ def make_workers(rt, out, sync):
     return HookedWorker(), (BareSyncWorker() if sync is not None else BareWorker())
 
 
-def time_loop(worker, batch, cycles):
+def time_loop(worker, batch, cycles, churn=False):
+    """`cycles` calls on `batch`; with `churn`, each call on a new list of the same requests (sglang's scheduler
+    filters into a new list when a request finishes: the runtime looks into the batch again), made in the bare
+    loop alike."""
     f = worker.forward_batch_generation
+    if churn:
+        reqs = batch.reqs
+        t0 = time.perf_counter()
+        for _ in range(cycles):
+            batch.reqs = reqs[:]
+            f(batch)
+        return time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(cycles):
         f(batch)
     return time.perf_counter() - t0
 
 
-def measure(timer, cycles, repeats, bs, every, runtime=None):
+def measure(timer, cycles, repeats, bs, every, runtime=None, rids="none", churn=False):
     sync = None
     accept_lens = [3] * bs
     if timer != "cpu":
@@ -130,16 +157,16 @@ def measure(timer, cycles, repeats, bs, every, runtime=None):
         rt.configure(mode=timer, log_dir=log_dir, summary_every=2000, flush_records=256, flush_seconds=2.0,
                      every=1)
         out = Output(accept_lens)
-        batch = Batch(bs)
+        batch = Batch(bs, rids)
         hooked, bare = make_workers(rt, out, sync)
 
         hooked_s, bare_s, untimed_s = [], [], []
         with contextlib.redirect_stderr(io.StringIO()):
-            time_loop(hooked, batch, min(cycles, 2000))      # warm-up (event pool, caches)
-            time_loop(bare, batch, min(cycles, 2000))
+            time_loop(hooked, batch, min(cycles, 2000), churn)      # warm-up (event pool, caches)
+            time_loop(bare, batch, min(cycles, 2000), churn)
             for _ in range(repeats):
-                bare_s.append(time_loop(bare, batch, cycles))
-                hooked_s.append(time_loop(hooked, batch, cycles))
+                bare_s.append(time_loop(bare, batch, cycles, churn))
+                hooked_s.append(time_loop(hooked, batch, cycles, churn))
             rt.flush()
             stats = rt._stats()
             if stats["timer"] != timer:
@@ -147,7 +174,7 @@ def measure(timer, cycles, repeats, bs, every, runtime=None):
             # Untimed calls under every=N sampling: what the other N-1 calls cost.
             rt.configure(mode=timer, log_dir=log_dir, summary_every=2000, every=every)
             for _ in range(repeats):
-                untimed_s.append(time_loop(hooked, batch, cycles))
+                untimed_s.append(time_loop(hooked, batch, cycles, churn))
             rt.flush()
         errors = stats["errors"]
         dropped = stats.get("dropped", 0)           # (a runtime before the writer thread has no such count)
@@ -170,6 +197,8 @@ def measure(timer, cycles, repeats, bs, every, runtime=None):
         "cycles": cycles,
         "repeats": repeats,
         "bs": bs,
+        "rids": rids,
+        "churn": churn,
         "hooked_us_per_cycle": round(hooked_us, 3),
         "bare_us_per_cycle": round(bare_us, 3),
         "every": every,
@@ -246,6 +275,11 @@ def main(argv=None):
     ap.add_argument("--every", type=int, default=10, help="N for the sampled-out (untimed) measurement")
     ap.add_argument("--per-call", default=None, metavar="N,N,...",
                     help="instead: the cost per entry call (timed or not) under every=N for each N, e.g. 1,8,64")
+    ap.add_argument("--rids", choices=("none", "ours", "others", "mixed"), default="none",
+                    help="the requests' ids: none (no rid), all eaglepatch's, all another client's, or mixed (every "
+                         "fourth another client's: the records carry their places)")
+    ap.add_argument("--churn", action="store_true", help="a new reqs list every cycle (membership changed: the "
+                    "runtime looks into every request again), the bare loop alike")
     ap.add_argument("--json", action="store_true", help="only the JSON line on stdout (human line on stderr)")
     ap.add_argument("--runtime", default=None, help="the runtime module file to measure (default: this checkout's)")
     args = ap.parse_args(argv)
@@ -259,7 +293,8 @@ def main(argv=None):
             res["bare_us_per_call"], res["repeats"], res["cycles"])
         print(human, file=sys.stderr if args.json else sys.stdout)
         return 0
-    res = measure(args.timer, cycles, max(1, args.repeats), max(1, args.bs), max(1, args.every), args.runtime)
+    res = measure(args.timer, cycles, max(1, args.repeats), max(1, args.bs), max(1, args.every), args.runtime,
+                  args.rids, args.churn)
     print(json.dumps(res))
     human = ("eaglepatch runtime, timer %s: %.2f us per timed cycle (entry + 3 phases + accepted; %.2f vs %.2f "
              "us, median of %d x %d cycles)" % (res["timer"], res["overhead_us_per_cycle"],

@@ -23,7 +23,8 @@ failpoint("startup:imports")  # the tests' Ctrl-C during start-up: typer is in, 
 from eaglepatch import __version__
 from eaglepatch.cli_options import (
     ConcurrencyOpt, CsvOpt, IgnoreEosOpt, InputLenOpt, JsonOpt, LogWaitOpt, MaxNewOpt, PromptsOpt, ReadyTimeoutOpt,
-    RecipeOpt, RequestRateOpt, RequestsOpt, RestartCmdOpt, SeedOpt, TemperatureOpt, TopPOpt, UnitOpt, WarmupOpt,
+    RecipeOpt, RequestRateOpt, RequestsOpt, RestartCmdOpt, SeedOpt, SharedTrafficOpt, TemperatureOpt, TopPOpt, UnitOpt,
+    WarmupOpt,
     connected,
 )
 from eaglepatch.cli_output import finish, for_each_target, say, terminal_text
@@ -224,7 +225,7 @@ def report(
     json_out: bool = JsonOpt,
     csv_out: bool = CsvOpt,
     by: Optional[By] = typer.Option(None, "--by", help="Group by batch size, rank or host."),
-    skip: int = typer.Option(0, "--skip", help="Drop the first N cycles of each process (warm-up)."),
+    skip: int = typer.Option(0, "--skip", help="Drop the first N cycles of each process (warm-up); a record of apply --every M counts as M cycles."),
     trace: Optional[str] = typer.Option(None, "--trace", help="Write a Chrome trace (Perfetto) to FILE."),
     compare: bool = typer.Option(False, "--compare", help="Two or more sources side by side, with deltas."),
     chart: Optional[str] = typer.Option(None, "--chart", help="With --compare: a chart of the phases side by side; "
@@ -283,7 +284,8 @@ def report(
         from eaglepatch.tuning.saved import sweep_with_baseline as sweep_of
     text = reporting.report(sources, c, by=None if by is None else by.value, skip=skip, trace=trace, compare=compare,
                             log_dir=log_dir, fmt="json" if json_out else "csv" if csv_out else "table", say=say,
-                            runs=runs, chart=chart, predict=predict, steps=step_list, sweep_of=sweep_of)
+                            runs=runs, chart=chart, predict=predict, steps=step_list, sweep_of=sweep_of,
+                            write=sys.stdout.write if json_out else None)
     sys.stdout.write(text if json_out else terminal_text(text))
 
 
@@ -395,6 +397,7 @@ def sweep(
     max_tpot_ms: Optional[float] = typer.Option(None, "--max-tpot-ms", help="A point whose p90 time per output "
                                                 "token exceeds MS is never best."),
     url: Optional[str] = typer.Option(None, "--url", metavar="URL", help=URL_HELP),
+    allow_shared_traffic: bool = SharedTrafficOpt,
     *, c: Connect,
 ) -> None:
     """Restart the server once per point of a grid of launch flags, bench each, one table with the speedup over
@@ -432,7 +435,8 @@ def sweep(
                                  "server; --rounds repeats them): sweep without --live for it")
         opts: Any = drive_live.LiveOptions(
             grid=tuple(grid), rounds=3 if rounds is None else rounds, window=20.0 if window is None else window,
-            emit=emit_adaptive_config, fresh=fresh, timeout=timeout, bench=bench_opts, objective=goal)
+            emit=emit_adaptive_config, fresh=fresh, timeout=timeout, bench=bench_opts, objective=goal,
+            allow_shared_traffic=allow_shared_traffic)
         opts.steps()  # bad input: exit 2 before the target is touched
         run: Callable[[Any], Any] = lambda t: drive_live.live_sweep(t, c, opts, say)
     else:
@@ -442,7 +446,8 @@ def sweep(
                 raise UsageError(f"{flag} goes with --live")
         opts = tuning.SweepOptions(
             grid=tuple(grid), env=tuple(env), allow=tuple(allow_flag), baseline=baseline, repeat=repeat,
-            keep_best=keep_best, fresh=fresh, timeout=timeout, bench=bench_opts, objective=goal)
+            keep_best=keep_best, fresh=fresh, timeout=timeout, bench=bench_opts, objective=goal,
+            allow_shared_traffic=allow_shared_traffic)
         opts.points()  # bad input: exit 2 before the target is touched
         run = lambda t: tuning.sweep(t, c, opts, say)  # noqa: E731
     if chart is not None:

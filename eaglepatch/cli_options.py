@@ -53,6 +53,10 @@ IgnoreEosOpt = typer.Option(None, "--ignore-eos/--no-ignore-eos", help="Generate
                             "(default: yes for random-ids, no for text prompts).")
 WarmupOpt = typer.Option(4, "--warmup", help="Unmeasured requests first.")
 SeedOpt = typer.Option(0, "--seed", help="Seed of the prompts.")
+SharedTrafficOpt = typer.Option(False, "--allow-shared-traffic", help="Sweep a server that also serves requests "
+                                "that are not the sweep's: a restart sweep stops them, a live sweep pins their step "
+                                "count too while they share a batch with its own (without it a restart sweep refuses, "
+                                "a live sweep pins only batches of its own requests).")
 LogWaitOpt = typer.Option(4.5, "--log-wait", help="Seconds to wait after the load for the timing records "
                           "(the runtime writes every 2 s); only when the target is patched.")
 

@@ -28,6 +28,7 @@ from eaglepatch.doctor.finding import Finding
 from eaglepatch.doctor.rules import diagnose
 from eaglepatch.doctor.facts import evidence
 from eaglepatch.redact import mask_argv, mask_text
+from eaglepatch.tuning import traffic
 from eaglepatch.tuning.saved import find_sweep
 
 Say = Callable[[str], None]
@@ -235,10 +236,13 @@ def load_records(folder: str, pids: set[int], launches: set[tuple[int, int]] | N
         per_run = for_runs(res_bs, sweep=sweep, flags=flags, min_cycles=_min_cycles())
         if per_run:  # the runs merged: one
             model["by_bs"] = next(iter(per_run.values())).to_json()
-    out = {"decode": groups[main], "records": sum(g["n"] for g in groups), "timer": "+".join(timers) or None,
+    out = {"decode": groups[main], "records": sum(g.get("records", g["n"]) for g in groups), "timer": "+".join(timers) or None,
            "by_rank": decode_groups("rank")[0], "by_bs": by_bs, "model": model}
     if other_load:
         out["sweep_other_load"] = other_load
+    shared = traffic.of_files(files, None)
+    if shared is not None:  # decode cycles with requests not eaglepatch's: the load's and the traffic's acceptance
+        out["traffic"] = shared
     return out
 
 

@@ -313,7 +313,8 @@ class ServerFacts:
     - ``model``: the prediction from its timing records (``collect.model_of``: ``report --predict``'s points for
       the decode group, with ``steps``, the step count measured);
     - ``gpus`` (``nvidia-smi -L``), ``topo`` (``parse_topo``); ``overlap_workers``: the install has the overlap
-      scheduler's workers (EAGLEWorkerV2 & co).
+      scheduler's workers (EAGLEWorkerV2 & co);
+    - ``traffic``: ``tuning.traffic.split`` of its decode records, where some carried requests not eaglepatch's.
     """
 
     target: str
@@ -340,6 +341,9 @@ class ServerFacts:
     gpus: tuple[str, ...] = ()
     topo: Mapping[tuple[int, int], str] = dataclasses.field(default_factory=dict)
     overlap_workers: bool = False
+    # the decode cycles of eaglepatch's load against the server's own traffic (``tuning.traffic.split``), where its
+    # records hold both
+    traffic: dict[str, Any] | None = None
 
     # -- settings ------------------------------------------------------------------------------------------------
 

@@ -44,9 +44,9 @@ VALUED = frozenset({
     "--seed", "--server-port", "--sglang-path", "--since", "--skip", "--steps", "--systemd-unit", "--temperature",
     "--timeout", "--top-p", "--trace", "--url", "--warmup", "--window", "-J", "-i", "-p"})
 FLAGS = frozenset({
-    "--accept-new-host-key", "--all-runs", "--baseline", "--compare", "--csv", "--dry-run", "--force", "--fresh",
-    "--ignore-eos", "--json", "--keep-best", "--live", "--merge-runs", "--no-ignore-eos", "--no-restart",
-    "--predict"})
+    "--accept-new-host-key", "--all-runs", "--allow-shared-traffic", "--baseline", "--compare", "--csv", "--dry-run",
+    "--force", "--fresh", "--ignore-eos", "--json", "--keep-best", "--live", "--merge-runs", "--no-ignore-eos",
+    "--no-restart", "--predict"})
 # The options reaching the host depends on, and the name the guess gives each.
 _READ = {"-i": "identity", "--identity": "identity", "-p": "port", "--port": "port", "-J": "jump", "--jump": "jump",
          "--connect-timeout": "connect_timeout", "--python": "python"}

@@ -103,8 +103,11 @@ def op_live(payload):
                 pass
             continue
         if "lease_s" in payload:
-            data = json.dumps({"v": 1, "token": payload["token"], "steps": payload["steps"],
-                               "deadline": time.time() + float(payload["lease_s"])})
+            doc = {"v": 1, "token": payload["token"], "steps": payload["steps"],
+                   "deadline": time.time() + float(payload["lease_s"])}
+            if payload.get("shared"):  # --allow-shared-traffic: batches with others' requests are pinned too
+                doc["shared"] = True
+            data = json.dumps(doc)
         else:
             data = payload["data"]
         tmp = tmp_name(path, "%d" % os.getpid())

@@ -141,7 +141,7 @@ class _Local(threading.local):
 
 class _Cycle(object):
     __slots__ = ("t", "t0", "worker", "bs", "prefill", "acc", "open", "accepted", "accepts", "acc_dev", "kind",
-                 "ev0", "ev_end", "evs", "iv", "h_end", "obj", "spec", "lost")
+                 "ev0", "ev_end", "evs", "iv", "h_end", "obj", "spec", "lost", "others")
 
 
 class _Unsafe(Exception):
@@ -348,7 +348,7 @@ def _reset():
     global _buf, _buf_since, _lost, _lost_q, _dropped, _dropped_win, _pending, _pool, _pinned, _msgs
     global _lock, _cv, _plock, _wlock, _wake, _pid, _rank, _path, _dir_in_use, _fallback, _torn, _fd, _run
     global _errors, _reported, _records, _win, _win_n, _writer, _writer_idle, _flush_req, _flush_ack, _flush_until
-    global _flush_final, _last_end, _live, _live_watch, _live_next, _pins
+    global _flush_final, _last_end, _live, _live_shared, _live_watch, _live_next, _pins
     global _chain, _chain_bytes, _next_index, _want_new, _share, _file_bytes, _removed, _paused
     global _pause_wrote, _pause_from, _next_free_check, _free_left, _drop_by, _drop_win_by, _drops_said, _drops_next
     global _msgs_lost, _where
@@ -423,6 +423,7 @@ def _reset():
     _flush_final = False    # the latest request is the exit's: cycles still waiting after it are dropped
 
     _live = None            # the live sweep's lease, as the writer last read it (see _live_start)
+    _live_shared = False    # whether it says "shared": true (pin batches that hold others' requests too)
     _live_watch = False     # an adaptive worker has run: the writer looks for a lease
     _live_next = 0.0        # perf_counter time of the writer's next look
     _pins = {}              # id(controller) -> controller whose policy a live sweep holds off now (or handed back
@@ -538,7 +539,8 @@ def _spec_of(w):
 #   keeps it in `_live` and answers with `live-<launcher pid>-<pid>.ack` ({"v", "token", "pid", "rank"}); once
 #   it is gone, invalid or past its deadline, it forgets it and removes the answer.
 # - While a lease is held, a cycle whose batch holds a request whose id starts "eaglepatch-<token>-s<steps>-"
-#   runs at that step count: at the cycle's start, on the worker thread, the controller's policy is replaced by
+#   runs at that step count (unless the batch also holds requests not eaglepatch's, _others, and the lease does
+#   not say "shared": true, sweep --live --allow-shared-traffic): at the cycle's start, on the worker thread, the controller's policy is replaced by
 #   _Pinned (the same interface: it answers those steps and learns nothing) and the worker's
 #   apply_runtime_state() is called with the controller's state for them. The first cycle without such a
 #   request, past the deadline, or once the lease is gone, puts sglang's policy back and the state it chooses.
@@ -611,8 +613,11 @@ def _live_start(args, kwargs):
         lease = _live
         steps = None
         if lease is not None and _wall() < lease[2]:
-            steps = _marked_steps(_batch_of(args, kwargs), lease[0])
-            if steps not in lease[1]:
+            b = _batch_of(args, kwargs)
+            steps = _marked_steps(b, lease[0])
+            # a batch that also holds requests not eaglepatch's (_others) is never pinned unless the lease says
+            # "shared": a pin would change the step count of the server's own requests
+            if steps not in lease[1] or (not _live_shared and _others(b) is not None):
                 steps = None
         held = type(pol) is _Pinned
         if steps is None and not held and key not in _pins:
@@ -834,7 +839,7 @@ def _live_answer(name, lease):
 def _live_poll():
     """The writer's look for a lease, at most every _LIVE_POLL_SECONDS: keep a valid one (answering a new one),
     forget one that is gone, invalid or past its deadline (removing the answer)."""
-    global _live, _live_next
+    global _live, _live_next, _live_shared
     now = _mono()
     if now < _live_next:
         return
@@ -843,7 +848,11 @@ def _live_poll():
     try:
         name, answer = _live_names()
         try:
-            lease = _lease_of(_read_lease(name))
+            doc = _read_lease(name)
+            lease = _lease_of(doc)
+            # "shared": true (sweep --live --allow-shared-traffic): batches that also hold others' requests are
+            # pinned too
+            _live_shared = lease is not None and doc.get("shared") is True
         except (OSError, ValueError, _Unsafe) as e:
             lease = None
             if "live lease" not in _reported:
@@ -901,6 +910,64 @@ def _batch_size(args, kwargs):
     return None
 
 
+# --- whose requests a batch holds ------------------------------------------------------------------------
+# Every request eaglepatch's load sends (bench, sweep, sweep --live) has an sglang rid starting with _OURS; any
+# other request with a string rid is the server's own traffic. A record says so when its batch holds some:
+# '"others": N' (requests not eaglepatch's) and, in a batch of both kinds of at most 256 requests, '"others_at":
+# [i, ...]' (their places in batch order, as "accepts" lists them). Cheap on the hot path: the batch is looked
+# into again only when its membership may have changed (another reqs list, another length, or other first or last
+# request: sglang's scheduler filters into a new list and merges by appending), and then the ids are joined and the
+# prefix counted in C; the places are found one by one only in a batch of both kinds.
+_OURS = "eaglepatch-"
+_NL_OURS = "\n" + _OURS
+# (reqs, len, first, last) of the batch last looked into, held (not their ids: a freed list and request could come
+# back at the same addresses, a new batch of one then read as the old one)
+_own_key = None
+_own_val = None             # its (others, record text) or None
+
+
+def _others(batch):
+    """(requests of `batch` whose rid is a string not starting with _OURS, the record's text for it), else None
+    (none, no reqs list, or no request with a string rid)."""
+    global _own_key, _own_val
+    reqs = getattr(batch, "reqs", None)
+    if type(reqs) is not list and type(reqs) is not tuple:
+        return None
+    n = len(reqs)
+    if not n:
+        return None
+    first, last = reqs[0], reqs[-1]
+    key = _own_key
+    if key is not None and key[0] is reqs and key[1] == n and key[2] is first and key[3] is last:
+        return _own_val
+    key = (reqs, n, first, last)
+    try:
+        ours = None
+        try:
+            rids = [r.rid for r in reqs]
+            # the ids joined and the prefix counted in C: eaglepatch's requests, at the start of a line
+            mine = "\n".join(rids).count(_NL_OURS) + rids[0].startswith(_OURS)
+            others = n - mine
+        except (AttributeError, TypeError):     # some request has no string rid: those count on neither side
+            ours = [r.startswith(_OURS) if type(r) is str else None for r in [getattr(q, "rid", None) for q in reqs]]
+            others = ours.count(False)
+        if not others:
+            val = None
+        elif (others == n and ours is None) or n > 256:
+            val = (others, ', "others": %d' % others)
+        else:
+            if ours is None:
+                at = [i for i, r in enumerate(rids) if not r.startswith(_OURS)]
+            else:
+                at = [i for i, o in enumerate(ours) if o is False]
+            val = (others, ', "others": %d, "others_at": %r' % (others, at))
+    except Exception:
+        val = None
+        _error("others")
+    _own_key, _own_val = key, val
+    return val
+
+
 def _event():
     try:
         return _pool.pop()
@@ -939,6 +1006,7 @@ def _start(args, kwargs):
     c.obj = args[0] if info[2] else None
     c.spec = None
     c.bs = _batch_size(args, kwargs)
+    c.others = _others(_batch_of(args, kwargs))
     c.prefill = False
     c.acc = {}
     c.open = {}
@@ -1395,6 +1463,8 @@ def _emit(c, cycle_s, phases, host_cycle_s, host_phases):
         tail += ', "host_phases": {%s}, "host_cycle_ms": %r' % (", ".join(hparts), round(host_cycle_s * 1000.0, 4))
     if c.spec is not None:
         tail += ", " + c.spec
+    if c.others is not None:
+        tail += c.others[1]
     if _every > 1:              # the entry calls this record stands for: itself and the untimed ones after it
         tail += ', "every": %d' % _every
     tail += "}\n"

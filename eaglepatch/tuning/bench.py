@@ -25,6 +25,7 @@ from eaglepatch.tuning.load import (
 from eaglepatch.ops.lifecycle import launch_of
 from eaglepatch.ops.logs import fetch_logs_from, logs_of
 from eaglepatch.ops.target import Connect, Target, target_facts
+from eaglepatch.tuning import traffic as tr
 from eaglepatch.tuning.target_url import LoadURL, check_side, load_route
 from eaglepatch.transform.recipe import builtin_recipe
 
@@ -179,11 +180,12 @@ def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | Non
         notes.append(f"the load went through {route.shown}: the client's figures are of every server behind it, "
                      "the timing records of the target's server alone")
     timings = None
+    extra: dict[str, Any] = {}
     if log_dir is None:
         notes.append("the target is not patched: no per-phase timings (eaglepatch apply TARGET first)")
     else:
         timings = collect_timings(host, name, python, log_dir, {server.pid, *server.children}, window,
-                                  opts.log_wait, say, notes, argv=server.argv)
+                                  opts.log_wait, say, notes, argv=server.argv, extra=extra)
     if lr.seconds < SHORT_LOAD_S:
         notes.append(short_load_note(lr.seconds))
     # the load's start on the host's clock against the server's start there
@@ -202,7 +204,12 @@ def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | Non
                      f"{opts.load.request_rate:g} requests/s the cap --concurrency {opts.load.concurrency} held them "
                      "back, and the load was that much less an open loop (raise --concurrency to send each at its "
                      "arrival)")
-    return {
+    shared = extra.get("traffic")
+    if shared is not None:  # decode cycles of the window carried requests not the load's (the server's own traffic)
+        differ = tr.compare(shared)
+        if differ:  # said only when the two differ beyond their spreads ("traffic" in the JSON either way)
+            notes.append(differ)
+    doc = {
         "target": name,
         "server": {"pid": server.pid, "argv": mask_argv(server.argv)},  # printed: secrets masked (redact)
         # request_rate: null for a closed loop, and the prompts and sampling always (LoadSpec.to_json leaves them
@@ -218,14 +225,18 @@ def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | Non
         "timings": timings,
         "notes": notes,
     }
+    if shared is not None:
+        doc["traffic"] = tr.traffic_json(shared)
+    return doc
 
 
 def collect_timings(host: Host, name: str, python: str, log_dir: str, pids: set[int],
                     window: tuple[float, float], wait: float, say: Say, notes: list[str],
-                    argv: Sequence[str] = ()) -> dict[str, Any] | None:
+                    argv: Sequence[str] = (), extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The ``report --predict --json`` object of the records of ``pids`` whose ``t`` lies in ``window`` (the server's
     command line ``argv`` gives the step count where the records' run header does not); None (and a note) when
-    there are none."""
+    there are none. ``extra["traffic"]``: ``traffic.of_files`` of the same records, where some decode cycles
+    carried requests not the load's."""
     from eaglepatch import report as rep
     from eaglepatch.server.argv import parse_flags, server_args_of
     from eaglepatch.report.predict import MIN_CYCLES, predict
@@ -248,6 +259,10 @@ def collect_timings(host: Host, name: str, python: str, log_dir: str, pids: set[
     if res.records == 0:
         notes.append("no timing records inside the load's window (the server timed no cycle then)")
         return None
+    if extra is not None:
+        shared = tr.of_files(files, window)
+        if shared is not None:
+            extra["traffic"] = shared
     doc = res.to_json()
     flags = parse_flags(server_args_of(argv)) if argv else None
     for gd, pred in zip(doc["groups"], predict(res, flags=flags, min_cycles=MIN_CYCLES)):

@@ -51,6 +51,8 @@ class SweepOptions:
     timeout: float = 900.0
     bench: BenchOptions = BenchOptions()
     objective: Any = None  # sweep_summary.Objective: what best means (None: the most tok/s)
+    # --allow-shared-traffic: sweep a server that serves requests other than the sweep's (else refused, exit 2)
+    allow_shared_traffic: bool = False
 
     def summarize(self, name: str, points: Any, runs: Any) -> dict[str, Any]:
         """``sweep_summary.summarize`` of these runs with this sweep's baseline, repeat and objective."""
@@ -211,6 +213,9 @@ def sweep(spec: TargetSpec, c: Connect, opts: SweepOptions, say: Say) -> dict[st
                        opts.bench.url, "sweep")
         if server is not None:  # before anything changes: one node of a multi-node server is never restarted alone
             nodes.check([server], [server], "sweep", name, several=False)
+        if server is not None and state.header is None and not opts.allow_shared_traffic:
+            # before the first restart: a server serving others' requests is not stopped without the option
+            _check_shared(host, name, python, facts, server, say)
         if state.header is not None:
             original = LaunchSpec.from_json(state.header["original"])
             args_index = int(state.header["args_index"])
@@ -255,6 +260,36 @@ def sweep(spec: TargetSpec, c: Connect, opts: SweepOptions, say: Say) -> dict[st
                            c.facts.server_ports)
             return _run_sweep(host, name, python, facts, state, points, launches, original, opts, notes, say,
                               env_names=env_names, plan=plan, owned=owned, refused=refused)
+
+
+# How far back a restart sweep looks in the server's timing records for requests that are not eaglepatch's.
+SHARED_LOOKBACK_S = 60.0
+
+
+def _check_shared(host: Host, name: str, python: str, facts: Any, server: Any, say: Say) -> None:
+    """Raise UsageError (exit 2, nothing changed) when the server's timing records of the last SHARED_LOOKBACK_S
+    seconds hold decode cycles with requests that are not eaglepatch's (the records' ``"others"``). An unpatched
+    server has no records: nothing can be told then, and nothing is refused."""
+    import glob
+    import os
+
+    from eaglepatch.ops.logs import fetch_logs_from, logs_of
+    from eaglepatch.tuning import traffic
+    from eaglepatch.tuning.bench import clock_offset
+
+    log_dir = patched_log_dir(facts)
+    if log_dir is None:
+        return
+    pids = {server.pid, *server.children}
+    offset, unc = clock_offset(host, python)
+    try:
+        folder = fetch_logs_from(host, name, python, log_dir, lambda _m: None, pids=pids)
+    except UsageError:
+        return
+    files = logs_of(sorted(glob.glob(os.path.join(folder, "**", "*.jsonl"), recursive=True)), pids)
+    cycles = traffic.others_since(files, time.time() + offset - unc - SHARED_LOOKBACK_S)
+    if cycles:
+        raise UsageError(traffic.refusal(name, cycles, f"of its last {SHARED_LOOKBACK_S:.0f} s"))
 
 
 @contextlib.contextmanager

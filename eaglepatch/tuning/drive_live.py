@@ -57,6 +57,7 @@ from eaglepatch.tuning.drive import (
     server_flags,
     sweep_locks,
 )
+from eaglepatch.tuning import traffic
 from eaglepatch.tuning.live_finish import CURVE, SERVER, curve_of, max_running_requests, summary, window_key
 from eaglepatch.tuning.load import LoadFailed, run_load, run_window
 from eaglepatch.tuning.target_url import Route, check_side, load_route, target_route
@@ -78,6 +79,8 @@ class LiveOptions:
     timeout: float = 900.0
     bench: BenchOptions = BenchOptions()
     objective: Any = None  # sweep_summary.Objective: what best means (None: the most tok/s)
+    # --allow-shared-traffic: pin batches that also hold requests not the sweep's (the lease says "shared")
+    allow_shared_traffic: bool = False
 
     def steps(self) -> tuple[int, ...]:
         """The step counts; raises UsageError for bad input (before any target is touched)."""
@@ -229,7 +232,8 @@ class _LiveRun:
         """Write (or renew) the lease for every process of the server: the runtime looks for the one named after
         its launcher, which is one of them."""
         _live(self.host, self.python, self.name, action="write", log_dir=self.log_dir, names=self.leases,
-              token=self.token, steps=list(self.steps), lease_s=self.opts.lease_s)
+              token=self.token, steps=list(self.steps), lease_s=self.opts.lease_s,
+              **({"shared": True} if self.opts.allow_shared_traffic else {}))
 
     def release(self) -> None:
         """Remove the lease; best effort (a lease left behind runs out by itself)."""
@@ -441,6 +445,9 @@ class _LiveRun:
             records = list(_records(files, lo, hi))
             doc: dict[str, Any] = {"point": r["point"], "rep": r["rep"], "steps": r["steps"],
                                    "cycles": lv.count_cycles(records, r["steps"])}
+            shared = traffic.split(x for x in records if x.get("mode") == "decode")["cycles"]
+            if shared:  # decode cycles of the window whose batch held requests not the sweep's
+                doc["shared_cycles"] = shared
             if "concurrency" in r:
                 doc["concurrency"] = r["concurrency"]
             if files and records:

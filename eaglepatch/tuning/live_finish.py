@@ -103,6 +103,26 @@ def _merged_runs(state: Any) -> list[dict[str, Any]]:
     return out
 
 
+def shared_note(doc: dict[str, Any], state: Any, opts: Any) -> None:
+    """``"shared_cycles"`` and a note, when the windows' decode cycles carried requests that are not the sweep's
+    (the server's own traffic): without --allow-shared-traffic the runtime pinned none of those cycles."""
+    wins = [t for t in state.timings if isinstance(t.get("cycles"), dict)]
+    shared = sum(int(t.get("shared_cycles") or 0) for t in wins)
+    if not shared:
+        return
+    total = sum(int(t["cycles"].get("pinned", 0)) + int(t["cycles"].get("other", 0)) for t in wins)
+    doc["shared_cycles"] = shared
+    if getattr(opts, "allow_shared_traffic", False):
+        how = ("they were pinned too (--allow-shared-traffic): the server's own requests ran at the windows' step "
+               "counts meanwhile")
+    else:
+        how = ("those cycles were not pinned (a pin would change the step count of the server's own requests; "
+               "sglang's policy chose theirs), so each window's figures mix in others: give --allow-shared-traffic "
+               "to pin them too, or sweep a server that serves the sweep alone")
+    doc["notes"].append(f"{shared} of the windows' {total} decode cycles carried requests that are not the sweep's "
+                        f"(the server's own traffic): {how}")
+
+
 def summary(name: str, release: ad.AdaptiveRelease, steps: Sequence[int], state: Any, opts: Any,
             restore: dict[str, Any], say: Say) -> dict[str, Any]:
     """The summary; with ``--emit-adaptive-config`` the config file written and described."""
@@ -110,6 +130,7 @@ def summary(name: str, release: ad.AdaptiveRelease, steps: Sequence[int], state:
                        **({"objective": opts.objective} if opts.objective is not None else {}),
                        ladder=opts.bench.ladder)
     doc.update(state_file=state.path, restore=restore, release=release.to_json())
+    shared_note(doc, state, opts)
     if opts.emit is not None:
         by_bs: dict[int, dict[int, list[float]]] = {}
         for t in state.timings:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import base64
 import dataclasses
 import http.client
+import itertools
 import json
+import secrets
 import socket
 import ssl
 import threading
@@ -44,6 +46,9 @@ class RequestResult:
 
 
 CHAT_PATH = "/v1/chat/completions"
+# Every request eaglepatch's load sends carries an sglang "rid" starting so (a live sweep's window's too:
+# ``live.rid_prefix``): the patch's runtime tells the server's own traffic from it (the records' "others").
+LOAD_RID = "eaglepatch-"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +136,9 @@ class _Client:
         self._lock = threading.Lock()
         self._all: list[socket.socket] = []
         self.connects = 0  # connections opened
+        # the ids of requests sent without one: eaglepatch-<8 hex digits of this client>-<n>, unique per request
+        self.rid_tag = f"{LOAD_RID}{secrets.token_hex(4)}-"
+        self._numbers = itertools.count()
 
     def _open(self, timeout: float) -> socket.socket:
         """A new connection (TLS for an https URL, checked against the URL's host whatever port it goes through)."""
@@ -188,8 +196,8 @@ class _Client:
 
     def generate(self, ids: list[int], max_new_tokens: int, stream: bool, clock: Callable[[], float],
                  rid: str | None = None) -> RequestResult:
-        """One request of token ids, greedy, ``ignore_eos`` (``rid``: its request id, sglang's ``"rid"``; the server
-        makes one when None)."""
+        """One request of token ids, greedy, ``ignore_eos`` (``rid``: its request id, sglang's ``"rid"``; one of
+        this client's, starting ``LOAD_RID``, when None)."""
         return self.send(Request(max_new_tokens, ids=ids), stream, clock, rid)
 
     def send(self, req: Request, stream: bool, clock: Callable[[], float], rid: str | None = None) -> RequestResult:
@@ -198,6 +206,8 @@ class _Client:
         return dataclasses.replace(result, category=req.category) if req.category is not None else result
 
     def _send(self, req: Request, stream: bool, clock: Callable[[], float], rid: str | None) -> RequestResult:
+        if rid is None:  # every request of the load is marked as eaglepatch's (LOAD_RID)
+            rid = f"{self.rid_tag}{next(self._numbers)}"
         body = json.dumps(req.body(stream, rid, self.model)).encode()
         head = self.heads[CHAT_PATH if req.chat else "/generate"]
         request = (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body

@@ -47,7 +47,44 @@ def run_figures(bench: Mapping[str, Any]) -> dict[str, Any]:
     rate = (bench.get("load") or {}).get("request_rate")
     if rate is not None:
         fig["request_rate"] = rate
+    tr = bench.get("traffic")
+    if tr:  # decode cycles of the window carried requests not the load's (the server's own traffic)
+        fig["traffic"] = {"cycles": tr.get("cycles"), "accept_len": tr.get("accept_len"),
+                          "load_accept_len": (tr.get("load") or {}).get("accept_len"), "differs": bool(tr.get("differs"))}
+    cats = bench.get("categories") or {}
+    if len(cats) > 1:  # per prompt category: its accept length and client tok/s
+        fig["categories"] = {k: {"accept_len": c.get("accept_len"), "tokens_per_s": c.get("tokens_per_s")}
+                             for k, c in cats.items()}
     return fig
+
+
+def _traffic(ok: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """A point's runs' traffic beside the load: decode cycles with others' requests (all runs), the medians of the
+    two accept lengths, and whether any run found them differing beyond their spreads."""
+    trs = [r["traffic"] for r in ok if r.get("traffic")]
+    if not trs:
+        return None
+    med = lambda k: (lambda xs: _r(statistics.median(xs), 4) if xs else None)(  # noqa: E731
+        [t[k] for t in trs if t.get(k) is not None])
+    return {"cycles": sum(int(t.get("cycles") or 0) for t in trs), "accept_len": med("accept_len"),
+            "load_accept_len": med("load_accept_len"), "differs": any(t.get("differs") for t in trs)}
+
+
+def _categories(ok: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """A point's per-category medians over its runs (accept length, client tok/s)."""
+    names: list[str] = []
+    for r in ok:
+        names += [k for k in (r.get("categories") or {}) if k not in names]
+    if not names:
+        return None
+    out = {}
+    for k in names:
+        vals = [(r.get("categories") or {}).get(k) or {} for r in ok]
+        acc = [v["accept_len"] for v in vals if v.get("accept_len") is not None]
+        tps = [v["tokens_per_s"] for v in vals if v.get("tokens_per_s") is not None]
+        out[k] = {"accept_len": _r(statistics.median(acc), 4) if acc else None,
+                  "tokens_per_s": _r(statistics.median(tps)) if tps else None}
+    return out
 
 
 def _r(x: float | None, nd: int = 3) -> float | None:
@@ -110,6 +147,7 @@ def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, 
     docs = []
     drift: list[str] = []  # each part of the note on points whose launches ran at different speeds
     windows: list[float] = []  # seconds of load of every run that counted
+    traffic_notes: list[str] = []  # points whose load and the server's own traffic accept differently
     for p in points:
         rs = by_point.get(p.key, [])
         ok = [r for r in rs if r.get("status") == "ok" and r.get("tokens_per_s") is not None]
@@ -129,6 +167,18 @@ def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, 
                                                         if n in (r.get("phases_p50") or {})]), 4) for n in names},
                 "tpot_ms": _tpot(ok),
             })
+            shared = _traffic(ok)
+            if shared is not None:
+                doc["traffic"] = shared
+                if shared["differs"] and shared["accept_len"] is not None and shared["load_accept_len"] is not None:
+                    traffic_notes.append(
+                        f"{p.label}: this load accepts {shared['load_accept_len']:.2f} tokens a cycle per request, the "
+                        f"server's own traffic {shared['accept_len']:.2f} ({shared['cycles']} decode cycles with "
+                        "requests not the sweep's): the best step count for the load may not be yours; give --prompts "
+                        "a sample of your traffic")
+            cats = _categories(ok)
+            if cats is not None:
+                doc["categories"] = cats
             if each_a_launch:
                 drift += _cycle_drift(p.label, ok)
         else:
@@ -190,6 +240,7 @@ def summarize(target: str, points: Sequence[Point], runs: Iterable[Mapping[str, 
                      "and the client's accept length only")
     if base is not None and docs[base]["status"] != "ok":
         notes.append("the baseline did not run: no speedups")
+    notes += traffic_notes
     out = {"target": target, "baseline": base, "points": docs, "best": best, "repeat": repeat, "notes": notes}
     by_load = loads_of(points, by_point, docs, base, objective)
     if by_load:

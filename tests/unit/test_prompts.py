@@ -369,7 +369,9 @@ def test_text_goes_to_generate_and_messages_to_the_chat_endpoint(make_server, tm
     # the seeded order: the same seed sends the same requests
     again = make_server()
     run_load(again.url, spec)
-    key = lambda b: json.dumps(b[1], sort_keys=True)  # noqa: E731
+    # (each request's "rid" is eaglepatch's own, unique per client: not part of what the seed draws)
+    assert all(b[1]["rid"].startswith("eaglepatch-") for b in again.bodies + srv.bodies)
+    key = lambda b: json.dumps({k: v for k, v in b[1].items() if k != "rid"}, sort_keys=True)  # noqa: E731
     assert sorted(map(key, again.bodies)) == sorted(map(key, srv.bodies))
     # both endpoints read alike: 13 tokens, 4 verify steps each (accept length 13 / 4), TTFT from the first content
     for r in res.ok:

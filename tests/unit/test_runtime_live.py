@@ -201,8 +201,15 @@ def test_the_first_unmarked_cycle_puts_the_policy_back(rt, logs, live):
 
 
 def test_an_unmarked_request_first_does_not_hide_a_marked_one(rt, live):
-    w = leased(rt, live)
+    w = leased(rt, live, shared=True)           # --allow-shared-traffic: a batch with others' requests is pinned
     assert w.forward_batch_generation(batch("user", marked(1))) == 1
+
+
+def test_a_batch_with_others_requests_is_not_pinned_without_shared(rt, live):
+    w = leased(rt, live)
+    assert w.forward_batch_generation(batch("user", marked(1))) == 3     # sglang's own choice: not pinned
+    assert rt._stats()["pinned"] == 0
+    assert w.forward_batch_generation(batch(marked(1, 1))) == 1         # the sweep's requests alone: pinned
 
 
 @pytest.mark.parametrize("rid", [

@@ -14,7 +14,7 @@ from __future__ import annotations
 from eaglepatch.doctor.facts import ServerFacts
 from eaglepatch.doctor.finding import SEVERITIES, Finding, Rule
 from eaglepatch.doctor.rules.draft import accept_length_low, draft_context_short, draft_mismatch, eagle3_draft_as_eagle
-from eaglepatch.doctor.rules.measurement import no_timing_records, not_patched, sync_on_overlap
+from eaglepatch.doctor.rules.measurement import load_unlike_traffic, no_timing_records, not_patched, sync_on_overlap
 from eaglepatch.doctor.rules.pace import cuda_graph_off, host_bound, rank_skew, tp_communication
 from eaglepatch.doctor.rules.steps import speculation_slower, speculation_unproven, too_few_steps, too_many_steps
 
@@ -33,6 +33,7 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ("host-bound", host_bound),
     ("rank-skew", rank_skew),
     ("sync-on-overlap", sync_on_overlap),
+    ("load-unlike-traffic", load_unlike_traffic),
     ("tp-communication", tp_communication),
     ("not-patched", not_patched),
     ("no-timing-records", no_timing_records),
@@ -58,6 +59,7 @@ __all__ = [
     "draft_mismatch",
     "eagle3_draft_as_eagle",
     "host_bound",
+    "load_unlike_traffic",
     "no_timing_records",
     "not_patched",
     "rank_skew",

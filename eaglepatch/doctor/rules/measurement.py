@@ -35,6 +35,33 @@ def sync_on_overlap(f: ServerFacts) -> Finding | None:
                    f"eaglepatch apply {f.target} --mode auto (CUDA events for the overlap scheduler's workers)")
 
 
+def load_unlike_traffic(f: ServerFacts) -> Finding | None:
+    """``load-unlike-traffic`` (low; medium when a sweep of this server is kept: its best step count was chosen on
+    that load): the timing records hold decode cycles of eaglepatch's load (bench, sweep: their requests' ids start
+    ``eaglepatch-``) and of the server's own traffic (the records' ``"others"``), and the two accept lengths differ
+    beyond their spreads (``tuning.traffic.compare``: each side 50 request-cycles or more, the gap over both spreads
+    of two standard errors and at least 5% of the larger). Measured, not predicted. Needs timing records of a
+    runtime that marks the requests."""
+    from eaglepatch.tuning import traffic
+
+    doc = f.traffic
+    if not doc:
+        return None
+    said = traffic.compare(doc)
+    if said is None:
+        return None
+    load, mine = doc["load"], doc["traffic"]
+    ev = records_ev(f, f"eaglepatch's load: accept length {load['accept_len']:.2f} over {load['samples']} "
+                       f"request-cycles (+/- {load['spread'] or 0:.2f}); the server's own traffic: "
+                       f"{mine['accept_len']:.2f} over {mine['samples']} (+/- {mine['spread'] or 0:.2f}), in "
+                       f"{doc['cycles']} of {doc['decode_cycles']} decode cycles")
+    return Finding("load-unlike-traffic", "medium" if f.sweep else "low",
+                   "eaglepatch's load accepts differently from the server's own traffic: its best step count may "
+                   "not be the traffic's", [ev],
+                   f"eaglepatch bench {f.target} --prompts FILE (a JSONL sample of the server's own requests), then "
+                   "sweep with the same --prompts")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # What doctor could not see
 
