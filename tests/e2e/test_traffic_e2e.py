@@ -173,7 +173,9 @@ def test_a_restart_sweep_on_a_server_of_its_own_runs(batching):
     assert "--allow-shared-traffic" not in r.stderr
 
 
-def test_a_live_sweep_says_how_many_of_its_cycles_carried_others_requests(standins, tmp_path):
+def _live_sweep(standins, tmp_path, *, beside_others: bool) -> dict:
+    """A live sweep of 1 and 3 steps on a patched adaptive stand-in, with another client's requests beside it or
+    not: its JSON."""
     install = make_install(standins, tmp_path / "install", "venv-by-path", worker=ADAPTIVE)
     port, _proc = up(install, standins, tmp_path / "work dir", "--speculative-algorithm", "EAGLE3",
                      "--speculative-num-steps", "3", "--speculative-eagle-topk", "1")
@@ -184,23 +186,20 @@ def test_a_live_sweep_says_how_many_of_its_cycles_carried_others_requests(standi
     args = ("--live", "--grid", "speculative-num-steps=1,3", "--rounds", "1", "--window", "1", "--concurrency", "2",
             "--input-len", "16", "--max-new-tokens", "32", "--warmup", "2", "--log-wait", "2.5", "--timeout", "60",
             "--prompts", "random-ids", "--json")
+    if not beside_others:
+        return ok(cli(env, "sweep", str(install.pkg), *args))
     with OtherClient(port, slots=2, new_tokens=32):
-        doc = ok(cli(env, "sweep", str(install.pkg), *args))
+        return ok(cli(env, "sweep", str(install.pkg), *args))
+
+
+def test_a_live_sweep_says_how_many_of_its_cycles_carried_others_requests(standins, tmp_path):
+    doc = _live_sweep(standins, tmp_path, beside_others=True)
     assert doc["shared_cycles"] > 0
     said = [n for n in doc["notes"] if "not the sweep's" in n]
     assert len(said) == 1 and "--allow-shared-traffic" in said[0], doc["notes"]
 
 
 def test_a_live_sweep_of_its_own_says_nothing_of_others(standins, tmp_path):
-    install = make_install(standins, tmp_path / "install", "venv-by-path", worker=ADAPTIVE)
-    port, _proc = up(install, standins, tmp_path / "work dir", "--speculative-algorithm", "EAGLE3",
-                     "--speculative-num-steps", "3", "--speculative-eagle-topk", "1")
-    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "client cache"))
-    env.pop("EAGLEPATCH_DEBUG", None)
-    logs = tmp_path / "timing logs"
-    ok(cli(env, "apply", str(install.pkg), "--log-dir", str(logs), "--timeout", "60", "--json"))
-    doc = ok(cli(env, "sweep", str(install.pkg), "--live", "--grid", "speculative-num-steps=1,3", "--rounds", "1",
-                 "--window", "1", "--concurrency", "2", "--input-len", "16", "--max-new-tokens", "32", "--warmup",
-                 "2", "--log-wait", "2.5", "--timeout", "60", "--prompts", "random-ids", "--json"))
+    doc = _live_sweep(standins, tmp_path, beside_others=False)
     assert "shared_cycles" not in doc
     assert not [n for n in doc["notes"] if "not the sweep's" in n], doc["notes"]
