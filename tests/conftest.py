@@ -19,6 +19,7 @@ With ``EAGLEPATCH_NO_SKIPS=1`` (``.ci/run``), a skip outside tests/cuda_only_ski
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -34,6 +35,7 @@ from skip_guard import pytest_runtest_logreport, pytest_sessionfinish  # noqa: E
 
 if TYPE_CHECKING:
     from eaglepatch.transform.recipe import Recipe
+
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -70,3 +72,13 @@ def recipe() -> Recipe:
 def sglang_release() -> Callable[[str], Path]:
     """``(version) -> site folder`` of a pinned release, downloaded into the test cache on first use."""
     return sglang_releases.release_site_or_fail
+
+
+@pytest.fixture(autouse=True)
+def _sigint_not_ignored() -> None:
+    """An ignored SIGINT stays ignored across exec: every CLI a test starts would then ignore the Ctrl-C that the
+    interrupt tests send it (their failpoints' SIGINT), as no user's terminal does. This process may have been
+    started so (a background job of a non-interactive shell), or code run in it may have left it so; a handler of
+    this process's own is reset to the default in each child at exec."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
