@@ -446,10 +446,11 @@ def _apply_together(t: Target, recipe: Recipe, session: Session, plan: Plan, gro
     me, name, facts = t.spec.text, t.spec.name, session.facts
 
     def check() -> bool:
-        if plan.changed and denied:
+        behind = plan.changed or bool(lc.stale(servers, facts))
+        if behind and denied:  # as for one node: a patched server that fails would need the files reverted
             raise UsageError(denied)
         _together_check(t, servers, ropts)
-        return plan.changed or bool(lc.stale(servers, facts))
+        return behind
 
     said = nodes.checked(group, me, name, "apply:checked", check)
     if not any(v is True for v in said.values()):

@@ -140,7 +140,7 @@ class Meeting:
         self._servers: list[Any] = []
         self._by_target: dict[str, list[Any]] = {}
         self._gone: set[str] = set()
-        self._groups: dict[tuple[str | None, int], NodeGroup] = {}
+        self._groups: dict[tuple[str | None, int], NodeGroup | str] = {}  # str: why refused
 
     def arrive(self, spec: TargetSpec, servers: Sequence[Any]) -> list[Any]:
         """Add ``servers`` (the ones this TARGET would act on: ``ServerProcess``, or ``Recorded`` for one it would
@@ -163,7 +163,7 @@ class Meeting:
         with self._cond:
             self._left.discard(target)
             self._gone.add(target)
-            groups = list(self._groups.values())
+            groups = [g for g in self._groups.values() if isinstance(g, NodeGroup)]
             self._cond.notify_all()
         for g in groups:
             g.leave(target)
@@ -172,7 +172,9 @@ class Meeting:
         """The nodes of the multi-node server this TARGET runs a node of among ``servers`` (after ``arrive`` and
         ``check``), as one ``NodeGroup`` shared by every TARGET that runs one of its nodes; None when ``servers``
         holds no node of a multi-node server. Raises Unsupported, nothing changed, for a TARGET whose servers are a
-        node and something else (or two nodes): each TARGET restarts one node."""
+        node and something else (or two nodes): each TARGET restarts one node; and then for every TARGET of that
+        server too, as when the TARGETs that run one node each do not hold its node ranks 0..N-1 once each (none
+        restarts its node while another node stays up)."""
         multi = [s for s in servers if s.nodes is not None]
         if not multi:
             return None
@@ -181,13 +183,23 @@ class Meeting:
                               f"{_where(multi[0].nodes)}: eaglepatch restarts the nodes of a multi-node server "
                               "together only where each TARGET runs one node of it and nothing else; nothing was "
                               "changed: name the node's server with --server-port PORT")
-        key = multi[0].nodes.key
+        key, count = multi[0].nodes.key, multi[0].nodes.count
         with self._cond:
             g = self._groups.get(key)
             if g is None:
                 members = {text: srvs[0] for text, srvs in self._by_target.items()
                            if len(srvs) == 1 and srvs[0].nodes is not None and srvs[0].nodes.key == key}
-                g = self._groups[key] = NodeGroup(members, self._gone & set(members))
+                # every TARGET reads the same servers, so all refuse together: none restarts a node with one left out
+                left_out = sorted(text for text, srvs in self._by_target.items() if text not in members
+                                  and any(s.nodes is not None and s.nodes.key == key for s in srvs))
+                whole = sorted(s.nodes.rank for s in members.values()) == list(range(count))
+                g = self._groups[key] = NodeGroup(members, self._gone & set(members)) if whole and not left_out else (
+                    f"{', '.join(left_out)} also run{'s' if len(left_out) == 1 else ''} another server"
+                    if left_out else "its node ranks are not each run by one TARGET")
+            if isinstance(g, str):
+                raise Unsupported(f"{spec.name}: {_where(multi[0].nodes)}: its nodes restart together only where "
+                                  f"each TARGET runs one node of it and nothing else, and {g}; nothing was changed: "
+                                  "name each node's server with --server-port PORT")
             return g
 
 

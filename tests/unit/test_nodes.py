@@ -320,3 +320,60 @@ def test_every_node_records_its_launch_in_its_install_before_any_node_stops():
     assert isinstance(out["gpu2"], UsageError) and "before any node of a multi-node server stops" in str(out["gpu2"])
     assert isinstance(out["gpu1"], nodes.NodeFailed) and out["gpu1"].exit_code == out["gpu2"].exit_code
     assert sessions["gpu2"].manifests == []
+
+
+def test_no_node_restarts_when_a_target_runs_a_node_and_more_or_a_rank_is_not_held_once():
+    """A TARGET that runs a node of the server and another server (or two of its nodes) refuses (it restarts one
+    node or none); every other TARGET of that server refuses with it, nothing changed, rather than restart its node
+    while that node stays up (the whole server would go down). Likewise when the members' node ranks are not
+    0..N-1 each once (two names for one host)."""
+    n0, n1 = two_nodes()
+    meeting = met(["gpu1", "gpu2"], {"gpu1": [n0], "gpu2": [n1, server(31)]})
+    with pytest.raises(Unsupported, match="gpu2 also runs another server; nothing was changed"):
+        meeting.group(spec("gpu1"), [n0])
+    with pytest.raises(Unsupported, match="--server-port PORT"):
+        meeting.group(spec("gpu2"), [n1, server(31)])
+    with pytest.raises(Unsupported, match="gpu2 also runs"):  # asked again: the same answer
+        meeting.group(spec("gpu1"), [n0])
+    meeting.leave("gpu1")  # a refused group holds no one
+
+    three = [server(10 + r, "--nnodes", "3", "--node-rank", str(r), "--dist-init-addr", "h:5") for r in range(3)]
+    meeting = met(["gpu1", "gpu2"], {"gpu1": three[:1], "gpu2": three[1:]})  # two nodes in one TARGET
+    with pytest.raises(Unsupported, match="gpu2 also runs"):
+        meeting.group(spec("gpu1"), three[:1])
+
+    meeting = met(["gpu1", "gpu1.local"], {"gpu1": [n0], "gpu1.local": [n0]})  # rank 0 twice, rank 1 never
+    with pytest.raises(Unsupported, match="node ranks are not each run by one TARGET"):
+        meeting.group(spec("gpu1"), [n0])
+
+
+def test_a_node_that_cannot_write_refuses_to_restart_stale_servers_onto_patched_code(monkeypatch):
+    """apply of a patched install whose node still runs the original code (stale), by a user who cannot write it:
+    as for a server of one node, it is not restarted (a patched server that fails would need the files reverted,
+    which this user cannot do); no node restarts, nothing changed."""
+    from eaglepatch.ops import change
+
+    n0, n1 = launched(0), launched(1)
+    g = nodes.NodeGroup({"gpu1": n0, "gpu2": n1})
+    monkeypatch.setattr(change.lifecycle(), "stale", lambda servers, facts: list(servers))
+    monkeypatch.setattr(change, "_together_check", lambda t, servers, ropts: None)
+    restarted: list[str] = []
+
+    def restart_together(group, me, *args, **kwargs):
+        restarted.append(me)
+        raise AssertionError("restarted")
+
+    monkeypatch.setattr(nodes, "restart_together", restart_together)
+    plan = types.SimpleNamespace(changed=False, timers=[], worker_writes=0)
+    denied = {"gpu1": "gpu1: user u cannot write /x: Permission denied", "gpu2": None}
+
+    def part(m, srv):
+        t = types.SimpleNamespace(spec=spec(m), host=None)
+        session = types.SimpleNamespace(facts=types.SimpleNamespace(python="python3", backup_dir="/b"))
+        return lambda: change._apply_together(t, None, session, plan, g, None, [srv], [srv], denied[m],
+                                              lambda s: None, None)
+
+    out = on_threads({"gpu1": part("gpu1", n0), "gpu2": part("gpu2", n1)})
+    assert isinstance(out["gpu1"], UsageError) and "cannot write /x" in str(out["gpu1"]), out
+    assert isinstance(out["gpu2"], nodes.NodeFailed) and "nothing was changed" in str(out["gpu2"]), out
+    assert restarted == []
