@@ -231,6 +231,16 @@ def up(install: Install, standins: Any, cwd: Path, *args: str, port: int | None 
     return port, proc
 
 
+def up_nohup(install: Install, standins: Any, cwd: Path, port: int, log: Path):
+    """``nohup <venv>/bin/python -m sglang.launch_server --port PORT ... > log 2>&1`` from a shell, ready."""
+    venv = install.pkg.parents[3]
+    argv = ["nohup", str(venv / "bin" / "python"), "-m", "sglang.launch_server", "--port", str(port), "--tp", "1",
+            "--startup-delay", "0.3"]
+    proc = standins.spawn(argv, cwd, standins.venv_env(venv), port=port, log=log)
+    H.wait_http(port, timeout=30)
+    return proc
+
+
 def servers(cli: CLI, pkg: Path) -> list[dict[str, Any]]:
     """``status --json``'s servers of the install."""
     return cli.run("status", pkg, "--json").expect(0).json()["servers"]

@@ -11,19 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from safety import H, make_install, servers
+from safety import H, make_install, servers, up_nohup
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
-
-
-def _nohup(install, standins, cwd: Path, port: int, log: Path):
-    """``nohup <venv>/bin/python -m sglang.launch_server --port PORT ... > log 2>&1`` from a shell."""
-    venv = install.pkg.parents[3]
-    argv = ["nohup", str(venv / "bin" / "python"), "-m", "sglang.launch_server", "--port", str(port), "--tp", "1",
-            "--startup-delay", "0.3"]
-    proc = standins.spawn(argv, cwd, standins.venv_env(venv), port=port, log=log)
-    H.wait_http(port, timeout=30)
-    return proc
 
 
 def _one_server(doc: dict, port: int) -> dict:
@@ -41,7 +31,7 @@ def test_apply_revert_and_restart_json_name_the_servers_own_output_file(standins
     install = make_install(standins, tmp_path / "install", "venv-by-path")
     port = standins.port()
     log = tmp_path / "w" / "server.log"
-    _nohup(install, standins, tmp_path / "w", port, log)
+    up_nohup(install, standins, tmp_path / "w", port, log)
     kept = {"stdout": str(log), "stderr": str(log), "log": None}
     doc = cli.run("apply", install.pkg, "--log-dir", str(tmp_path / "timing logs"), "--timeout", "60",
                   "--json").expect(0).json()
@@ -60,7 +50,7 @@ def test_apply_and_revert_json_name_the_log_eaglepatch_chose(standins, tmp_path,
     cli = local_cli  # conftest.py
     install = make_install(standins, tmp_path / "install", "venv-by-path")
     port = standins.port()
-    _nohup(install, standins, tmp_path / "w", port, Path("/dev/null"))
+    up_nohup(install, standins, tmp_path / "w", port, Path("/dev/null"))
     doc = cli.run("apply", install.pkg, "--log-dir", str(tmp_path / "timing logs"), "--timeout", "60",
                   "--json").expect(0).json()
     out = _one_server(doc, port)["output"]
@@ -78,7 +68,7 @@ def test_no_restart_lists_no_server(standins, tmp_path, local_cli):
     cli = local_cli  # conftest.py
     install = make_install(standins, tmp_path / "install", "venv-by-path")
     port = standins.port()
-    _nohup(install, standins, tmp_path / "w", port, Path("/dev/null"))
+    up_nohup(install, standins, tmp_path / "w", port, Path("/dev/null"))
     doc = cli.run("apply", install.pkg, "--no-restart", "--json").expect(0).json()
     assert (doc["restarted"], doc["servers"]) == (False, [])
     cli.run("revert", install.pkg, "--no-restart").expect(0)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from safety import H, make_install, servers
+from safety import make_install, servers, up_nohup
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -30,23 +30,13 @@ def _private_logs(port: int) -> list[Path]:
     return [Path(d) / f"server-{port}.log" for d in (state, f"{state}-{os.getuid()}", "/tmp/eaglepatch")]
 
 
-def _nohup(install, standins, cwd: Path, port: int, log: Path):
-    """``nohup <venv>/bin/python -m sglang.launch_server --port PORT ... > log 2>&1`` from a shell."""
-    venv = install.pkg.parents[3]
-    argv = ["nohup", str(venv / "bin" / "python"), "-m", "sglang.launch_server", "--port", str(port), "--tp", "1",
-            "--startup-delay", "0.3"]
-    proc = standins.spawn(argv, cwd, standins.venv_env(venv), port=port, log=log)
-    H.wait_http(port, timeout=30)
-    return proc
-
-
 def test_a_server_started_with_its_output_in_a_file_writes_to_that_file_after_apply_and_revert(standins, tmp_path,
                                                                                               local_cli):
     cli = local_cli  # conftest.py
     install = make_install(standins, tmp_path / "install", "venv-by-path")
     port = standins.port()
     log = tmp_path / "w" / "server.log"
-    proc = _nohup(install, standins, tmp_path / "w", port, log)
+    proc = up_nohup(install, standins, tmp_path / "w", port, log)
     first = _fd(proc.pid, 1)
     assert first == (str(log), log.stat().st_ino) == _fd(proc.pid, 2)
     [srv] = servers(cli, install.pkg)
@@ -76,7 +66,7 @@ def test_a_server_whose_output_went_to_no_file_is_told_where_it_goes(standins, t
     cli = local_cli  # conftest.py
     install = make_install(standins, tmp_path / "install", "venv-by-path")
     port = standins.port()
-    proc = _nohup(install, standins, tmp_path / "w", port, Path("/dev/null"))
+    proc = up_nohup(install, standins, tmp_path / "w", port, Path("/dev/null"))
     assert _fd(proc.pid, 1)[0] == "/dev/null"
     default = f"{os.environ['EAGLEPATCH_STATE_DIR']}/server-{port}.log"  # the host's state folder, as it says
     [srv] = servers(cli, install.pkg)
