@@ -57,6 +57,16 @@ def truth(bs: int, j: int) -> float:
     return bs * acceptance(j) / cyc * 1000
 
 
+def spec_stops(rows: list[dict]) -> int:
+    """The smallest batch size of ``predict_by_bs`` (sorted) from which no step count is predicted ahead of no
+    speculation at it and every larger size (0: none)."""
+    def ahead(row: dict) -> bool:
+        zero = next(p for p in row["points"] if p["steps"] == 0)["tokens_per_s"]
+        return any(p["tokens_per_s"] > zero for p in row["points"] if p["steps"])
+
+    return min((r["bs"] for i, r in enumerate(rows) if not any(ahead(d) for d in rows[i:])), default=0)
+
+
 def test_the_worlds_truth():
     best = {bs: max(range(8), key=lambda j: truth(bs, j)) for bs in (1, 4, 8, 16, 32)}
     assert best == {1: 2, 4: 2, 8: 2, 16: 0, 32: 0}
@@ -125,18 +135,23 @@ def test_predict_by_batch_size_and_doctor_on_a_world_that_batches(standins, tmp_
         gain_measured = measured[c][2] / measured[c][0] - 1
         gain_predicted = pred[2] / pred[0] - 1
         assert abs(gain_predicted - gain_measured) < 0.25, (c, measured[c], pred)
-    # no speculation is best from 16 (by 13%), twice as fast at 32, and 2 steps 31% ahead at 1: the model draws its
-    # line (no step count ahead beyond the spreads from there on) inside the ladder and above 1. Where exactly
-    # moves with the run: the step counts no launch ran are fitted (1 step at 16 read 5% over no speculation where
-    # the truth is 11% under), and at 4 requests 2 steps' measured lead (9%) is inside the spreads
-    assert run["crossover_bs"] is not None and 1 < run["crossover_bs"] <= 32, run["crossover_bs"]
+    # no speculation is best from 16 (by 13%), twice as fast at 32, and 2 steps 31% ahead at 1: the model names no
+    # speculation at 32, and from where on a step count is no longer even predicted ahead lies inside the ladder
+    # and above 1. Where exactly moves with the run: the step counts no launch ran are fitted (1 step at 16 read 5%
+    # over no speculation where the truth is 11% under), and at 4 requests 2 steps' measured lead (9%) is inside
+    # the spreads. The crossover itself (no step count ahead beyond the spreads) may fall to 1 on a loaded host,
+    # whose noise widens the spreads of the step counts fitted below the measured tokens.
+    line = spec_stops([rows[c] for c in sorted(rows)])
+    assert 1 < line <= 32 and run["crossover_bs"] is not None and run["crossover_bs"] <= line, (
+        line, run["crossover_bs"], measured, {c: [(p["steps"], round(p["tokens_per_s"]), round(p["spread"], 3),
+                                                   p["basis"]) for p in rows[c]["points"]] for c in (1, 4)})
 
     # doctor on the server put back (5 steps), loaded over the same ladder
     ok(cli(env, "bench", target, "--concurrency", "1,4,16,32", *LOAD, "--json"))
     doc = ok(cli(env, "doctor", target, "--json"))
     slower = [f for f in doc["findings"] if f["id"] == "speculation-slower"]
     assert slower and slower[0]["predicted"] is True, doc["findings"]
-    assert f"from {doc['model']['by_bs']['crossover_bs']} requests a cycle" in slower[0]["title"]
+    assert f"from {spec_stops(doc['model']['by_bs']['predict_by_bs'])} requests a cycle" in slower[0]["title"]
     # a launch without speculation from there: an adaptive config's [0] tier is not plain decoding
     assert "only a launch without speculation" in slower[0]["next"]
     assert "--emit-adaptive-config" not in slower[0]["next"]

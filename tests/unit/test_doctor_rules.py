@@ -723,6 +723,17 @@ def test_speculation_slower_from_a_batch_size_on_needs_no_speculation_measured_t
     assert ("no speculation 6000 records' wall tok/s (±2%, measured), the best step count 2 4800 records' wall "
             "tok/s") in found.evidence[0]["text"]
     assert R.speculation_slower(dataclasses.replace(facts("EAGLE3"), model=_by_bs_model("estimate"))) is None
+    # a crossover inside the spreads where a step count is still predicted ahead: the range starts past it
+    wide = _by_bs_model("measured")
+    wide["by_bs"]["crossover_bs"] = 8
+    for r in wide["by_bs"]["predict_by_bs"]:
+        for p in r["points"]:
+            p["spread"] = 0.3
+    found = R.speculation_slower(dataclasses.replace(facts("EAGLE3"), model=wide))
+    assert "from 64 requests a cycle (up to 64)" in found.title
+    # ... and nothing where a step count is predicted ahead at the largest
+    wide["by_bs"]["predict_by_bs"][-1]["points"][1]["tokens_per_s"] = 6100
+    assert R.speculation_slower(dataclasses.replace(facts("EAGLE3"), model=wide)) is None
 
 
 def _steps_by_bs(rows: dict[int, dict[int, float]], best0: tuple[int, ...] = ()) -> dict:

@@ -81,12 +81,25 @@ def speculation_slower_by_bs(f: ServerFacts) -> Finding | None:
     batch size (costs priced by the tokens each forward processes, ``report --predict``'s best step count per
     batch size) finds a batch size from which no step count beats no speculation beyond the spreads
     (``crossover_bs``), with no speculation measured there (a sweep's baseline at that load); an estimate never
-    makes this finding (``speculation-unproven``'s)."""
+    makes this finding (``speculation-unproven``'s). The range it names starts at the first batch size past the
+    crossover from which no step count is even predicted ahead: inside the spreads is no evidence for a launch
+    without speculation."""
     bb = (f.model or {}).get("by_bs") or {}
     cross = bb.get("crossover_bs")
     rows = bb.get("predict_by_bs") or []
     if cross is None or not rows:
         return None
+    # "no step count beats no speculation beyond the spreads" is no finding where a step count is still predicted
+    # ahead, inside them (the CPU world's 5-step run, spreads widened by a loaded host: 3 steps +25% at one
+    # request, crossover 1): the range starts where no speculation is the best prediction at it and above
+    start = None
+    for r in reversed(rows):
+        if r["bs"] < cross or _spec_ahead(r):
+            break
+        start = r["bs"]
+    if start is None:
+        return None
+    cross = start
     past = [r for r in rows if r["bs"] >= cross]
     zeros = [next((p for p in r["points"] if p["steps"] == 0), None) for r in past]
     if not past or any(z is None or z["basis"] != "measured" for z in zeros):
@@ -111,6 +124,12 @@ def speculation_slower_by_bs(f: ServerFacts) -> Finding | None:
                    "speculation for the rest. Not an adaptive config's [0] tier: sglang's zero-step state still "
                    "runs the draft extend, under the speculative launch's max_running_requests (on an H100 it "
                    "measured 60% under a launch without speculation)", predicted=True)
+
+
+def _spec_ahead(row: dict[str, Any]) -> bool:
+    """Whether a step count's point prediction is above no speculation's in one row of ``predict_by_bs``."""
+    zero = next((p for p in row["points"] if p["steps"] == 0), None)
+    return zero is not None and any(p["tokens_per_s"] > zero["tokens_per_s"] for p in row["points"] if p["steps"])
 
 
 def speculation_unproven(f: ServerFacts) -> Finding | None:
