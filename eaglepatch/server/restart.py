@@ -51,6 +51,11 @@ class Strategy(enum.Enum):
     START = "start"  # nothing ran: start a known launch spec
 
 
+# How much longer than its own timeout a node of rank > 0 waits for the server's verdict (node rank 0's, at its own
+# timeout): none coming by then means the thread that waits for node rank 0 is gone.
+VERDICT_GRACE_S = 60.0
+
+
 @dataclasses.dataclass(frozen=True)
 class NodeWait:
     """How one node of a multi-node server is waited for (``eaglepatch.ops.nodes`` starts them together): node rank
@@ -299,12 +304,14 @@ class _Run:
                    log_offset: int) -> Readiness:
         """A node of rank > 0 (it may serve no HTTP): its process watched until the server's verdict (``NodeWait``);
         READY when node rank 0 is ready and this one still runs, DIED when it exits, TIMEOUT when the verdict is
-        False or none came in ``timeout`` s."""
+        False, or none came in ``timeout`` s and ``VERDICT_GRACE_S`` more: node rank 0 gives the verdict at its own
+        timeout, which started on its host's clock, later than this one's may have."""
         node = self.node
         assert node is not None
         self.say(f"waiting up to {timeout:.0f} s for node rank 0 of this server to be ready (this node, pid {pid}, "
                  "serves no health endpoint: its process is watched)")
         t0 = self.clock()
+        limit = timeout + VERDICT_GRACE_S
         last: dict[str, Any] = {}
         while True:
             try:
@@ -318,10 +325,10 @@ class _Run:
                 return Readiness(ReadyState.DIED, elapsed, pid=pid, last_line=last.get("last_line"))
             if verdict is True:
                 return Readiness(ReadyState.READY, elapsed, pid=pid, last_line=last.get("last_line"))
-            if verdict is False or elapsed >= timeout:
+            if verdict is False or elapsed >= limit:
                 return Readiness(ReadyState.TIMEOUT, elapsed, pid=pid, last_line=last.get("last_line"),
                                  error="the server did not come up" if verdict is False else None)
-            node.pause(min(self.options.poll_interval, max(0.0, timeout - elapsed)))
+            node.pause(min(self.options.poll_interval, max(0.0, limit - elapsed)))
 
     def tail(self, log_path: str | None, offset: int = 0) -> str:
         """The server's log tail as every command prints it (the result's ``log_tail``, text and JSON): secrets

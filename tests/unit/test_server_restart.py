@@ -435,3 +435,33 @@ def test_systemd_restarts_the_unit_and_watches_its_main_pid():
     assert ["systemctl", "restart", "sglang"] in [c[1] for c in host.calls if c[0] == "cmd"]
     assert r.log_tail == "boom"
     assert next(c[1] for c in host.calls if c[0] == "probe")["pid"] == 4321
+
+
+def test_a_node_of_rank_above_0_waits_for_node_rank_0s_verdict_past_its_own_timeout(monkeypatch):
+    """A node of rank > 0 serves no health endpoint: it waits for the server's verdict, which node rank 0 gives at its
+    own timeout, started later on its own host's clock. Node rank 0 ready 5 s past this node's timeout: this node
+    counts as ready, not timed out (its TIMEOUT would roll back a server about to come up); no verdict at all: it
+    gives up once the grace is over too."""
+    import importlib
+
+    R = importlib.import_module("eaglepatch.server.restart")
+
+    clock = Clock()
+    t0 = clock.t
+    monkeypatch.setattr(R, "call", lambda *a, **k: {"alive": True, "last_line": "joined"})
+
+    def run(ready_at: float | None) -> Any:
+        clock.t = t0
+        verdict = (lambda: None) if ready_at is None else (lambda: True if clock.t - t0 >= ready_at else None)
+
+        def pause(s: float) -> bool:
+            clock.sleep(s)
+            return False
+
+        node = R.NodeWait(http=False, verdict=verdict, pause=pause)
+        r = R._Run(object(), RestartOptions(poll_interval=1.0), None, "python3", clock, clock.sleep, node=node)
+        return r.watch_node(30001, 30.0, 4242, 1, None, 0)
+
+    assert run(35.0).state == ReadyState.READY
+    late = run(None)
+    assert late.state == ReadyState.TIMEOUT and late.seconds >= 30.0 + R.VERDICT_GRACE_S
