@@ -1,12 +1,10 @@
 """apply, revert and restart on one target, end to end: facts, the plan, the plan carried out under the install's
 lock, the servers restarted (``eaglepatch.ops.lifecycle``); and their renderings. The TARGETs that run the nodes of
-one multi-node server do each of these together (``_apply_together``, ``_revert_together``, ``_restart_together``
-with ``eaglepatch.ops.nodes``). Every failure is a typed error (``eaglepatch.errors``) and leaves the target as it
+one multi-node server do each of these together (``eaglepatch.ops.together``, with ``eaglepatch.ops.nodes``). Every failure is a typed error (``eaglepatch.errors``) and leaves the target as it
 was, or as it was before the command."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Sequence
 
 from eaglepatch import progress
@@ -18,25 +16,13 @@ from eaglepatch.hosts.spec import TargetSpec
 from eaglepatch.ops import nodes
 from eaglepatch.ops.facts import HostFacts
 from eaglepatch.ops.options import RuntimeOptions, worker_timer
-from eaglepatch.ops.plan import Plan, plan_apply, plan_revert
+from eaglepatch.ops.plan import change_doc, plan_apply, plan_revert
 from eaglepatch.ops.session import Session, new_lock_owner
+from eaglepatch.ops.nodes import lifecycle
 from eaglepatch.ops.target import Connect, Target, target_facts
 from eaglepatch.transform.recipe import Recipe, builtin_recipe
 
 Say = Callable[[str], None]
-
-
-def _change_doc(target: str, plan: Plan, changed: bool, restarted: Sequence[Any] | bool,
-                **extra: Any) -> dict[str, Any]:
-    """apply's and revert's JSON document. ``restarted``: the RestartResults of the servers restarted (or False):
-    ``servers`` gives each one's pid, port and ``output``, where it writes its output now (as ``status`` names it)."""
-    files = [{"path": f["path"], "before_sha256": f["before_sha256"], "after_sha256": f["after_sha256"],
-              "backup": f.get("backup")} for f in plan.files]
-    results = list(restarted) if not isinstance(restarted, bool) else []
-    doc = {"target": target, "changed": changed, "files": files, "restarted": bool(restarted),
-           "servers": [{"pid": r.pid, "port": r.port, "output": r.output} for r in results]}
-    doc.update(extra)
-    return doc
 
 
 def render_change(doc: dict[str, Any]) -> str:
@@ -49,13 +35,6 @@ def render_change(doc: dict[str, Any]) -> str:
     files = ", ".join(f["path"] for f in doc["files"]) or "no files"
     tail = "; server restarted and ready" if doc["restarted"] else ""
     return f"{doc['target']}: {verb}: {what} ({files}){tail}"
-
-
-def lifecycle() -> Any:
-    """``eaglepatch.ops.lifecycle``, imported when a server is acted on (it imports the server package)."""
-    from eaglepatch.ops import lifecycle as lc
-
-    return lc
 
 
 def apply(spec: TargetSpec, c: Connect, recipe: Recipe, ropts: RuntimeOptions, restart: Any, dry_run: bool,
@@ -84,7 +63,9 @@ def apply(spec: TargetSpec, c: Connect, recipe: Recipe, ropts: RuntimeOptions, r
                 nodes.check(servers, named, "apply", t.spec.name)  # a prefill/decode half alone: exit 2 here
                 group = (meeting or nodes.alone(spec)).group(spec, servers)
                 if group is not None:
-                    return _apply_together(t, recipe, session, plan, group, restart, servers, everyone, denied, say,
+                    from eaglepatch.ops.together import apply_together
+
+                    return apply_together(t, recipe, session, plan, group, restart, servers, everyone, denied, say,
                                            ropts.mode)
             if dry_run:
                 steps = [f"write {w.rel} ({'new' if w.before is None else 'replace'}, {len(w.data or b'')} bytes)"
@@ -96,7 +77,7 @@ def apply(spec: TargetSpec, c: Connect, recipe: Recipe, ropts: RuntimeOptions, r
                         "restart " + (", ".join(f"the server on :{s.port} (pid {s.pid})" for s in servers)
                                       or "nothing (no server of this install runs)"))
                     say(f"plan: back up originals to {facts.backup_dir}, then {what}")
-                return _change_doc(t.spec.name, plan, False, False, dry_run=True, diff=plan.diff(), action="apply")
+                return change_doc(t.spec.name, plan, False, False, dry_run=True, diff=plan.diff(), action="apply")
             if not plan.changed:
                 say(f"{t.spec.name}: already patched: nothing to change")
                 behind = lc.stale(servers, facts) if restart is not None else []
@@ -113,7 +94,7 @@ def apply(spec: TargetSpec, c: Connect, recipe: Recipe, ropts: RuntimeOptions, r
                     lc.check_relaunchable(behind, restart)
                     restarted = _restart_after_apply(t, recipe, session, behind, restart, say)
                     progress.stage(t.spec.text, "files patched, server restarted and ready")
-                return _change_doc(t.spec.name, plan, False, restarted, action="apply")
+                return change_doc(t.spec.name, plan, False, restarted, action="apply")
             if denied:
                 raise UsageError(denied)
             if restart is not None:  # before anything changes
@@ -140,7 +121,7 @@ def apply(spec: TargetSpec, c: Connect, recipe: Recipe, ropts: RuntimeOptions, r
             elif everyone:
                 say("note: not restarted (--no-restart): the running server(s) run the original code until they "
                     "restart")
-            return _change_doc(t.spec.name, plan, True, restarted, action="apply")
+            return change_doc(t.spec.name, plan, True, restarted, action="apply")
         finally:
             session.unlock()
 
@@ -207,11 +188,13 @@ def revert(spec: TargetSpec, c: Connect, recipe: Recipe, force: bool, restart: A
                 nodes.check([*chosen, *gone], named, "revert", t.spec.name)  # a prefill/decode half alone: exit 2
                 group = (meeting or nodes.alone(spec)).group(spec, [*chosen, *gone])
                 if group is not None:
-                    return _revert_together(t, session, plan, group, restart, denied, say)
+                    from eaglepatch.ops.together import revert_together
+
+                    return revert_together(t, session, plan, group, restart, denied, say)
             if not plan.changed:
                 say(f"{t.spec.name}: not patched: nothing to revert")
                 if restart is None or not servers:
-                    return _change_doc(t.spec.name, plan, False, False, action="revert")
+                    return change_doc(t.spec.name, plan, False, False, action="revert")
                 say(f"{t.spec.name}: " + ", ".join(f"the server on :{s.port} (pid {s.pid})" for s in servers)
                     + " started before the files last changed: restarting it")
             elif denied:
@@ -246,7 +229,7 @@ def revert(spec: TargetSpec, c: Connect, recipe: Recipe, force: bool, restart: A
                                + (", server restarted and ready" if restarted else ""))
                 for n in lc.left_alone_notes(everyone, chosen, "revert"):
                     say(f"note: {n}")
-            return _change_doc(t.spec.name, plan, plan.changed, restarted, action="revert")
+            return change_doc(t.spec.name, plan, plan.changed, restarted, action="revert")
         finally:
             session.unlock()
 
@@ -327,7 +310,9 @@ def restart_target(spec: TargetSpec, c: Connect, ropts: Any, say: Say,
             nodes.check(acting, (meeting or nodes.alone(spec)).arrive(spec, acting), "restart", t.spec.name)
             group = (meeting or nodes.alone(spec)).group(spec, acting)
             if group is not None:
-                return _restart_together(t, session, group, ropts, say)
+                from eaglepatch.ops.together import restart_together
+
+                return restart_together(t, session, group, ropts, say)
             lc.check_relaunchable(servers, ropts)
             jobs: list[tuple[Any, Any, Any]] = [(srv, None, ropts) for srv in servers]
             if not servers and not lc.custom(ropts):
@@ -375,13 +360,8 @@ def _recorded_nodes(facts: HostFacts, ports: Sequence[int]) -> list[nodes.Record
     return out
 
 
-# A manifest that holds nothing but the launches of the nodes of a multi-node server, written on every node of an
-# unpatched install before any node stops (``_record_together``) and removed once they are all up again.
-RECORD = "restart_record"
-
-
-def _is_record(manifest: dict[str, Any] | None) -> bool:
-    return bool(manifest) and bool(manifest.get(RECORD))
+RECORD = nodes.RECORD
+_is_record = nodes.is_record
 
 
 def _kept_record(facts: HostFacts) -> list[dict[str, Any]]:
@@ -389,187 +369,3 @@ def _kept_record(facts: HostFacts) -> list[dict[str, Any]]:
     killed restart are down keeps them in its manifest: restart and revert start them from there)."""
     running = {s.port for s in lifecycle().servers_of(facts)}
     return [r for r in facts.manifest_servers() if r.get("port") not in running] if _is_record(facts.manifest) else []
-
-
-def _record_together(t: Target, session: Session, group: nodes.NodeGroup, verb: str) -> None:
-    """Before any node of a multi-node server is stopped, on every node: its launch in its install's manifest (a
-    patched install's entry for its port brought up to date; an unpatched one gets a manifest of that alone,
-    ``RECORD``), every node meeting once it is written. A kill after any node stopped then leaves each node its
-    record, and ``restart`` and ``revert`` start the nodes from it (``_recorded_nodes``), as apply's manifest does.
-    An install this user cannot write gets no record: refused then, nothing stopped."""
-    me = t.spec.text
-
-    def record() -> None:
-        srv, facts = group.members[me], session.facts
-        if isinstance(srv, nodes.Recorded):
-            return  # not running: it is started from the record it has
-        denied = facts.cannot_write()
-        if denied:
-            raise UsageError(f"{denied} (each node's launch is recorded there before any node of a multi-node "
-                             "server stops, so that a kill meanwhile cannot leave the server down for good)")
-        entry = lifecycle().manifest_record([srv])[0]
-        servers = facts.manifest_servers()
-        at = next((i for i, s in enumerate(servers) if s.get("port") == srv.port), len(servers))
-        if at < len(servers) and servers[at].get("launch") == entry["launch"] and entry["launch"]:
-            return  # recorded already (apply's manifest)
-        manifest = dict(facts.manifest or {RECORD: True}, servers=[*servers[:at], entry, *servers[at + 1:]])
-        session.execute(Plan((), manifest))
-        session.facts = dataclasses.replace(facts, manifest=manifest)
-
-    nodes.checked(group, me, t.spec.name, f"{verb}:recorded", record)
-    failpoint("nodes:after-record")
-
-
-def _drop_record(session: Session) -> None:
-    """A restart record removed once every node is up again (a patched install's manifest stays)."""
-    if session.token is not None and _is_record(session.facts.manifest):
-        session.execute(Plan((), None))
-        session.facts = dataclasses.replace(session.facts, manifest=None)
-
-
-def _together_check(t: Target, servers: Sequence[Any], ropts: Any) -> None:
-    """What restarting a node together needs, checked before anything changes: eaglepatch relaunches it itself."""
-    lc = lifecycle()
-    if lc.custom(ropts) or any(getattr(s, "unit", None) for s in servers):
-        raise UsageError(f"{t.spec.name}: the nodes of a multi-node server are restarted together only by "
-                         "relaunching each as it was launched, not by --restart-cmd, --systemd-unit or a systemd unit; "
-                         "nothing was changed: leave those out, or pass --no-restart and restart the server yourself")
-    lc.check_relaunchable([s for s in servers if not isinstance(s, nodes.Recorded)], ropts)
-
-
-def _apply_together(t: Target, recipe: Recipe, session: Session, plan: Plan, group: nodes.NodeGroup, ropts: Any,
-                    servers: Sequence[Any], everyone: Sequence[Any], denied: str | None, say: Say,
-                    mode: Any) -> dict[str, Any]:
-    """``apply`` of one node of a multi-node server whose nodes are all named: every node's files patched or none,
-    then every node restarted together, every node rolled back when the server does not come up."""
-    lc = lifecycle()
-    me, name, facts = t.spec.text, t.spec.name, session.facts
-
-    def check() -> bool:
-        behind = plan.changed or bool(lc.stale(servers, facts))
-        if behind and denied:  # as for one node: a patched server that fails would need the files reverted
-            raise UsageError(denied)
-        _together_check(t, servers, ropts)
-        return behind
-
-    said = nodes.checked(group, me, name, "apply:checked", check)
-    if not any(v is True for v in said.values()):
-        say(f"{name}: already patched: nothing to change")
-        return _change_doc(name, plan, False, [], action="apply")
-    for cls, family_timer in plan.timers:
-        timer, why = worker_timer(mode, family_timer)
-        say(f"timer: {cls}: {timer} ({why})")
-    if plan.changed:
-        progress.stage(me, "files being patched (the host finishes it, or puts every byte back)")
-        try:
-            session.execute(plan)
-        except BaseException as exc:
-            group.post("apply:patched", me, exc)
-            raise
-    bad = group.trouble(group.meet("apply:patched", me, plan.changed), me)
-    if bad is not None:
-        if plan.changed:  # all or none: this node's files back as they were
-            fresh = target_facts(t, recipe)
-            session.facts = fresh
-            session.execute(plan_revert(fresh, recipe, force=True))
-            progress.stage(me, progress.NOTHING_CHANGED)
-        raise nodes.NodeFailed(f"{name}: {bad}; " + ("the files patched here were put back: nothing was changed"
-                                                     if plan.changed else "nothing was changed here"), bad.exit_code)
-    progress.stage(me, "files patched, server not restarted (it runs the original code)")
-    failpoint("apply:after-execute")
-    if plan.worker_writes:
-        say(f"{name}: patched {plan.worker_writes} file(s); originals in {facts.backup_dir}")
-    progress.stage(me, "files patched, every node of the server restarting")
-    res, why = nodes.restart_together(group, me, t.host, facts.python, ropts, say, "apply", name)
-    if why is None:
-        progress.stage(me, "files patched, server restarted and ready")
-        for n in lc.left_alone_notes(everyone, servers, "apply"):
-            say(f"note: {n}")
-        return _change_doc(name, plan, plan.changed, [res], action="apply")
-    progress.stage(me, "the patched server did not come up: rolling back every node (the original files and "
-                       "servers being put back)")
-    from eaglepatch.server.restart import RestartResult, Strategy
-
-    failed = (dataclasses.replace(res, message=why) if res is not None
-              else RestartResult(Strategy.START, None, False, 0.0, message=why))
-    together = nodes.RollbackTogether(group, me, t.host, facts.python, ropts,
-                                      lambda: lc.servers_of(target_facts(t, recipe, transform=False)), say, name)
-    raise lc.rollback(t, lambda: target_facts(t, recipe), recipe, session, ropts, list(servers), failed, say,
-                      together=together)
-
-
-def _revert_together(t: Target, session: Session, plan: Plan, group: nodes.NodeGroup, ropts: Any,
-                     denied: str | None, say: Say) -> dict[str, Any]:
-    """``revert`` of one node of a multi-node server whose nodes are all named: every node stopped, then each one's
-    files reverted and its server started in one request (a node recorded at apply time and gone now is started
-    from its record)."""
-    me, name, facts = t.spec.text, t.spec.name, session.facts
-    mine = group.members[me]
-
-    def check() -> bool:
-        if plan.changed and denied:
-            raise UsageError(denied)
-        _together_check(t, [mine], ropts)
-        stale = not isinstance(mine, nodes.Recorded) and bool(lifecycle().stale([mine], facts))
-        return plan.changed or stale or isinstance(mine, nodes.Recorded)
-
-    said = nodes.checked(group, me, name, "revert:checked", check)
-    if not any(v is True for v in said.values()):
-        say(f"{name}: not patched: nothing to revert")
-        _drop_record(session)  # a restart killed before any node stopped
-        return _change_doc(name, plan, False, False, action="revert")
-    _record_together(t, session, group, "revert")
-
-    def start(launch: Any, wait: Any) -> Any:
-        """Once every node is stopped: this node's original files back and its server started, in one request on
-        the host (a kill leaves it patched, recorded and stopped, or reverted and started)."""
-        from eaglepatch.server.control import relaunch_payload, relaunch_timeout
-        from eaglepatch.server.restart import after_relaunch
-
-        opts = dataclasses.replace(ropts, stop_on_failure=False)
-        if not plan.changed:
-            from eaglepatch.server.restart import restart
-
-            return restart(t.host, launch=launch, options=opts, progress=say, python=facts.python, node=wait)
-        progress.stage(me, "files being reverted, then the server started, in one request (every node stopped)")
-        res = session.execute(plan, then={"batch": [relaunch_payload(None, launch, ropts.grace, ropts.port_timeout)]},
-                              then_timeout=relaunch_timeout(ropts.grace, ropts.port_timeout, 1))
-        progress.stage(me, "files reverted, server restarting")
-        failpoint("revert:after-execute")
-        for n in plan.notes:
-            say(f"note: {n}")
-        say(f"{name}: reverted {len(plan.files)} file(s)")
-        answer = ((res.get("then") or {}).get("batch") or [{}])[0]
-        return after_relaunch(t.host, None, launch, answer, options=opts, progress=say, python=facts.python, node=wait)
-
-    progress.stage(me, "every node of the server stopping" + (", then the files reverted" if plan.changed else ""))
-    res, why = nodes.restart_together(group, me, t.host, facts.python, ropts, say, "revert", name, start=start)
-    if why is not None:
-        tail = f"\n{res.log_tail}" if res is not None and res.log_tail else ""
-        raise RestartFailed(f"{name}: the server did not come up within {ropts.timeout:.0f} s: {why}; "
-                            + ("files reverted here" if res is not None and plan.changed else
-                               "nothing was reverted here: run the same revert again" if plan.changed else
-                               "no file needed reverting here") + tail)
-    if not plan.changed:
-        _drop_record(session)  # (a revert's plan removes the manifest itself)
-    progress.stage(me, ("files reverted" if plan.changed else "not patched") + ", server restarted and ready")
-    return _change_doc(name, plan, plan.changed, [res], action="revert")
-
-
-def _restart_together(t: Target, session: Session, group: nodes.NodeGroup, ropts: Any, say: Say) -> dict[str, Any]:
-    """``restart`` of one node of a multi-node server whose nodes are all named: every node's launch recorded, then
-    every node restarted together; the record (of an unpatched install) removed once the server is up."""
-    me, name = t.spec.text, t.spec.name
-    nodes.checked(group, me, name, "restart:checked", lambda: _together_check(t, [group.members[me]], ropts))
-    _record_together(t, session, group, "restart")
-    progress.stage(me, "every node of the server restarting")
-    res, why = nodes.restart_together(group, me, t.host, session.facts.python, ropts, say, "restart", name)
-    if why is not None or res is None:  # the record stays: restart or revert starts the nodes from it
-        tail = f"\n{res.log_tail}" if res is not None and res.log_tail else ""
-        raise RestartFailed(f"{name}: the server did not come up within {ropts.timeout:.0f} s: {why}{tail}")
-    _drop_record(session)
-    progress.stage(me, "server restarted and ready")
-    doc = dict(res.to_json())
-    doc["target"] = name
-    doc["servers"] = [res.to_json()]
-    return doc

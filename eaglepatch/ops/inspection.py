@@ -92,7 +92,21 @@ def describe(facts: HostFacts, recipe: Recipe,
             "files": files, "runtime": {"path": facts.runtime_path, "present": facts.runtime_sha256 is not None},
             "server": servers[0] if servers else None, "servers": servers,
             "other_servers": [dict(s) for s in facts.other_servers], "lock": interrupted_json(facts),
-            "leftovers": list(facts.stale_temps)}
+            "leftovers": list(facts.stale_temps), **recorded_json(facts, servers)}
+
+
+def recorded_json(facts: HostFacts, servers: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the install's manifest keeps of the nodes of a multi-node server: ``restart_record`` (the manifest is
+    a restart's record alone: the install is not patched) and ``recorded_nodes``, each recorded node that does not
+    run now (``{"port", "nodes", "argv"}``: a restart or revert naming every node starts it from there)."""
+    from eaglepatch.ops.nodes import RECORD, Recorded
+
+    running = {s.get("port") for s in servers}
+    gone = [r for r in map(Recorded.of, facts.manifest_servers())
+            if r is not None and r.nodes is not None and r.port not in running]
+    return {"restart_record": bool(facts.manifest and facts.manifest.get(RECORD)),
+            "recorded_nodes": [{"port": r.port, "nodes": r.nodes.to_json(), "argv": mask_argv(list(r.launch.argv))}
+                               for r in gone]}
 
 
 def source_slices(facts: HostFacts, analyses: dict[str, TransformResult]) -> list[dict[str, Any]]:
@@ -196,6 +210,15 @@ def _server_lines(doc: dict[str, Any]) -> list[str]:
     for other in doc.get("other_servers") or ():
         out.append(f"other server: pid {other['pid']} on :{other.get('port')} runs another install "
                    f"({shown(other.get('package_dir') or 'unknown')}): left alone")
+    for rec in doc.get("recorded_nodes") or ():
+        n = rec["nodes"]
+        out.append(f"recorded: node rank {n['rank']} of {n['count']} on :{rec['port']} does not run; its launch is "
+                   "kept in the install's manifest: 'eaglepatch restart' (or revert) naming every node of the server "
+                   "starts it from there")
+    if doc.get("restart_record"):
+        out.append("restart record: the launches of this install's nodes, written before eaglepatch stopped the "
+                   "nodes of a multi-node server; the next restart or revert naming every node removes it once the "
+                   "server is up (the install is not patched)")
     for path in doc.get("leftovers") or ():
         out.append(f"leftover: {shown(path)}: a temp file an apply or revert wrote; unless one runs now (the lock "
                    "says), it was killed before renaming it into place, and the next apply or revert removes it")

@@ -15,7 +15,7 @@ node is stopped before any starts (a node started while node rank 0 of the old s
 server does not come up, every node rolls back the same way, stopped before any starts again
 (``restart_together``, ``RollbackTogether``). What runs on each host stays one request per step, as for a server
 of one node, with the host's state (backups, manifest, lock) per node, and every node's launch in its install's
-manifest before any node stops (``change._record_together``: stopping one node takes the others down): a kill at
+manifest before any node stops (``together._record_together``: stopping one node takes the others down): a kill at
 any step leaves every node as it was or recorded (patched or not), and ``status``/``revert`` of every node (or
 ``restart``) put them back.
 """
@@ -208,6 +208,10 @@ def alone(spec: TargetSpec) -> Meeting:
     return Meeting([spec.text])
 
 
+# A manifest that holds nothing but the launches of the nodes of a multi-node server, written on every node of an
+# unpatched install before any node stops (``together._record_together``) and removed once they are all up again.
+RECORD = "restart_record"
+
 GONE = "gone"  # what ``meet`` gives for a member that ended without reaching the step
 
 
@@ -394,3 +398,14 @@ class RollbackTogether:
 
     def failed(self) -> None:
         self.group.decide("rollback", False)
+
+
+def lifecycle() -> Any:
+    """``eaglepatch.ops.lifecycle``, imported when a server is acted on (it imports the server package)."""
+    from eaglepatch.ops import lifecycle as lc
+
+    return lc
+
+
+def is_record(manifest: dict[str, Any] | None) -> bool:
+    return bool(manifest) and bool(manifest.get(RECORD))

@@ -212,3 +212,16 @@ def plan_revert(facts: HostFacts, recipe: Recipe, *, force: bool, now: float | N
             if sha is not None:
                 writes.append(Write(b, _rel(facts, b), None, None, compile=False, expect_sha256=sha))
     return Plan(tuple(writes), None, tuple(notes), tuple(files))
+
+
+def change_doc(target: str, plan: Plan, changed: bool, restarted: Sequence[Any] | bool,
+                **extra: Any) -> dict[str, Any]:
+    """apply's and revert's JSON document. ``restarted``: the RestartResults of the servers restarted (or False):
+    ``servers`` gives each one's pid, port and ``output``, where it writes its output now (as ``status`` names it)."""
+    files = [{"path": f["path"], "before_sha256": f["before_sha256"], "after_sha256": f["after_sha256"],
+              "backup": f.get("backup")} for f in plan.files]
+    results = list(restarted) if not isinstance(restarted, bool) else []
+    doc = {"target": target, "changed": changed, "files": files, "restarted": bool(restarted),
+           "servers": [{"pid": r.pid, "port": r.port, "output": r.output} for r in results]}
+    doc.update(extra)
+    return doc

@@ -51,18 +51,15 @@ class Strategy(enum.Enum):
     START = "start"  # nothing ran: start a known launch spec
 
 
-# How much longer than its own timeout a node of rank > 0 waits for the server's verdict (node rank 0's, at its own
-# timeout): none coming by then means the thread that waits for node rank 0 is gone.
-VERDICT_GRACE_S = 60.0
+VERDICT_GRACE_S = 60.0  # a node of rank > 0 waits this long past its own timeout for node rank 0's verdict
 
 
 @dataclasses.dataclass(frozen=True)
 class NodeWait:
-    """How one node of a multi-node server is waited for (``eaglepatch.ops.nodes`` starts them together): node rank
-    0 (``http``) as any server, by its health endpoint; a node of another rank, which may serve no HTTP, by its
-    process alone. ``verdict()`` is the server's as a whole: None while it is still coming up, True once node rank 0
-    is ready (a node of another rank that is alive then counts as ready), False once it cannot come up (a node
-    died or refused to start): every wait ends then."""
+    """How one node of a multi-node server is waited for (``eaglepatch.ops.nodes``): node rank 0 (``http``) by its
+    health endpoint; another rank, which may serve no HTTP, by its process. ``verdict()``, the server's: None while
+    it comes up, True once node rank 0 is ready (a live node of another rank is then ready), False once it cannot
+    (a node died or refused to start): every wait ends then."""
 
     http: bool
     verdict: Callable[[], bool | None]
@@ -304,15 +301,12 @@ class _Run:
                    log_offset: int) -> Readiness:
         """A node of rank > 0 (it may serve no HTTP): its process watched until the server's verdict (``NodeWait``);
         READY when node rank 0 is ready and this one still runs, DIED when it exits, TIMEOUT when the verdict is
-        False, or none came in ``timeout`` s and ``VERDICT_GRACE_S`` more: node rank 0 gives the verdict at its own
-        timeout, which started on its host's clock, later than this one's may have."""
+        False, or none came in ``timeout`` + ``VERDICT_GRACE_S`` s (node rank 0's own timeout may end later)."""
         node = self.node
         assert node is not None
         self.say(f"waiting up to {timeout:.0f} s for node rank 0 of this server to be ready (this node, pid {pid}, "
                  "serves no health endpoint: its process is watched)")
-        t0 = self.clock()
-        limit = timeout + VERDICT_GRACE_S
-        last: dict[str, Any] = {}
+        t0, limit, last = self.clock(), timeout + VERDICT_GRACE_S, {}
         while True:
             try:
                 last = call(self.host, self.python, "probe", timeout=60, host="127.0.0.1", port=port, pid=pid,

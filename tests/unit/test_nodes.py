@@ -250,11 +250,13 @@ def test_one_side_of_a_prefill_decode_pair_is_never_restarted_alone():
 
 @dataclasses.dataclass
 class RecordFacts:
-    """What ``change._record_together`` reads of a node's facts: its manifest, whether the install is writable."""
+    """What ``together._record_together`` reads of a node's facts: its manifest, whether the install is writable."""
 
     manifest: dict | None
     denied: str | None = None
     servers: tuple = ()
+    python: str = "python3"
+    backup_dir: str = "/b"
 
     def manifest_servers(self):
         return HostFacts.manifest_servers(self)  # type: ignore[arg-type]
@@ -287,13 +289,13 @@ def test_every_node_records_its_launch_in_its_install_before_any_node_stops():
     each node its record (``_recorded_nodes`` reads it back as that node); removed once the server is up again. A
     patched install's manifest that holds the launch already is left as it is; a node whose install cannot be
     written refuses, and no node goes on to stop."""
-    from eaglepatch.ops import change
+    from eaglepatch.ops import change, together
 
     n0, n1 = launched(0), launched(1)
     g = nodes.NodeGroup({"gpu1": n0, "gpu2": n1})
     sessions = {"gpu1": RecordSession(RecordFacts(None)), "gpu2": RecordSession(RecordFacts(None))}
     targets = {m: types.SimpleNamespace(spec=spec(m)) for m in sessions}
-    out = on_threads({m: (lambda m=m: change._record_together(targets[m], sessions[m], g, "restart"))
+    out = on_threads({m: (lambda m=m: together._record_together(targets[m], sessions[m], g, "restart"))
                       for m in sessions})
     assert out == {"gpu1": None, "gpu2": None}, out
     for rank, m in enumerate(sessions):
@@ -302,20 +304,20 @@ def test_every_node_records_its_launch_in_its_install_before_any_node_stops():
         rec = nodes.Recorded.of(manifest["servers"][0])
         assert rec is not None and rec.nodes == Nodes(2, rank, "h:5") and rec.launch.argv == launched(rank).argv
         assert rec.launch.cwd == "/srv" and dict(rec.launch.env) == {"A": "1"}
-        change._drop_record(sessions[m])
+        together._drop_record(sessions[m])
         assert sessions[m].manifests[-1] is None and sessions[m].facts.manifest is None
 
     patched = {"files": [], "servers": change.lifecycle().manifest_record([n0])}
     same = RecordSession(RecordFacts(dict(patched)))
     alone = nodes.NodeGroup({"gpu1": n0})
-    change._record_together(types.SimpleNamespace(spec=spec("gpu1")), same, alone, "restart")
-    change._drop_record(same)
+    together._record_together(types.SimpleNamespace(spec=spec("gpu1")), same, alone, "restart")
+    together._drop_record(same)
     assert same.manifests == [] and same.facts.manifest == patched  # apply's record holds it already; it stays
 
     g = nodes.NodeGroup({"gpu1": n0, "gpu2": n1})
     sessions = {"gpu1": RecordSession(RecordFacts(None)),
                 "gpu2": RecordSession(RecordFacts(None, denied="gpu2: user u cannot write /x: Permission denied"))}
-    out = on_threads({m: (lambda m=m: change._record_together(targets[m], sessions[m], g, "restart"))
+    out = on_threads({m: (lambda m=m: together._record_together(targets[m], sessions[m], g, "restart"))
                       for m in sessions})
     assert isinstance(out["gpu2"], UsageError) and "before any node of a multi-node server stops" in str(out["gpu2"])
     assert isinstance(out["gpu1"], nodes.NodeFailed) and out["gpu1"].exit_code == out["gpu2"].exit_code
@@ -351,12 +353,12 @@ def test_a_node_that_cannot_write_refuses_to_restart_stale_servers_onto_patched_
     """apply of a patched install whose node still runs the original code (stale), by a user who cannot write it:
     as for a server of one node, it is not restarted (a patched server that fails would need the files reverted,
     which this user cannot do); no node restarts, nothing changed."""
-    from eaglepatch.ops import change
+    from eaglepatch.ops import change, together
 
     n0, n1 = launched(0), launched(1)
     g = nodes.NodeGroup({"gpu1": n0, "gpu2": n1})
     monkeypatch.setattr(change.lifecycle(), "stale", lambda servers, facts: list(servers))
-    monkeypatch.setattr(change, "_together_check", lambda t, servers, ropts: None)
+    monkeypatch.setattr(together, "_together_check", lambda t, servers, ropts: None)
     restarted: list[str] = []
 
     def restart_together(group, me, *args, **kwargs):
@@ -367,13 +369,123 @@ def test_a_node_that_cannot_write_refuses_to_restart_stale_servers_onto_patched_
     plan = types.SimpleNamespace(changed=False, timers=[], worker_writes=0)
     denied = {"gpu1": "gpu1: user u cannot write /x: Permission denied", "gpu2": None}
 
-    def part(m, srv):
+    def part(m, srv, manifest=None):
         t = types.SimpleNamespace(spec=spec(m), host=None)
-        session = types.SimpleNamespace(facts=types.SimpleNamespace(python="python3", backup_dir="/b"))
-        return lambda: change._apply_together(t, None, session, plan, g, None, [srv], [srv], denied[m],
+        session = RecordSession(RecordFacts(manifest, denied=denied[m]))
+        return lambda: together.apply_together(t, None, session, plan, g, None, [srv], [srv], denied[m],
                                               lambda s: None, None)
 
     out = on_threads({"gpu1": part("gpu1", n0), "gpu2": part("gpu2", n1)})
     assert isinstance(out["gpu1"], UsageError) and "cannot write /x" in str(out["gpu1"]), out
     assert isinstance(out["gpu2"], nodes.NodeFailed) and "nothing was changed" in str(out["gpu2"]), out
     assert restarted == []
+
+    # gpu1 up to date (not stale), gpu2 stale: gpu1 restarts with gpu2, so it cannot go on unless its manifest
+    # holds its launch already (a kill after the stop would leave it no record, and it cannot write one)
+    monkeypatch.setattr(change.lifecycle(), "stale", lambda servers, facts: [s for s in servers if s is n1])
+    out = on_threads({"gpu1": part("gpu1", n0), "gpu2": part("gpu2", n1)})
+    assert isinstance(out["gpu1"], UsageError) and "before any node of a multi-node server stops" in str(out["gpu1"])
+    assert isinstance(out["gpu2"], UsageError) and "node rank 0 (gpu1) would restart with this one" in str(
+        out["gpu2"]) and "nothing was changed" in str(out["gpu2"]), out
+    assert restarted == []
+    patched = {"files": [], "servers": change.lifecycle().manifest_record([n0])}
+    out = on_threads({"gpu1": part("gpu1", n0, patched), "gpu2": part("gpu2", n1)})
+    assert sorted(restarted) == ["gpu1", "gpu2"], out  # recorded already: both go on to restart together
+
+
+def test_a_record_is_dropped_when_another_node_fails_to_write_its_own():
+    """Every node records its launch before any stops; when one fails at that step (its write fails), no node stops
+    and the records the others wrote are removed: the installs are as they were."""
+    from eaglepatch.errors import HelperFailed
+    from eaglepatch.ops import change, together
+
+    class Failing(RecordSession):
+        def execute(self, plan):
+            raise HelperFailed("gpu2: the manifest could not be written: No space left on device")
+
+    n0, n1 = launched(0), launched(1)
+    g = nodes.NodeGroup({"gpu1": n0, "gpu2": n1})
+    sessions = {"gpu1": RecordSession(RecordFacts(None)), "gpu2": Failing(RecordFacts(None))}
+    targets = {m: types.SimpleNamespace(spec=spec(m)) for m in sessions}
+    out = on_threads({m: (lambda m=m: together._record_together(targets[m], sessions[m], g, "restart"))
+                      for m in sessions})
+    assert isinstance(out["gpu2"], HelperFailed) and isinstance(out["gpu1"], nodes.NodeFailed), out
+    [record, dropped] = sessions["gpu1"].manifests
+    assert record[change.RECORD] is True and dropped is None and sessions["gpu1"].facts.manifest is None
+
+
+def test_status_shows_a_restart_record_and_the_recorded_nodes_that_do_not_run():
+    """An install whose manifest is a restart's record (a restart of the nodes killed after they stopped): status
+    says so, and names each recorded node that does not run (rank, port, its launch, secrets masked), in JSON and
+    text; a node that runs again is not listed."""
+    from eaglepatch.ops import change
+    from eaglepatch.ops.inspection import _server_lines, recorded_json
+
+    n1 = ServerProcess.from_scan({"pid": 11, "argv": [*launched(1).argv, "--api-key", "sk-9"], "args_index": 3,
+                                  "cwd": "/srv", "env": {}})
+    facts = RecordFacts({change.RECORD: True, "servers": change.lifecycle().manifest_record([n1])})
+    doc = recorded_json(facts, [])
+    assert doc["restart_record"] is True
+    [rec] = doc["recorded_nodes"]
+    assert rec["port"] == 30001 and rec["nodes"] == {"count": 2, "rank": 1, "dist_init_addr": "h:5"}
+    assert rec["argv"][-2:] == ["--api-key", "***"]
+    text = "\n".join(_server_lines(dict(doc, servers=[], other_servers=[])))
+    assert "recorded: node rank 1 of 2 on :30001 does not run" in text and "restart record:" in text
+    assert recorded_json(facts, [{"port": 30001}])["recorded_nodes"] == []
+    assert recorded_json(RecordFacts(None), []) == {"restart_record": False, "recorded_nodes": []}
+
+
+def test_a_revert_whose_server_does_not_come_up_keeps_each_nodes_launch(monkeypatch):
+    """revert of both nodes: the files go back in the start request, but each node's manifest keeps its launch (a
+    restart's record) until the server is up; when it does not come up (node rank 1 dies), the record stays on every
+    node and the error says how to start the server from it; once it is up, the record goes."""
+    import importlib
+
+    from eaglepatch.errors import RestartFailed
+    from eaglepatch.ops import change, together
+    from eaglepatch.ops.plan import Plan, Write
+    from eaglepatch.server.restart import RestartOptions, RestartResult, Strategy
+
+    R = importlib.import_module("eaglepatch.server.restart")
+    n0, n1 = launched(0), launched(1)
+    monkeypatch.setattr(change.lifecycle(), "stale", lambda servers, facts: [])
+    monkeypatch.setattr(together, "_together_check", lambda t, servers, ropts: None)
+
+    class Reverting(RecordSession):
+        def execute(self, plan, then=None, then_timeout=None):
+            self.manifests.append(plan.manifest)
+            return {"ok": True, "then": {"batch": [{}]}}
+
+    def run(fail: bool) -> tuple[dict, dict]:
+        monkeypatch.setattr(R, "after_relaunch", lambda *a, node=None, **k: RestartResult(
+            Strategy.RELAUNCH, None, not fail, 1.0, message="it died" if fail else ""))
+
+        def restart_together(group, me, host, python, ropts, say, phase, name, start):
+            res = start(group.members[me].launch_spec(), None)
+            return res, ("node rank 1 (gpu2): it died" if fail else None)
+
+        monkeypatch.setattr(nodes, "restart_together", restart_together)
+        g = nodes.NodeGroup({"gpu1": n0, "gpu2": n1})
+        sessions = {}
+        for m, n in (("gpu1", n0), ("gpu2", n1)):
+            patched = {"files": [], "servers": change.lifecycle().manifest_record([n])}
+            sessions[m] = Reverting(RecordFacts(patched))
+        plan = Plan((Write("/s/eagle_worker.py", "sglang/eagle_worker.py", b"patched", b"original"),), None)
+
+        def part(m):
+            t = types.SimpleNamespace(spec=spec(m), host=None)
+            return lambda: together.revert_together(t, sessions[m], plan, g, RestartOptions(timeout=30), None,
+                                                   lambda s: None)
+
+        return on_threads({m: part(m) for m in sessions}), sessions
+
+    out, sessions = run(fail=True)
+    for rank, m in enumerate(("gpu1", "gpu2")):
+        assert isinstance(out[m], RestartFailed) and "its launch kept: 'eaglepatch restart'" in str(out[m]), out
+        [reverted] = sessions[m].manifests  # the revert's request, and nothing removed after it
+        rec = nodes.Recorded.of(reverted["servers"][0])
+        assert reverted[change.RECORD] is True and rec.nodes.rank == rank and rec.launch.argv == launched(rank).argv
+    out, sessions = run(fail=False)
+    for m in ("gpu1", "gpu2"):
+        assert out[m]["changed"] is True, out
+        assert sessions[m].manifests[0][change.RECORD] is True and sessions[m].manifests[-1] is None
