@@ -9,7 +9,7 @@ reproduced alone:
 3. benchmarks/bench_report.py: ``report`` over 1,000,000 records vs a bare json parse, and its peak memory; and
    benchmarks/bench_report_runs.py: the whole ``report`` command's peak memory over a log of 20,000 runs;
 4. benchmarks/bench_runtime.py: the runtime's host overhead per cycle, ``cpu`` timer (and per entry call under
-   ``apply --every N``);
+   ``apply --every N``, and what reading whose each request is costs, before and after);
 5. the GPU figures, copied from docs/gpu/timer_check.json and docs/gpu/two_ranks.json (measured on H200s; never
    re-run here).
 6. benchmarks/bench_load.py: ``bench``'s time to first token through loopback SSH vs locally vs the server's own.
@@ -561,18 +561,27 @@ def section_runtime_every(run: dict, summary: list) -> str:
 BEFORE_ACCEPTS = "98343ce^"
 
 
-def run_accepts_pair(quick: bool) -> dict:
-    """bench_runtime of the runtime before ``accepts`` and of this checkout's, alternated over rounds (a batch of
-    4 requests, so that every cycle writes a list of 4 counts): ``{"before": [us...], "after": [us...]}``."""
+def runtime_at(ref: str, name: str) -> Path | dict:
+    """The runtime module of commit ``ref``, written to ``name`` in a new temporary folder (the caller removes it),
+    or the failed run's dict."""
     import tempfile
 
     try:
-        src = subprocess.run(["git", "show", f"{BEFORE_ACCEPTS}:eaglepatch/runtime/_eaglepatch_runtime.py"],
+        src = subprocess.run(["git", "show", f"{ref}:eaglepatch/runtime/_eaglepatch_runtime.py"],
                              cwd=ROOT, capture_output=True, check=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as exc:
-        return {"error": f"git show {BEFORE_ACCEPTS}: {exc}", "tail": "", "command": "git show", "wall_s": 0.0}
-    tmp = Path(tempfile.mkdtemp(prefix="eaglepatch-bench-")) / "runtime_before_accepts.py"
+        return {"error": f"git show {ref}: {exc}", "tail": "", "command": "git show", "wall_s": 0.0}
+    tmp = Path(tempfile.mkdtemp(prefix="eaglepatch-bench-")) / name
     tmp.write_bytes(src)
+    return tmp
+
+
+def run_accepts_pair(quick: bool) -> dict:
+    """bench_runtime of the runtime before ``accepts`` and of this checkout's, alternated over rounds (a batch of
+    4 requests, so that every cycle writes a list of 4 counts): ``{"before": [us...], "after": [us...]}``."""
+    tmp = runtime_at(BEFORE_ACCEPTS, "runtime_before_accepts.py")
+    if isinstance(tmp, dict):
+        return tmp
     args = ["--timer", "cpu", "--bs", "4", "--cycles", "20000" if quick else "100000", "--repeats", "3", "--json"]
     out: dict = {"before": [], "after": [], "commands": []}
     try:
@@ -607,6 +616,115 @@ def section_accepts(run: dict) -> str:
             f"of the H200's tiny testbed and {(a - b) / 62:+.4f}% of the 6.2 ms cycle of its Llama-3-8B-shaped one "
             "(docs/real-gpu.md), below what a server's own tok/s can show. It takes no synchronisation and no copy "
             "of its own: the counts come from the list or the pinned copy that `accepted` reads already.", ""]
+    return "\n".join(out)
+
+
+# The runtime before it read whose each request is (issues 39, 40): the parent of the commit that added it.
+BEFORE_OTHERS = "001a990^"
+# The `others` table: the batch sizes and ids of the steady rows (the same list every cycle), and of the rows with a
+# new list every cycle (``--churn``)
+OTHERS_STEADY = ((1, ("none", "ours", "mixed")), (64, ("none", "ours", "mixed")), (256, ("none", "ours", "mixed")))
+OTHERS_CHURN = ((64, "ours"), (64, "mixed"), (256, "ours"), (256, "mixed"))
+CYCLE_256_MS = 50.0  # a decode cycle of 256 requests, for the share (tens of milliseconds on an H100)
+
+
+def run_others_pair(quick: bool) -> dict:
+    """bench_runtime of the runtime before the ``others`` marking and of this checkout's, alternated run by run:
+    each steady row once, each churn row over rounds. ``{"steady": {"bs/rids": {"before": us, "after": us}},
+    "churn": {"bs/rids": {"before": [us...], "after": [us...]}}, "commands": [...]}``."""
+    tmp = runtime_at(BEFORE_OTHERS, "runtime_before_others.py")
+    if isinstance(tmp, dict):
+        return tmp
+    steady = ["--timer", "cpu", "--cycles", "20000" if quick else "100000", "--repeats", "3" if quick else "5",
+              "--json"]
+    churn = ["--timer", "cpu", "--cycles", "10000" if quick else "30000", "--repeats", "3" if quick else "5",
+             "--churn", "--json"]
+    out: dict = {"steady": {}, "churn": {}, "commands": {}}
+
+    def pair(args: list[str]) -> dict | tuple[float, float]:
+        got = []
+        for side, extra in (("before", ["--runtime", str(tmp)]), ("after", [])):
+            r = run_bench("bench_runtime.py", args + extra)
+            if "error" in r:
+                return r
+            got.append(r["result"]["overhead_us_per_cycle"])
+            out["commands"].setdefault(side, r["command"])
+        return got[0], got[1]
+
+    try:
+        for bs, kinds in OTHERS_STEADY:
+            for rids in kinds:
+                r = pair(["--bs", str(bs), "--rids", rids] + steady)
+                if isinstance(r, dict):
+                    return r
+                out["steady"][f"{bs}/{rids}"] = {"before": r[0], "after": r[1]}
+        for _ in range(2 if quick else 3):
+            for bs, rids in OTHERS_CHURN:
+                r = pair(["--bs", str(bs), "--rids", rids] + churn)
+                if isinstance(r, dict):
+                    return r
+                row = out["churn"].setdefault(f"{bs}/{rids}", {"before": [], "after": []})
+                row["before"].append(r[0])
+                row["after"].append(r[1])
+    finally:
+        shutil.rmtree(tmp.parent, ignore_errors=True)
+    return {"result": out, "command": out["commands"].get("after", ""), "wall_s": 0.0,
+            "args": {"steady": " ".join(steady[:-1]), "churn": " ".join(churn[:-1])}}
+
+
+def section_others(run: dict, summary: list) -> str:
+    """The runtime's host time for whose each request is (``others``, ``others_at``), before and after."""
+    out = ["### Whose each request is: the cost of `others` (issues 39, 40)", "",
+           "The runtime reads, per timed cycle, whether the batch holds requests that are not eaglepatch's "
+           "(`others`, `others_at`): while the batch's membership stays the same (the same `reqs` list, length, "
+           "first and last request) it only compares that key; when it changed, it joins the requests' ids and "
+           "counts eaglepatch's prefix in C, and finds the others' places one by one only in a batch of both kinds. "
+           "`bench_runtime.py --rids none|ours|others|mixed` gives the requests ids (mixed: every fourth another "
+           "client's), `--churn` a new list every cycle (the worst case: a membership change at every cycle, made "
+           "in the bare loop too). Before: the runtime without the marking (`git show "
+           f"{BEFORE_OTHERS}:eaglepatch/runtime/_eaglepatch_runtime.py`, run with `--runtime`), after: this "
+           "checkout's, alternated run by run."]
+    if "error" in run:
+        summary.append(["runtime host cost of `others`, 256 requests, a new list every cycle (cpu timer)", "failed",
+                        "", "", "", "**FAILED**"])
+        return "\n".join(out) + "\n\n" + failed("runtime before/after others", run)
+    r = run["result"]
+    out[-1] += (f" Steady rows: `{run['args']['steady']}`, one run each; churn rows: `{run['args']['churn']}`, "
+                f"{len(next(iter(r['churn'].values()))['before'])} alternated rounds. Command (after): "
+                f"`{run['command']}`. Overhead per timed cycle, us:")
+    out.append("")
+    rows = []
+    for bs, kinds in OTHERS_STEADY:
+        cells = [r["steady"][f"{bs}/{k}"] for k in kinds]
+        d = [c["after"] - c["before"] for c in cells]
+        rows.append([str(bs), " / ".join(kinds) + ", the same list", " / ".join(f"{c['before']:.2f}" for c in cells),
+                     " / ".join(f"{c['after']:.2f}" for c in cells), f"{min(d):+.1f} to {max(d):+.1f}"])
+    moved = 1.0
+    for bs, rids in OTHERS_CHURN:
+        c = r["churn"][f"{bs}/{rids}"]
+        d = [a - b for a, b in zip(c["after"], c["before"])]
+        moved = max(moved, max(c["before"]) / max(min(c["before"]), 1e-9))
+        rows.append([str(bs), f"{rids}, a new list every cycle", ", ".join(f"{x:.1f}" for x in c["before"]),
+                     ", ".join(f"{x:.1f}" for x in c["after"]), ", ".join(f"{x:+.1f}" for x in d)])
+    out += [table(["requests", "ids", "before", "after", "after - before"], rows), ""]
+
+    def spread(rids: str) -> tuple[float, float]:
+        c = r["churn"][f"256/{rids}"]
+        d = [a - b for a, b in zip(c["after"], c["before"])]
+        return min(d), max(d)
+
+    ours, mixed = spread("ours"), spread("mixed")
+    out += [f"The churn rows' before column itself moved by {moved:.1f}x between rounds (what the host's load "
+            "does to a tight loop): read a row's rounds together. A membership change at every cycle of 256 "
+            f"requests costs {ours[0]:+.1f} to {ours[1]:+.1f} us (a batch of eaglepatch's requests alone) and "
+            f"{mixed[0]:+.1f} to {mixed[1]:+.1f} us in a batch of both kinds (a shared server while eaglepatch's "
+            f"load runs): at most {max(ours[1], mixed[1], 0.0) / (CYCLE_256_MS * 10):.3f}% of a decode cycle of 256 "
+            f"requests taken as {CYCLE_256_MS:.0f} ms (tens of milliseconds on an H100). No synchronisation, no "
+            "copy: the ids are host strings.", ""]
+    c = r["churn"]["256/mixed"]
+    summary.append(["runtime host cost of `others`, 256 requests, a new list every cycle (cpu timer)",
+                    f"{statistics.median(a - b for a, b in zip(c['after'], c['before'])):+.1f} us (mixed ids, "
+                    "median round)", "the runtime before it", "", "(none)", ""])
     return "\n".join(out)
 
 
@@ -954,6 +1072,7 @@ def main(argv: list[str] | None = None) -> int:
         "accepts": run_accepts_pair(q),
         "runtime_by_bs": run_runtime_by_bs(q),
         "runtime_every": run_runtime_every(q),
+        "others": run_others_pair(q),
         "load": run_bench("bench_load.py", ["--rounds", "2" if q else "5"]),
         "fetch": run_bench("bench_fetch.py", ["--quick"] if q else ["--size-mb", "1024"]),
     }
@@ -963,7 +1082,8 @@ def main(argv: list[str] | None = None) -> int:
                 section_report(runs["report"], summary) + "\n" + section_report_runs(runs["report_runs"], summary),
                 section_runtime(runs["runtime"], summary) + "\n" + section_accepts(runs["accepts"]) + "\n"
                 + section_runtime_by_bs(runs["runtime_by_bs"], summary) + "\n"
-                + section_runtime_every(runs["runtime_every"], summary),
+                + section_runtime_every(runs["runtime_every"], summary) + "\n"
+                + section_others(runs["others"], summary),
                 section_gpu(summary), section_load(runs["load"], summary),
                 section_fetch(runs["fetch"], summary)]
     head = [

@@ -27,7 +27,7 @@ from eaglepatch.cli_options import (
     WarmupOpt,
     connected,
 )
-from eaglepatch.cli_output import finish, for_each_target, say, terminal_text
+from eaglepatch.cli_output import finish, for_each_target, say, terminal_text, whole_or_nothing
 from eaglepatch.errors import ExitCode, UsageError
 from eaglepatch.ops import change, inspection, nodes, reporting
 from eaglepatch.ops.options import RuntimeOptions, load_recipe, restart_options
@@ -282,11 +282,18 @@ def report(
     sweep_of = None
     if predict:  # a TARGET's sweep kept here, with a baseline that ran: the measured no-speculation point
         from eaglepatch.tuning.saved import sweep_with_baseline as sweep_of
-    text = reporting.report(sources, c, by=None if by is None else by.value, skip=skip, trace=trace, compare=compare,
-                            log_dir=log_dir, fmt="json" if json_out else "csv" if csv_out else "table", say=say,
-                            runs=runs, chart=chart, predict=predict, steps=step_list, sweep_of=sweep_of,
-                            write=sys.stdout.write if json_out else None)
-    sys.stdout.write(text if json_out else terminal_text(text))
+
+    def text(write: Callable[[str], Any] | None = None) -> str:
+        return reporting.report(sources, c, by=None if by is None else by.value, skip=skip, trace=trace,
+                                compare=compare, log_dir=log_dir, fmt="json" if json_out else "csv" if csv_out
+                                else "table", say=say, runs=runs, chart=chart, predict=predict, steps=step_list,
+                                sweep_of=sweep_of, write=write)
+
+    if json_out:  # written as made, to stdout only once whole: an error part-way leaves stdout empty
+        with whole_or_nothing() as write:
+            write(text(write))
+        return
+    sys.stdout.write(terminal_text(text()))
 
 
 # bench's and sweep's --url: where the load goes instead of the server's own port

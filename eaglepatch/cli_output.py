@@ -1,5 +1,6 @@
 """What a command prints and how it ends: messages to stderr (``say``: quiet, a live status line on a terminal),
-each target run to an ``Outcome`` (``for_each_target``), data to stdout and the exit code (``finish``, ``guard``).
+each target run to an ``Outcome`` (``for_each_target``), data to stdout and the exit code (``finish``, ``guard``);
+a document written piece by piece reaches stdout whole or not at all (``whole_or_nothing``).
 
 With eaglepatch.cli, the only place that turns errors into exit codes (``exit_code``); nothing below calls
 ``sys.exit``.
@@ -7,13 +8,16 @@ With eaglepatch.cli, the only place that turns errors into exit codes (``exit_co
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import typer
 
@@ -82,6 +86,24 @@ def terminal_text(text: str) -> str:
 
 
 say = Out()
+
+
+# a document written piece by piece is held in memory up to this size, beyond it in a temporary file
+SPOOL_BYTES = 1 << 20
+COPY_BYTES = 1 << 16  # characters copied to stdout at a time
+
+
+@contextlib.contextmanager
+def whole_or_nothing() -> Iterator[Callable[[str], Any]]:
+    """A ``write`` for data made piece by piece (``report --json``), spooled (``SPOOL_BYTES`` in memory, the rest in
+    a temporary file) and copied to stdout when the block ends without an error: a consumer reads the whole
+    document or nothing, never a partial one; the text is never held whole in memory."""
+    with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES, mode="w+", encoding="utf-8", newline="",
+                                       prefix="eaglepatch-out-") as spool:
+        yield spool.write
+        spool.seek(0)
+        shutil.copyfileobj(spool, sys.stdout, COPY_BYTES)
+        sys.stdout.flush()
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -70,6 +70,7 @@ import threading
 import time
 import traceback
 import types
+import weakref
 from collections import Counter as _Counter, deque
 
 __all__ = ["entry", "begin", "end", "accepted", "flush", "configure"]
@@ -920,10 +921,22 @@ def _batch_size(args, kwargs):
 # prefix counted in C; the places are found one by one only in a batch of both kinds.
 _OURS = "eaglepatch-"
 _NL_OURS = "\n" + _OURS
-# (reqs, len, first, last) of the batch last looked into, held (not their ids: a freed list and request could come
-# back at the same addresses, a new batch of one then read as the old one)
+# (id of its reqs list, len, first, last) of the batch last looked into, the first and last request by weak
+# reference (_ref): held, they (and the list) would keep the last batch's requests alive past their time, an idle
+# server's for good. A list takes no weak reference: its id stands for it, guarded by the two requests being alive and
+# the same (sglang filters a batch into a new list, order kept, and merges by appending: a list at a freed one's
+# address with the same length and ends then holds the same requests).
 _own_key = None
 _own_val = None             # its (others, record text) or None
+
+
+def _ref(obj):
+    """A weak reference to `obj`; where it takes none (object(), a class with __slots__), a callable that holds it:
+    an id alone could be a freed object's."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
 
 
 def _others(batch):
@@ -938,9 +951,9 @@ def _others(batch):
         return None
     first, last = reqs[0], reqs[-1]
     key = _own_key
-    if key is not None and key[0] is reqs and key[1] == n and key[2] is first and key[3] is last:
+    if key is not None and key[0] == id(reqs) and key[1] == n and key[2]() is first and key[3]() is last:
         return _own_val
-    key = (reqs, n, first, last)
+    key = (id(reqs), n, _ref(first), _ref(last))
     try:
         ours = None
         try:

@@ -11,18 +11,23 @@ produced. From those records:
 - ``others_since``: whether the server's records of the last minute hold others' requests (a restart sweep refuses
   to stop such a server without ``--allow-shared-traffic``).
 
-Pure (files in, dicts out); standard library only. Records are read line by line; a window without a single line
-that names ``"others"`` is decided without parsing the rest.
+Pure (files in, dicts out). Records are read as the report reads them (docs/safety.md, "Hostile logs"): regular
+files only (``report.files.open_log``: a FIFO or a device is skipped), in bounded pieces (``report.reader.blocks``: a
+line over the report's ``LINE_CAP`` is skipped unread); a window without a single line that names ``"others"`` is
+decided without parsing the rest.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
+
+from eaglepatch.report.files import open_log
+from eaglepatch.report.reader import PIECE, blocks
 
 OTHERS = b'"others"'
-LINE_CAP = 1 << 20  # a longer line is skipped (the report's own cap)
+DECODE = b'"decode"'
 MIN_SAMPLES = 50  # request-cycles each side needs before their acceptance is compared
 MIN_GAP = 0.05  # and a relative gap at least this large (request-cycles of one request are not independent)
 
@@ -67,39 +72,44 @@ class _Side:
         return {"samples": self.samples, "at_least": at_least}
 
 
+def _lines(files: Sequence[str], needle: bytes) -> Iterator[bytes]:
+    """The lines of ``files`` that hold ``needle``: regular files only, in bounded pieces, a line over the cap
+    skipped unread; a file that cannot be read is skipped."""
+    for path in files:
+        try:
+            f, _why = open_log(path)
+            if f is None:
+                continue
+            with f:
+                for data, end in blocks(f, PIECE):
+                    if data is None:
+                        continue
+                    if end < len(data):
+                        data = data[:end]
+                    if needle in data:  # a block of whole lines without it: none split
+                        for line in data.split(b"\n"):
+                            if needle in line:
+                                yield line
+        except OSError:
+            continue
+
+
 def _decode_lines(files: Sequence[str], window: tuple[float, float] | None, pids: set[int] | None,
                   need_others: bool) -> list[dict[str, Any]] | None:
     """The decode records of ``files`` inside ``window`` (and of ``pids``); None when ``need_others`` and no line of
     the window names ``"others"`` (the usual case: decided by a byte search, nothing parsed)."""
     if need_others:
-        seen = False
-        for path in files:
-            try:
-                with open(path, "rb") as f:
-                    for line in f:
-                        if OTHERS in line and len(line) <= LINE_CAP:
-                            rec = _parse(line)
-                            if rec is not None and _inside(rec, window, pids) and rec.get("others"):
-                                seen = True
-                                break
-            except OSError:
-                continue
-            if seen:
+        for line in _lines(files, OTHERS):
+            rec = _parse(line)
+            if rec is not None and _inside(rec, window, pids) and rec.get("others"):
                 break
-        if not seen:
+        else:
             return None
     out = []
-    for path in files:
-        try:
-            with open(path, "rb") as f:
-                for line in f:
-                    if len(line) > LINE_CAP or b'"decode"' not in line:
-                        continue
-                    rec = _parse(line)
-                    if rec is not None and _inside(rec, window, pids):
-                        out.append(rec)
-        except OSError:
-            continue
+    for line in _lines(files, DECODE):
+        rec = _parse(line)
+        if rec is not None and _inside(rec, window, pids):
+            out.append(rec)
     return out
 
 

@@ -10,9 +10,10 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from eaglepatch import cli
+from eaglepatch import cli, cli_output
+from eaglepatch.errors import ConnectionFailed
 from eaglepatch.ops import reporting
-from eaglepatch.report import aggregate
+from eaglepatch.report import RunInfo, aggregate
 from eaglepatch.report.jsontext import Items, indented, write_indented
 
 DOCS = [
@@ -113,3 +114,42 @@ def test_report_json_handed_to_write(tmp_path):
     assert reporting.report([path], None, write=pieces.append, **kw) == ""  # type: ignore[arg-type]
     assert "".join(pieces) == whole
     assert len(pieces) > len(json.loads(whole)["groups"])
+
+
+@pytest.mark.parametrize("error, code", [(RuntimeError("boom"), 1), (ConnectionFailed("gpu1: connection lost"), 3)])
+def test_report_json_failing_part_way_leaves_stdout_empty(tmp_path, monkeypatch, error, code):
+    """An error after the JSON began (here: the second run's object) leaves stdout empty, not a partial document:
+    the one-line error on stderr, the exit code of docs/contract.md for that error."""
+    path = _log(tmp_path)
+    made = []
+    to_json = RunInfo.to_json
+
+    def second_fails(self):
+        made.append(self.id)
+        if len(made) > 1:
+            raise error
+        return to_json(self)
+
+    monkeypatch.setattr(RunInfo, "to_json", second_fails)
+    res = CliRunner().invoke(cli.app, ["report", path, "--json", "--all-runs"])
+    assert len(made) == 2  # the first run was written before the error
+    assert res.exit_code == code
+    assert res.stdout == ""
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("eaglepatch: ")
+
+
+def test_whole_or_nothing_past_the_spool_in_memory(monkeypatch, capsys):
+    """Past ``SPOOL_BYTES`` the pieces go to a temporary file: stdout gets them all once the block ends, and
+    nothing where it raises."""
+    monkeypatch.setattr(cli_output, "SPOOL_BYTES", 100)
+    pieces = [f'"{i}\u00e9",\n' for i in range(1000)]
+    with cli_output.whole_or_nothing() as write:
+        for p in pieces:
+            write(p)
+    assert capsys.readouterr().out == "".join(pieces)
+    with pytest.raises(RuntimeError):
+        with cli_output.whole_or_nothing() as write:
+            for p in pieces:
+                write(p)
+            raise RuntimeError("part-way")
+    assert capsys.readouterr().out == ""

@@ -588,7 +588,7 @@ def test_only_stdlib_and_torch_are_imported():
             assert node.level == 0
             names.add(node.module.split(".")[0])
     stdlib = {"atexit", "functools", "json", "os", "socket", "sys", "threading", "time", "traceback",
-              "collections", "errno", "stat", "tempfile", "ctypes", "re", "types"}
+              "collections", "errno", "stat", "tempfile", "ctypes", "re", "types", "weakref"}
     assert names - stdlib <= {"torch"}, names - stdlib
 
 
@@ -1111,3 +1111,62 @@ def test_nested_calls_inside_an_untimed_call_stay_untimed(load, logs):
         Sub().forward_batch_generation(Batch(n))
     rt.flush()
     assert [(r["worker"], r["bs"]) for r in records(logs)] == [("Sub", 1), ("Sub", 3)]
+
+
+def test_the_batch_looked_into_is_not_kept_alive(rt, logs):
+    """Whose each request is (``others``) is looked into once per batch membership and kept for the next cycle of
+    the same batch, without holding the batch, its reqs list or its requests: they are freed once sglang drops them."""
+    import gc
+    import weakref
+
+    reads = []
+
+    class Req(object):
+        def __init__(self, rid):
+            self._rid = rid
+
+        @property
+        def rid(self):
+            reads.append(self._rid)
+            return self._rid
+
+    w = decode_worker(rt, out=Obj(accept_lens=[1, 2, 3]))
+    reqs = [Req("user-1"), Req("eaglepatch-ab-0"), Req("user-2")]
+    batch = Obj(reqs=reqs)
+    w.forward_batch_generation(batch)
+    n = len(reads)
+    w.forward_batch_generation(batch)                   # the same batch: its requests not read again
+    assert len(reads) == n
+    reqs.append(Req("eaglepatch-ab-1"))                 # merged in place: read again
+    w.forward_batch_generation(batch)
+    assert len(reads) > n
+    rt.flush()
+    one, two, three = records(logs)
+    assert one["others"] == two["others"] == three["others"] == 2
+    assert one["others_at"] == two["others_at"] == three["others_at"] == [0, 2]
+    refs = [weakref.ref(batch)] + [weakref.ref(r) for r in reqs]
+    del batch, reqs
+    gc.collect()
+    assert [r() for r in refs] == [None] * len(refs)
+    w.forward_batch_generation(Obj(reqs=[Req("user-3")]))   # a new batch after them: looked into afresh
+    rt.flush()
+    assert records(logs)[-1]["others"] == 1 and rt._stats()["errors"] == 0
+
+    class Slotted(object):                              # takes no weak reference: held, as the cache needs
+        __slots__ = ("_rid",)
+
+        def __init__(self, rid):
+            self._rid = rid
+
+        @property
+        def rid(self):
+            reads.append(self._rid)
+            return self._rid
+
+    batch = Obj(reqs=[Slotted("user-4"), Slotted("eaglepatch-ab-2")])
+    w.forward_batch_generation(batch)
+    n = len(reads)
+    w.forward_batch_generation(batch)
+    assert len(reads) == n
+    rt.flush()
+    assert [r.get("others_at") for r in records(logs)[-2:]] == [[0], [0]] and rt._stats()["errors"] == 0

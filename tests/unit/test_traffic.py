@@ -193,6 +193,31 @@ def test_records_without_others_in_the_window_are_not_parsed(tmp_path):
     assert traffic.others_since([str(f)], 40.0) == 1 and traffic.others_since([str(f)], 55.0) == 0
 
 
+@pytest.mark.timeout(20)
+def test_a_hostile_log_folder_is_read_as_the_report_reads_it(tmp_path):
+    """A line over the report's cap is skipped without being held whole, and a FIFO named like a log is skipped
+    unopened (opening it would wait for a writer): the records beside them count."""
+    import os
+    import tracemalloc
+
+    big = dict(rec([4, 4], others=2, t=30.0), pad="x" * (3 << 20))  # would count, were it read
+    lines = [rec([3, 3], t=10.0), rec([1, 1], others=2, t=20.0), big, rec([2, 1], others=1, at=[1], t=40.0)]
+    (tmp_path / "a-1-rank0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    os.mkfifo(tmp_path / "b-2-rank0.jsonl")
+    (tmp_path / "c-3-rank0.jsonl").write_text(json.dumps(dict(rec([2, 2], t=50.0, pid=3), run="r3")) + "\n")
+    files = sorted(str(p) for p in tmp_path.glob("*.jsonl"))
+    tracemalloc.start()
+    try:
+        doc = traffic.of_files(files, None)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert doc["cycles"] == 2 and doc["decode_cycles"] == 4
+    assert doc["load"]["samples"] == 3 + 2 and doc["traffic"]["samples"] == 2 + 1
+    assert peak < 2 << 20, peak  # the 3 MB line never held whole
+    assert traffic.others_since(files, 15.0) == 2
+
+
 def test_the_refusal_is_one_line_naming_the_option():
     line = traffic.refusal("host", 12, "of its last 60 s")
     assert "\n" not in line and "--allow-shared-traffic" in line and "12" in line
