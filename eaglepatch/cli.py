@@ -75,7 +75,8 @@ class By(str, enum.Enum):
 @app.command()
 @connected()
 def show(
-    target: str = typer.Argument(..., help="SSH destination or local path."),
+    targets: List[str] = typer.Argument(..., help="SSH destinations or local paths (each node of a multi-node "
+                                        "server: one document each)."),
     json_out: bool = JsonOpt,
     recipe: Optional[str] = RecipeOpt,
     *, c: Connect,
@@ -88,7 +89,7 @@ def show(
       eaglepatch show /opt/venv --json
     """
     r = load_recipe(recipe)
-    finish(for_each_target([target], c, lambda t: inspection.show(t, c, r), check=False), json_out,
+    finish(for_each_target(targets, c, lambda t: inspection.show(t, c, r), check=False), json_out,
            inspection.render_show)
 
 
@@ -491,7 +492,8 @@ def sweep(
 @app.command()
 @connected(server_port=True)
 def doctor(
-    target: str = typer.Argument(..., help="SSH destination or local path."),
+    targets: List[str] = typer.Argument(..., help="SSH destinations or local paths (each node of a multi-node "
+                                        "server: its own findings from its own records)."),
     json_out: bool = JsonOpt,
     log_dir: Optional[str] = typer.Option(None, "--log-dir", help="Timing log directory on the target "
                                           "(default: from its manifest)."),
@@ -508,7 +510,7 @@ def doctor(
     from eaglepatch.doctor.collect import doctor as run_doctor
     from eaglepatch.doctor.render import render
 
-    finish(for_each_target([target], c, lambda t: run_doctor(t, c, say, log_dir=log_dir)), json_out, render)
+    finish(for_each_target(targets, c, lambda t: run_doctor(t, c, say, log_dir=log_dir)), json_out, render)
 
 
 def version_callback(value: bool) -> None:

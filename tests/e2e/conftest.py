@@ -47,6 +47,7 @@ SLOW_FIRST = (
     "test_newcomer_path.py",
     "test_crash_safety.py",
     "test_multinode_refusal.py",
+    "test_multinode_restart.py",
     "test_known_models.py",
     "test_server_identity.py",
     "test_hostile_host.py",

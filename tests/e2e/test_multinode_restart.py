@@ -2,9 +2,10 @@
 
 Two nodes of one 2-node stand-in server (``--nnodes 2 --node-rank R --dist-init-addr ADDR --standin-rendezvous``),
 each in a tree of its own: node rank 0 listens at ADDR and is ready only once node 1 has joined it; node 1 serves no
-HTTP and joins node 0 (retrying); a node whose peer is lost exits 1. Node 0 is reached over the real sshd of
-conftest.py (the ``testbox`` alias, its tree found through ``--python``), node 1 as a local path beside it, in the
-same command: two TARGETs, one server.
+HTTP and joins node 0 (retrying); a node whose peer is lost exits 1. Each node is on an SSH host of its own
+(multinode.py): node 0 over the real sshd of conftest.py (the ``testbox`` alias), node 1 over a second sshd with a
+folder of its own (``testbox1``), each host's tree found through the same ``--python``: two SSH TARGETs, one server.
+The patch failure is also run with node 1 named by its local path beside the SSH node 0.
 
 - apply patches both, restarts both together (rank 0 ready, so node 1 joined), restart restarts both, revert puts
   every byte back and restarts both;
@@ -18,97 +19,19 @@ same command: two TARGETs, one server.
 
 from __future__ import annotations
 
-import subprocess
-import time
-from pathlib import Path
-
 import pytest
 
-from cli_helpers import EAGLEPATCH, python_seeing
-from logdir import with_log_dir
-from safety import REJECTS_PATCH, Result, H, digest, identity
+from multinode import TwoNodes, host1  # noqa: F401 - host1: the fixture
+from safety import REJECTS_PATCH, H, identity
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
-class TwoNodes:
-    """A 2-node stand-in server, node 0 over SSH and node 1 local, and the CLI naming both."""
-
-    def __init__(self, standins, tmp_path: Path, sshd, worker1: str = H.V1_WORKER, node0: tuple[str, ...] = ()):
-        self.standins, self.tmp, self.node0 = standins, tmp_path, node0
-        self.addr = f"127.0.0.1:{standins.port()}"
-        self.trees = [H.make_tree(tmp_path / "node0 site", H.V1_WORKER), H.make_tree(tmp_path / "node1 site", worker1)]
-        self.ports = [standins.port(), standins.port()]
-        self.env = sshd.env()
-        self.alias = sshd.alias
-        self.python = python_seeing(self.trees[0], tmp_path)  # node 0's tree, found over SSH without --sglang-path
-        self.procs = [self.launch(r) for r in (1, 0)][::-1]  # node 1 first: it waits for node 0, whatever the order
-        H.wait_http(self.ports[0], timeout=30)
-        self.first = [identity(p.pid) for p in self.procs]
-        self.pristine = self.digests()
-
-    def launch(self, rank: int) -> subprocess.Popen:
-        return self.standins.launch(self.trees[rank], self.tmp / f"node{rank} work", self.ports[rank],
-                                    "--nnodes", "2", "--node-rank", str(rank), "--dist-init-addr", self.addr,
-                                    "--standin-rendezvous", *(self.node0 if rank == 0 else ()))
-
-    def run(self, cmd: str, *args: str, env: dict[str, str] | None = None) -> Result:
-        argv = [*EAGLEPATCH, cmd, *with_log_dir(cmd, args), "--python", self.python, self.alias,
-                str(self.trees[1] / "sglang")]
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=dict(self.env, **(env or {})),
-                           stdin=subprocess.DEVNULL, cwd=self.tmp)
-        return Result(argv, p.returncode, p.stdout, p.stderr)
-
-    def digests(self) -> list[dict[str, str]]:
-        return [digest(t) for t in self.trees]
-
-    def pids(self) -> list[list[int]]:
-        return [self.standins.launcher_pids(p) for p in self.ports]
-
-    def worker(self, rank: int) -> bytes:
-        return H.worker_file(self.trees[rank]).read_bytes()
-
-    def joined(self) -> int:
-        """How many times node 0's server has seen node 1 join (its log, appended to by each relaunch)."""
-        log = self.tmp / "node0 work" / f"stand-in-{self.ports[0]}.log"
-        return log.read_text(errors="replace").count("all 2 nodes joined")
-
-    def helpers(self) -> list[int]:
-        """eaglepatch's programs on the hosts still running for this test's command (both run by ``self.python``,
-        which puts PYTHONSAFEPATH=1 and node 0's tree in their environment; the servers have no PYTHONSAFEPATH)."""
-        mark = f"PYTHONPATH={self.trees[0]}".encode()
-        out = []
-        for d in Path("/proc").iterdir():
-            try:
-                env = (d / "environ").read_bytes().split(b"\0") if d.name.isdigit() else []
-            except OSError:
-                continue
-            if b"PYTHONSAFEPATH=1" in env and mark in env:
-                out.append(int(d.name))
-        return out
-
-    def settle(self) -> None:
-        """Wait until the programs eaglepatch left on the hosts have ended: each finishes its request, then sees its
-        client gone (the end of its input) and exits."""
-        deadline = time.monotonic() + 60
-        while self.helpers():
-            assert time.monotonic() < deadline, f"eaglepatch's programs still run: {self.helpers()}"
-            time.sleep(0.1)
-
-    def up(self) -> list[int]:
-        """Both nodes running, one launcher each, rank 0 ready (so node 1 joined it); their pids."""
-        H.wait_http(self.ports[0], timeout=30)
-        pids = self.pids()
-        assert all(len(p) == 1 for p in pids), f"not one server per node: {pids}"
-        assert all(H.alive(p[0]) for p in pids)
-        return [p[0] for p in pids]
-
-
-def test_apply_restart_revert_act_on_every_node_together(standins, tmp_path, sshd, ssh_home):
+def test_apply_restart_revert_act_on_every_node_together(standins, tmp_path, sshd, host1):
     """Node 0 takes a second to let go of its ports when stopped (--stop-delay), still listening at
     --dist-init-addr meanwhile: a node 1 started before every node had stopped would join that old node 0, and die
     with it. Every node is stopped before any starts, so node 1 joins the new node 0, every time."""
-    two = TwoNodes(standins, tmp_path, sshd, node0=("--stop-delay", "1"))
+    two = TwoNodes(standins, tmp_path, sshd, host1, node0=("--stop-delay", "1"))
     old = two.up()
     assert two.joined() == 1
     doc = two.run("apply", "--json", "--timeout", "60").expect(0).json()
@@ -134,10 +57,10 @@ def test_apply_restart_revert_act_on_every_node_together(standins, tmp_path, ssh
     assert [identity(p)["argv"] for p in final] == [f["argv"] for f in two.first]
 
 
-def test_a_node_that_cannot_start_patched_rolls_every_node_back(standins, tmp_path, sshd, ssh_home):
+def test_a_node_that_cannot_start_patched_rolls_every_node_back(standins, tmp_path, sshd, host1):
     """Node 1's worker refuses the patch at import: the patched node 1 exits at start, node 0 stops waiting for it
     at once, and every node is put back: its original bytes, its original server, rank 0 ready with node 1 joined."""
-    two = TwoNodes(standins, tmp_path, sshd, worker1=H.V1_WORKER + REJECTS_PATCH)
+    two = TwoNodes(standins, tmp_path, sshd, host1, worker1=H.V1_WORKER + REJECTS_PATCH)
     old = two.up()
     r = two.run("apply", "--timeout", "120")
     assert r.rc == 7, r
@@ -152,10 +75,12 @@ def test_a_node_that_cannot_start_patched_rolls_every_node_back(standins, tmp_pa
     assert all(s["lock"] is None for s in status)
 
 
-def test_a_node_whose_patch_fails_leaves_every_node_unpatched(standins, tmp_path, sshd, ssh_home):
+@pytest.mark.parametrize("node1", ["ssh", "local"])
+def test_a_node_whose_patch_fails_leaves_every_node_unpatched(standins, tmp_path, sshd, host1, node1):
     """All or none: node 1's patch fails on its host (a file stands where its backups would go: the host refuses
-    the plan, nothing changed there, exit 1), node 0's went through and is put back; no server was stopped."""
-    two = TwoNodes(standins, tmp_path, sshd)
+    the plan, nothing changed there, exit 1), node 0's went through and is put back; no server was stopped. Node 1
+    over SSH, and once named by its local path beside the SSH node 0 (a local and an SSH TARGET in one command)."""
+    two = TwoNodes(standins, tmp_path, sshd, host1, node1=node1)
     old = two.up()
     (H.worker_file(two.trees[1]).parent / ".eaglepatch").write_text("in the way\n")
     node1 = two.digests()[1]
@@ -191,9 +116,9 @@ KILLS = [
 
 @pytest.mark.parametrize("command,point,worker1,files,then", KILLS,
                          ids=[f"{k[0]}-{k[1]}" + ("" if k[4] == "revert" else f"-then-{k[4]}") for k in KILLS])
-def test_killed_at_each_step_of_a_two_node_apply_revert_or_restart(standins, tmp_path, sshd, ssh_home, command,
+def test_killed_at_each_step_of_a_two_node_apply_revert_or_restart(standins, tmp_path, sshd, host1, command,
                                                                    point, worker1, files, then):
-    two = TwoNodes(standins, tmp_path, sshd, worker1=worker1)
+    two = TwoNodes(standins, tmp_path, sshd, host1, worker1=worker1)
     originals = [two.worker(0), two.worker(1)]
     two.up()
     if command == "revert":
