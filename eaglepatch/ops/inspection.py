@@ -283,34 +283,18 @@ def logs_json(host: Any, facts: HostFacts) -> dict[str, Any] | None:
     def ask(have: dict[str, int], upto: dict[str, int]) -> Any:
         return call(host, facts.python, "logs", log_dir=log_dir, pids=pids, have=have, upto=upto, budget=4 << 20)
 
-    try:
-        listing = ask({}, {})  # every file's size, no byte of it (each read up to 0)
-    except EaglepatchError as exc:
-        return dict(out, error=str(exc))
-    if not isinstance(listing, dict) or listing.get("error") or not isinstance(listing.get("names"), dict):
-        return dict(out, error=str(listing.get("error") if isinstance(listing, dict) else "no answer")[:300])
-    files = []  # (folder, name, size, pid, rank, index)
-    for folder, names in listing["names"].items():
-        sizes = (listing.get("sizes") or {}).get(folder)
-        if not isinstance(names, list) or not isinstance(sizes, list) or len(sizes) != len(names):
-            continue
-        for name, size in zip(names, sizes):
-            m = _LOG_NAME.fullmatch(name) if isinstance(name, str) else None
-            if m and type(size) is int and size >= 0:
-                files.append((str(folder), name, size, int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)))
+    files = _listing(ask)
+    if isinstance(files, str):
+        return dict(out, error=files)
     current = [f for f in files if f[3] in pids]
     out.update(files=len(files), bytes=sum(f[2] for f in files),
                current={"files": len(current), "bytes": sum(f[2] for f in current)})
-    newest: dict[tuple[str, int, int], tuple[str, str, int, int, int, int]] = {}
-    for f in current:
-        key = (f[0], f[3], f[4])
-        if key not in newest or f[5] > newest[key][5]:
-            newest[key] = f
     drops: dict[tuple[int, int], dict[str, Any]] = {}
-    keys = {f"{f[0]}/{f[1]}": f for f in newest.values()}
+    keys = _newest(current)
     try:
-        for have, upto in (({k: 0 for k in keys}, {k: min(f[2], _HEAD_BYTES) for k, f in keys.items()}),
-                           ({k: max(0, f[2] - _TAIL_BYTES) for k, f in keys.items()}, {k: f[2] for k in keys})):
+        ends = {k: f[2] for k, f in keys.items()}  # each file's own size (not the last one listed)
+        for have, upto in (({k: 0 for k in keys}, {k: min(e, _HEAD_BYTES) for k, e in ends.items()}),
+                           ({k: max(0, e - _TAIL_BYTES) for k, e in ends.items()}, ends)):
             if keys:
                 _drops_seen(ask(have, upto), drops)
     except EaglepatchError:
@@ -320,6 +304,71 @@ def logs_json(host: Any, facts: HostFacts) -> dict[str, Any] | None:
         for why, n in d["reasons"].items():
             reasons[why] = reasons.get(why, 0) + n
     out.update(dropped=sum(d["dropped"] for d in drops.values()), reasons=dict(sorted(reasons.items())))
+    return out
+
+
+LogFile = tuple  # (folder, name, size, pid, rank, index) of one timing log on the host
+
+
+def _listing(ask: Callable[[dict[str, int], dict[str, int]], Any]) -> list[LogFile] | str:
+    """The timing logs the host's ``logs`` op lists (``ask({}, {})``: every file's size, no byte of it), or why
+    not (a string)."""
+    from eaglepatch.errors import EaglepatchError
+
+    try:
+        listing = ask({}, {})
+    except EaglepatchError as exc:
+        return str(exc)
+    if not isinstance(listing, dict) or listing.get("error") or not isinstance(listing.get("names"), dict):
+        return str(listing.get("error") if isinstance(listing, dict) else "no answer")[:300]
+    files = []
+    for folder, names in listing["names"].items():
+        sizes = (listing.get("sizes") or {}).get(folder)
+        if not isinstance(names, list) or not isinstance(sizes, list) or len(sizes) != len(names):
+            continue
+        for name, size in zip(names, sizes):
+            m = _LOG_NAME.fullmatch(name) if isinstance(name, str) else None
+            if m and type(size) is int and size >= 0:
+                files.append((str(folder), name, size, int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)))
+    return files
+
+
+def _newest(files: list[LogFile]) -> dict[str, LogFile]:
+    """Each process's and rank's newest file (the chain's highest index), by its ``folder/name``."""
+    newest: dict[tuple[str, int, int], LogFile] = {}
+    for f in files:
+        key = (f[0], f[3], f[4])
+        if key not in newest or f[5] > newest[key][5]:
+            newest[key] = f
+    return {f"{f[0]}/{f[1]}": f for f in newest.values()}
+
+
+def log_tails(host: Any, python: str, log_dir: str, pids: set[int], tail_bytes: int) -> list[bytes] | None:
+    """The last ``tail_bytes`` of each rank's newest timing log of ``pids`` (whole lines: one cut at the start is
+    left out), for what the last seconds' records say without fetching the logs whole (up to ``--max-log-mb``);
+    None when the host cannot list them."""
+    from eaglepatch.errors import EaglepatchError
+    from eaglepatch.hosts.agent import call
+
+    def ask(have: dict[str, int], upto: dict[str, int]) -> Any:
+        return call(host, python, "logs", log_dir=log_dir, pids=sorted(pids), have=have, upto=upto, budget=32 << 20)
+
+    files = _listing(ask)
+    if isinstance(files, str):
+        return None
+    keys = _newest([f for f in files if f[3] in pids])
+    if not keys:
+        return []
+    try:
+        res = ask({k: max(0, f[2] - tail_bytes) for k, f in keys.items()}, {k: f[2] for k, f in keys.items()})
+    except EaglepatchError:
+        return None
+    out = []
+    if isinstance(res, dict) and isinstance(res.get("files"), list):
+        for entry, blob in zip(res["files"], res.get("__blobs__") or []):
+            data = b"".join(p for p in blob if isinstance(p, bytes)) if isinstance(blob, list) else blob
+            if isinstance(entry, dict) and isinstance(data, bytes):
+                out.append(data.split(b"\n", 1)[-1] if entry.get("offset") else data)
     return out
 
 

@@ -264,16 +264,17 @@ def sweep(spec: TargetSpec, c: Connect, opts: SweepOptions, say: Say) -> dict[st
 
 # How far back a restart sweep looks in the server's timing records for requests that are not eaglepatch's.
 SHARED_LOOKBACK_S = 60.0
+SHARED_TAIL_BYTES = 2 << 20  # of each rank's newest log: some 5,000 records, a busy rank's last minute and more
 
 
 def _check_shared(host: Host, name: str, python: str, facts: Any, server: Any, say: Say) -> None:
     """Raise UsageError (exit 2, nothing changed) when the server's timing records of the last SHARED_LOOKBACK_S
     seconds hold decode cycles with requests that are not eaglepatch's (the records' ``"others"``). An unpatched
     server has no records: nothing can be told then, and nothing is refused."""
-    import glob
     import os
+    import tempfile
 
-    from eaglepatch.ops.logs import fetch_logs_from, logs_of
+    from eaglepatch.ops.inspection import log_tails
     from eaglepatch.tuning import traffic
     from eaglepatch.tuning.bench import clock_offset
 
@@ -282,12 +283,16 @@ def _check_shared(host: Host, name: str, python: str, facts: Any, server: Any, s
         return
     pids = {server.pid, *server.children}
     offset, unc = clock_offset(host, python)
-    try:
-        folder = fetch_logs_from(host, name, python, log_dir, lambda _m: None, pids=pids)
-    except UsageError:
+    tails = log_tails(host, python, log_dir, pids, SHARED_TAIL_BYTES)  # not the logs whole: up to --max-log-mb
+    if not tails:
         return
-    files = logs_of(sorted(glob.glob(os.path.join(folder, "**", "*.jsonl"), recursive=True)), pids)
-    cycles = traffic.others_since(files, time.time() + offset - unc - SHARED_LOOKBACK_S)
+    with tempfile.TemporaryDirectory(prefix="eaglepatch-shared-") as tmp:
+        files = []
+        for i, data in enumerate(tails):
+            files.append(os.path.join(tmp, f"{i}.jsonl"))
+            with open(files[-1], "wb") as f:
+                f.write(data)
+        cycles = traffic.others_since(files, time.time() + offset - unc - SHARED_LOOKBACK_S, pids)
     if cycles:
         raise UsageError(traffic.refusal(name, cycles, f"of its last {SHARED_LOOKBACK_S:.0f} s"))
 
