@@ -345,12 +345,19 @@ def _execute(payload):
         _fault(payload, "execute:after-upload")
         # 3. Backups of the originals, then the manifest: before anything is replaced.
         exec_back_up(run, writes)
-        exec_write_manifest(run, man)
+        if not man.get("last"):
+            exec_write_manifest(run, man)
         _fault(payload, "execute:after-backup")
     except OSError as exc:
         return exec_fail(run, exc)
-    # 4. Swap in (and remove what the plan removes, the manifest last). A failure puts everything back.
+    # 4. Swap in (and remove what the plan removes, the manifest last; or write it last: ``last``, a record of what
+    # runs that must not stand beside the files it does not describe). A failure puts everything back.
     failed = exec_swap_in(run, staged, payload)
+    if failed is None and man.get("last"):
+        try:
+            exec_write_manifest(run, man)
+        except OSError as exc:
+            return exec_fail(run, exc, man["path"])
     if failed is None:
         failed = exec_remove_manifest(run, man)
     if failed is not None:

@@ -20,6 +20,7 @@ from eaglepatch.ops.plan import change_doc, plan_apply, plan_revert
 from eaglepatch.ops.session import Session, new_lock_owner
 from eaglepatch.ops.nodes import lifecycle
 from eaglepatch.ops.target import Connect, Target, target_facts
+from eaglepatch.redact import shown
 from eaglepatch.transform.recipe import Recipe, builtin_recipe
 
 Say = Callable[[str], None]
@@ -55,6 +56,14 @@ def apply(spec: TargetSpec, c: Connect, recipe: Recipe, ropts: RuntimeOptions, r
                 failpoint("apply:after-lock")
             everyone = lc.servers_of(facts)
             servers = lc.chosen(facts, c.facts.server_ports)
+            down = _recorded_nodes(facts, c.facts.server_ports) if restart is not None and not dry_run else []
+            if down:  # a node left down by a revert or restart that did not come up: started first, then patched
+                where = f"--dist-init-addr {shown(str(down[0].nodes.dist_init_addr))}"
+                raise UsageError(f"{t.spec.name}: node rank {down[0].nodes.rank} of a multi-node server ({where}) on "
+                                 f":{down[0].port} is recorded in this install's manifest but does not run; nothing "
+                                 "was changed: start every node "
+                                 "first ('eaglepatch restart' naming every node starts it from its record), then "
+                                 "apply, or pass --no-restart")
             named = (meeting or nodes.alone(spec)).arrive(spec, servers)
             plan = plan_apply(facts, recipe, ropts, servers=[*lc.manifest_record(everyone), *_kept_record(facts)])
             for n in plan.notes:

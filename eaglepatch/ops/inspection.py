@@ -310,14 +310,16 @@ def logs_json(host: Any, facts: HostFacts) -> dict[str, Any] | None:
 LogFile = tuple  # (folder, name, size, pid, rank, index) of one timing log on the host
 
 
-def _listing(ask: Callable[[dict[str, int], dict[str, int]], Any]) -> list[LogFile] | str:
+def _listing(ask: Callable[[dict[str, int], dict[str, int]], Any], catch: bool = True) -> list[LogFile] | str:
     """The timing logs the host's ``logs`` op lists (``ask({}, {})``: every file's size, no byte of it), or why
-    not (a string)."""
+    not (a string: the host's answer, or with ``catch`` a failed request)."""
     from eaglepatch.errors import EaglepatchError
 
     try:
         listing = ask({}, {})
     except EaglepatchError as exc:
+        if not catch:
+            raise
         return str(exc)
     if not isinstance(listing, dict) or listing.get("error") or not isinstance(listing.get("names"), dict):
         return str(listing.get("error") if isinstance(listing, dict) else "no answer")[:300]
@@ -346,23 +348,20 @@ def _newest(files: list[LogFile]) -> dict[str, LogFile]:
 def log_tails(host: Any, python: str, log_dir: str, pids: set[int], tail_bytes: int) -> list[bytes] | None:
     """The last ``tail_bytes`` of each rank's newest timing log of ``pids`` (whole lines: one cut at the start is
     left out), for what the last seconds' records say without fetching the logs whole (up to ``--max-log-mb``);
-    None when the host cannot list them."""
-    from eaglepatch.errors import EaglepatchError
+    None when the host says it has none it may read. A failed request raises (EaglepatchError): whoever decides
+    from the records must not take a failure for their absence."""
     from eaglepatch.hosts.agent import call
 
     def ask(have: dict[str, int], upto: dict[str, int]) -> Any:
         return call(host, python, "logs", log_dir=log_dir, pids=sorted(pids), have=have, upto=upto, budget=32 << 20)
 
-    files = _listing(ask)
+    files = _listing(ask, catch=False)
     if isinstance(files, str):
         return None
     keys = _newest([f for f in files if f[3] in pids])
     if not keys:
         return []
-    try:
-        res = ask({k: max(0, f[2] - tail_bytes) for k, f in keys.items()}, {k: f[2] for k, f in keys.items()})
-    except EaglepatchError:
-        return None
+    res = ask({k: max(0, f[2] - tail_bytes) for k, f in keys.items()}, {k: f[2] for k, f in keys.items()})
     out = []
     if isinstance(res, dict) and isinstance(res.get("files"), list):
         for entry, blob in zip(res["files"], res.get("__blobs__") or []):

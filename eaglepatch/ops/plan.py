@@ -61,6 +61,7 @@ class Plan:
     notes: tuple[str, ...] = ()
     files: tuple[dict[str, Any], ...] = ()  # per worker file: path, before_sha256, after_sha256, backup
     timers: tuple[tuple[str, str], ...] = ()  # (worker class, its family's timer), for apply's messages
+    manifest_last: bool = False  # the manifest written after the files are swapped in, not before (a restart's record)
 
     @property
     def worker_writes(self) -> int:

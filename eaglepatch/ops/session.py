@@ -85,7 +85,7 @@ class Session:
             "token": self.token,
             "lock_path": self.facts.lock_path,
             "writes": [self._payload(w) for w in plan.writes],
-            "manifest": {"path": self.facts.manifest_path, "data": plan.manifest},
+            "manifest": {"path": self.facts.manifest_path, "data": plan.manifest, "last": plan.manifest_last},
             "fault": remote_fault(),
             "then": then,
         }

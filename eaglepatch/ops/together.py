@@ -86,10 +86,18 @@ def _record_together(t: Target, session: Session, group: nodes.NodeGroup, verb: 
     failpoint("nodes:after-record")
 
 
-def _drop_record(session: Session) -> None:
-    """A restart record removed once every node is up again (a patched install's manifest stays)."""
+def _drop_record(session: Session, say: Say | None = None) -> None:
+    """A restart record removed once every node is up again (a patched install's manifest stays). ``say``: the
+    server is up, so a failure to remove it is a note (status shows the record left), not the command's error."""
     if session.token is not None and is_record(session.facts.manifest):
-        session.execute(Plan((), None))
+        try:
+            session.execute(Plan((), None))
+        except EaglepatchError as exc:
+            if say is None:
+                raise
+            say(f"note: the server is up, but its restart record could not be removed ({exc}): the next restart or "
+                "revert naming every node removes it")
+            return
         session.facts = dataclasses.replace(session.facts, manifest=None)
 
 
@@ -116,7 +124,9 @@ def apply_together(t: Target, recipe: Recipe, session: Session, plan: Plan, grou
         if behind and denied:  # as for one node: a patched server that fails would need the files reverted
             raise UsageError(denied)
         _together_check(t, servers, ropts)
-        return behind, _record_denied(group.members[me], facts)
+        # a node that restarts with the others must be able to record its launch, and to roll back (its files put
+        # back, its original started) when the server does not come up: one that cannot write refuses them all
+        return behind, _record_denied(group.members[me], facts) or denied
 
     said = nodes.checked(group, me, name, "apply:checked", check)
     if not any(v[0] for v in said.values()):
@@ -199,7 +209,8 @@ def revert_together(t: Target, session: Session, plan: Plan, group: nodes.NodeGr
     # server that does not come up is started again from the records ('eaglepatch restart' naming every node)
     kept = [r for r in session.facts.manifest_servers() if r.get("port") == mine.port]
     if plan.changed:
-        plan = dataclasses.replace(plan, manifest={RECORD: True, "servers": kept} if kept else None)
+        plan = dataclasses.replace(plan, manifest={RECORD: True, "servers": kept} if kept else None,
+                                   manifest_last=True)  # the patched manifest stands until the files are back
 
     def start(launch: Any, wait: Any) -> Any:
         """Once every node is stopped: this node's original files back and its server started, in one request on
@@ -233,7 +244,7 @@ def revert_together(t: Target, session: Session, plan: Plan, group: nodes.NodeGr
                                "the server from the records" if res is not None and plan.changed else
                                "nothing was reverted here: run the same revert again" if plan.changed else
                                "no file needed reverting here") + tail)
-    _drop_record(session)
+    _drop_record(session, say)
     progress.stage(me, ("files reverted" if plan.changed else "not patched") + ", server restarted and ready")
     return change_doc(name, plan, plan.changed, [res], action="revert")
 
@@ -256,7 +267,7 @@ def restart_together(t: Target, session: Session, group: nodes.NodeGroup, ropts:
     if why is not None or res is None:  # the record stays: restart or revert starts the nodes from it
         tail = f"\n{res.log_tail}" if res is not None and res.log_tail else ""
         raise RestartFailed(f"{name}: the server did not come up within {ropts.timeout:.0f} s: {why}{tail}")
-    _drop_record(session)
+    _drop_record(session, say)
     progress.stage(me, "server restarted and ready")
     doc = dict(res.to_json())
     doc["target"] = name

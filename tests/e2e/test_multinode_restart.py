@@ -105,6 +105,7 @@ KILLS = [
     ("apply", "rollback:before", BROKEN, "patched", "revert"),  # node 1 died at start, nothing rolled back yet
     ("apply", "rollback:after-relaunch", BROKEN, None, "revert"),  # a node's files back and original started
     ("revert", "nodes:after-stop", H.V1_WORKER, "patched", "revert"),  # every node stopped, no file reverted yet
+    ("revert", "execute:after-backup", H.V1_WORKER, "patched", "revert"),  # a node's helper dies before any swap
     ("revert", "revert:after-execute", H.V1_WORKER, None, "revert"),  # a node's files back and original started
     # a restart of the unpatched server: every node's launch recorded (in its install), none stopped yet
     ("restart", "nodes:after-record", H.V1_WORKER, "pristine", "revert"),
@@ -138,6 +139,14 @@ def test_killed_at_each_step_of_a_two_node_apply_revert_or_restart(standins, tmp
         assert s["lock"] and s["lock"]["what"] == command, s["lock"]
     if point == "nodes:after-stop":  # every node was stopped: none runs
         assert all(s["servers"] == [] for s in status), status
+        # each node recorded and down: apply starts nothing and changes nothing, and says how to start them
+        def files() -> list[dict[str, str]]:  # the killed run's lock aside: apply takes it over, as it may
+            return [{k: v for k, v in d.items() if not k.endswith(".eaglepatch.lock")} for d in two.digests()]
+
+        before = files()
+        r = two.run("apply", "--timeout", "60")
+        assert r.rc == 2 and "is recorded in this install's manifest but does not run" in r.err, r
+        assert files() == before and two.pids() == [[], []]
 
     r = two.run(then, "--timeout", "60")
     assert r.rc == 0, r

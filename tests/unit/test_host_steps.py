@@ -500,6 +500,55 @@ def test_revert_puts_the_original_back_and_removes_what_apply_left(tmp_path: Pat
     assert inst.snapshot() == pristine
 
 
+def test_a_manifest_marked_last_is_written_only_once_the_files_are_swapped_in(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A multi-node revert leaves a restart's record as its manifest (``"last": true``): the patched manifest stands
+    while the files are still patched (a kill at ``execute:after-backup`` leaves it, not a record that says the
+    install is not patched), and the record replaces it only after the originals are back; a failure to write it
+    puts everything back."""
+    inst = Install(tmp_path / "host")
+    inst.take_lock()
+    _applied(inst)
+    patched_manifest = inst.manifest.read_text()
+    record = {"restart_record": True, "servers": [{"port": 30001}]}
+    order = _record_replaces(monkeypatch)
+    payload = inst.payload(inst.revert_plan(), record)
+    payload["manifest"]["last"] = True
+    assert execute._execute(payload)["ok"] is True
+    assert order[-1] == str(inst.manifest) and order.index(str(inst.worker)) < order.index(str(inst.manifest))
+    assert json.loads(inst.manifest.read_text()) == record and inst.worker.read_bytes() == V1
+
+    inst2 = Install(tmp_path / "host2")
+    inst2.take_lock()
+    _applied(inst2)
+    class Killed(BaseException):  # the helper killed there: nothing after it runs, nothing is undone
+        pass
+
+    def kill(payload, point):
+        if point == "execute:after-backup":
+            raise Killed
+
+    monkeypatch.setattr(execute, "_fault", kill)
+    payload = inst2.payload(inst2.revert_plan(), record)
+    payload["manifest"]["last"] = True
+    with pytest.raises(Killed):
+        execute._execute(payload)
+    assert inst2.manifest.read_text() == patched_manifest  # the patched one, beside the files still patched
+    assert inst2.worker.read_bytes() == V1_NEW
+
+    monkeypatch.setattr(execute, "_fault", lambda payload, point: None)
+    inst3 = Install(tmp_path / "host3")
+    inst3.take_lock()
+    _applied(inst3)
+    before = inst3.snapshot()
+    _record_replaces(monkeypatch, fail=lambda src, dst: dst == str(inst3.manifest))
+    payload = inst3.payload(inst3.revert_plan(), record)
+    payload["manifest"]["last"] = True
+    answer = execute._execute(payload)
+    assert answer["ok"] is False and answer["path"] == str(inst3.manifest)
+    assert inst3.snapshot() == before  # the record not written: the files patched again, the patched manifest back
+
+
 def test_a_failed_removal_during_revert_puts_everything_back(inst: Install, monkeypatch: pytest.MonkeyPatch) -> None:
     """revert's removal of the runtime fails after the worker file got its original back: the patched worker file
     is put back too, so the install is left patched and whole (never a patched file without its runtime)."""

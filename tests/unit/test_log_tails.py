@@ -59,3 +59,20 @@ def test_only_the_tail_of_each_ranks_newest_log_is_read(tmp_path, monkeypatch):
         f.write(record(30000.0, 2))  # now: a cycle that carried others' requests
     assert others_in(inspection.log_tails(None, "python3", str(logs), {pid}, 64 << 10), 29000.0) == 1
     assert inspection.log_tails(None, "python3", str(logs), {pid + 10 ** 6}, 64 << 10) == []  # not its pids
+
+
+def test_a_failed_request_is_not_taken_for_no_logs(monkeypatch):
+    """The shared-traffic check must not take a broken connection for a server without records (it would stop a
+    server carrying others' requests): the error goes up; the host's own answer that it has no logs is None."""
+    import pytest
+
+    from eaglepatch.errors import ConnectionFailed
+
+    def broken(host, python, op, **payload):
+        raise ConnectionFailed("gpu1: the connection was lost")
+
+    monkeypatch.setattr("eaglepatch.hosts.agent.call", broken)
+    with pytest.raises(ConnectionFailed):
+        inspection.log_tails(None, "python3", "/x", {1}, 1 << 20)
+    monkeypatch.setattr("eaglepatch.hosts.agent.call", lambda *a, **k: {"error": "no such folder", "dirs": []})
+    assert inspection.log_tails(None, "python3", "/x", {1}, 1 << 20) is None

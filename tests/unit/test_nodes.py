@@ -388,9 +388,15 @@ def test_a_node_that_cannot_write_refuses_to_restart_stale_servers_onto_patched_
     assert isinstance(out["gpu2"], UsageError) and "node rank 0 (gpu1) would restart with this one" in str(
         out["gpu2"]) and "nothing was changed" in str(out["gpu2"]), out
     assert restarted == []
+    # recorded already, but it still could not roll back (its files put back) if the server did not come up
     patched = {"files": [], "servers": change.lifecycle().manifest_record([n0])}
     out = on_threads({"gpu1": part("gpu1", n0, patched), "gpu2": part("gpu2", n1)})
-    assert sorted(restarted) == ["gpu1", "gpu2"], out  # recorded already: both go on to restart together
+    assert isinstance(out["gpu1"], UsageError) and "cannot write /x" in str(out["gpu1"]), out
+    assert isinstance(out["gpu2"], UsageError) and "nothing was changed" in str(out["gpu2"]), out
+    assert restarted == []
+    denied["gpu1"] = None  # writable: recorded already, both go on to restart together
+    out = on_threads({"gpu1": part("gpu1", n0, patched), "gpu2": part("gpu2", n1)})
+    assert sorted(restarted) == ["gpu1", "gpu2"], out
 
 
 def test_a_record_is_dropped_when_another_node_fails_to_write_its_own():
