@@ -510,7 +510,8 @@ def doctor(
     from eaglepatch.doctor.collect import doctor as run_doctor
     from eaglepatch.doctor.render import render
 
-    finish(for_each_target(targets, c, lambda t: run_doctor(t, c, say, log_dir=log_dir)), json_out, render)
+    finish(for_each_target(targets, c, lambda t: run_doctor(t, c, say, log_dir=log_dir)), json_out, render,
+           flat=True)
 
 
 def version_callback(value: bool) -> None:

@@ -184,9 +184,11 @@ def for_each_target(targets: Sequence[str], c: Connect, fn: Callable[[TargetSpec
     return outcomes
 
 
-def finish(outcomes: list[Outcome], emit_json: bool, render: Callable[[Any], str] | None, raw: bool = False) -> None:
+def finish(outcomes: list[Outcome], emit_json: bool, render: Callable[[Any], str] | None, raw: bool = False,
+           flat: bool = False) -> None:
     """Print each outcome (data to stdout, errors to stderr) and exit with the worst code. ``raw``: the rendered
-    text is data to pass on byte for byte (a diff for patch(1)), not text for a terminal."""
+    text is data to pass on byte for byte (a diff for patch(1)), not text for a terminal; ``flat``: an outcome
+    that is a list (one object per server) joins the JSON list of several TARGETs item by item."""
     say.stop()
     values = []
     for o in outcomes:
@@ -196,7 +198,9 @@ def finish(outcomes: list[Outcome], emit_json: bool, render: Callable[[Any], str
             if emit_json:
                 values.append({"target": o.target, "error": message(o.error), "exit_code": int(o.code)})
             continue
-        if emit_json:
+        if emit_json and flat and len(outcomes) > 1 and isinstance(o.value, list):
+            values.extend(o.value)
+        elif emit_json:
             values.append(o.value)
         elif render is not None:
             text = render(o.value)

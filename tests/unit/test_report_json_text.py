@@ -153,3 +153,24 @@ def test_whole_or_nothing_past_the_spool_in_memory(monkeypatch, capsys):
                 write(p)
             raise RuntimeError("part-way")
     assert capsys.readouterr().out == ""
+
+
+def test_several_targets_json_is_one_flat_list_where_a_target_runs_several_servers(capsys):
+    """doctor --json naming several TARGETs, one of which runs two servers (a list of its own): one list of every
+    server's object in order, never a list inside the list; status (not flat) keeps one value per TARGET."""
+    import json
+
+    import typer
+
+    from eaglepatch.cli_output import Outcome, finish
+
+    outs = [Outcome("gpu1", {"server": 1}), Outcome("gpu2", [{"server": 2}, {"server": 3}])]
+    with pytest.raises(typer.Exit):
+        finish(outs, True, None, flat=True)
+    assert json.loads(capsys.readouterr().out) == [{"server": 1}, {"server": 2}, {"server": 3}]
+    with pytest.raises(typer.Exit):
+        finish([Outcome("gpu2", [{"server": 2}, {"server": 3}])], True, None, flat=True)
+    assert json.loads(capsys.readouterr().out) == [{"server": 2}, {"server": 3}]  # one TARGET: as before
+    with pytest.raises(typer.Exit):
+        finish(outs, True, None)
+    assert json.loads(capsys.readouterr().out) == [{"server": 1}, [{"server": 2}, {"server": 3}]]
