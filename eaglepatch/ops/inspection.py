@@ -346,10 +346,11 @@ def _newest(files: list[LogFile]) -> dict[str, LogFile]:
 
 
 def log_tails(host: Any, python: str, log_dir: str, pids: set[int], tail_bytes: int) -> list[bytes] | None:
-    """The last ``tail_bytes`` of each rank's newest timing log of ``pids`` (whole lines: one cut at the start is
-    left out), for what the last seconds' records say without fetching the logs whole (up to ``--max-log-mb``);
-    None when the host says it has none it may read. A failed request raises (EaglepatchError): whoever decides
-    from the records must not take a failure for their absence."""
+    """The last ``tail_bytes`` of each rank's timing logs of ``pids`` (its newest file, and the one before it in the
+    chain where the newest is shorter: a rotation just made; whole lines: one cut at the start is left out), for
+    what the last seconds' records say without fetching the logs whole (up to ``--max-log-mb``); None when the host
+    says it has none it may read. A failed request raises (EaglepatchError): whoever decides from the records must
+    not take a failure for their absence."""
     from eaglepatch.hosts.agent import call
 
     def ask(have: dict[str, int], upto: dict[str, int]) -> Any:
@@ -358,10 +359,18 @@ def log_tails(host: Any, python: str, log_dir: str, pids: set[int], tail_bytes: 
     files = _listing(ask, catch=False)
     if isinstance(files, str):
         return None
-    keys = _newest([f for f in files if f[3] in pids])
+    mine = [f for f in files if f[3] in pids]
+    keys = _newest(mine)
     if not keys:
         return []
-    res = ask({k: max(0, f[2] - tail_bytes) for k, f in keys.items()}, {k: f[2] for k, f in keys.items()})
+    have = {k: max(0, f[2] - tail_bytes) for k, f in keys.items()}
+    for f in list(keys.values()):
+        before = [g for g in mine if g[:1] + g[3:5] == f[:1] + f[3:5] and g[5] < f[5]]
+        if f[2] < tail_bytes and before:  # the rest of the tail from the file before it
+            g = max(before, key=lambda g: g[5])
+            keys[f"{g[0]}/{g[1]}"] = g
+            have[f"{g[0]}/{g[1]}"] = max(0, g[2] - (tail_bytes - f[2]))
+    res = ask(have, {k: f[2] for k, f in keys.items()})
     out = []
     if isinstance(res, dict) and isinstance(res.get("files"), list):
         for entry, blob in zip(res["files"], res.get("__blobs__") or []):

@@ -60,6 +60,16 @@ def test_only_the_tail_of_each_ranks_newest_log_is_read(tmp_path, monkeypatch):
     assert others_in(inspection.log_tails(None, "python3", str(logs), {pid}, 64 << 10), 29000.0) == 1
     assert inspection.log_tails(None, "python3", str(logs), {pid + 10 ** 6}, 64 << 10) == []  # not its pids
 
+    # rotated a moment ago (--max-log-mb): the newest file holds one record, the last minute's others' requests
+    # lie in the file before it, and the tail goes on into it; older files of the chain are not read
+    (logs / f"h-{pid}-rank1.jsonl").unlink()
+    (logs / f"h-{pid}-rank0.jsonl").write_bytes(old)
+    (logs / f"h-{pid}-rank0.1.jsonl").write_bytes(b"".join(record(40000.0 + i, 1 if i == 9 else 0) for i in range(10)))
+    (logs / f"h-{pid}-rank0.2.jsonl").write_bytes(record(40010.0, 0))
+    tails = inspection.log_tails(None, "python3", str(logs), {pid}, 64 << 10)
+    assert sum(map(len, tails)) == sum((logs / f"h-{pid}-rank0.{i}.jsonl").stat().st_size for i in (1, 2))
+    assert others_in(tails, 39000.0) == 1
+
 
 def test_a_failed_request_is_not_taken_for_no_logs(monkeypatch):
     """The shared-traffic check must not take a broken connection for a server without records (it would stop a
