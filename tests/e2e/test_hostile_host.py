@@ -18,6 +18,7 @@ import pwd
 import re
 import secrets
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -113,10 +114,18 @@ def test_log_names_that_are_paths_are_refused_and_nothing_is_written(ssh_cli, tm
 def zip_bomb(tmp_path_factory) -> str:
     """One frame of the agent protocol: 1 GiB of JSON-ish zeros in about 1 MiB of zlib."""
     path = tmp_path_factory.mktemp("bomb") / "frame"
-    z = zlib.compressobj(9)
     chunk = b"0" * (1 << 20)
-    body = b"".join([z.compress(b'{"result": "')] + [z.compress(chunk) for _ in range(1024)] + [z.compress(b'"}'),
-                                                                                             z.flush()])
+
+    def deflated(data: bytes, mode: int) -> bytes:  # raw deflate; a full flush ends byte-aligned with no history
+        z = zlib.compressobj(9, zlib.DEFLATED, -15)
+        return z.compress(data) + z.flush(mode)
+
+    # the chunk deflated once and repeated (not 1 GiB deflated: ~6 s of CPU), in a zlib stream with its checksum
+    adler = zlib.adler32(b'{"result": "')
+    for _ in range(1024):
+        adler = zlib.adler32(chunk, adler)
+    body = (b"\x78\xda" + deflated(b'{"result": "', zlib.Z_FULL_FLUSH) + deflated(chunk, zlib.Z_FULL_FLUSH) * 1024
+            + deflated(b'"}', zlib.Z_FINISH) + struct.pack(">I", zlib.adler32(b'"}', adler)))
     path.write_bytes(b"z%d\n" % len(body) + body)
     return str(path)
 
