@@ -223,6 +223,32 @@ def make_install(standins: Any, root: Path, kind: str, worker: str = WORKER) -> 
     return inst
 
 
+def run_cli(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it (``python -m eaglepatch``), with ``env``."""
+    return subprocess.run([sys.executable, "-m", "eaglepatch", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def ok_json(r: subprocess.CompletedProcess) -> Any:
+    """A command's JSON, once it exited 0."""
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def patched_standin(standins: Any, tmp_path: Path, *args: str, **env: str) -> tuple[str, int, dict[str, str], Path]:
+    """A stand-in sglang launched with ``args`` (and ``env``) in a tree of its own and patched by ``apply``, its
+    timing logs in a folder of the test's: (target, port, the CLI's environment, the log folder)."""
+    tree = H.make_tree(tmp_path / "site", H.V1_WORKER)
+    port = standins.port()
+    standins.launch(tree, tmp_path / "work", port, *args, **env)
+    H.wait_http(port, timeout=30)
+    cli_env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "client cache"))
+    cli_env.pop("EAGLEPATCH_DEBUG", None)
+    target, logs = str(tree / "sglang"), tmp_path / "timing logs"
+    ok_json(run_cli(cli_env, "apply", target, "--log-dir", str(logs), "--timeout", "60", "--json"))
+    return target, port, cli_env, logs
+
+
 def up(install: Install, standins: Any, cwd: Path, *args: str, port: int | None = None, **env: str):
     """Launch a server of ``install`` and wait until it answers; returns (port, Popen)."""
     port = port or standins.port()

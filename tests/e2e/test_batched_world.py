@@ -14,19 +14,13 @@ truth the model is held to: a sweep of the step counts over the same ladder.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-from safety import H  # the stand-in's harness, loaded once for the e2e suite
+from safety import ok_json, patched_standin, run_cli  # the stand-in's harness, loaded once for the e2e suite
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400), pytest.mark.serial]  # its world's clock is the CPU's
 
 
-PY = sys.executable
 ARGS = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "5", "--speculative-eagle-topk", "1",
         "--speculative-num-draft-tokens", "6", "--sim-batch", "--sim-base-ms", "6", "--cuda-graph-max-bs", "32",
         "--tp", "1")
@@ -72,13 +66,7 @@ def test_the_worlds_truth():
     assert best == {1: 2, 4: 2, 8: 2, 16: 0, 32: 0}
 
 
-def cli(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "eaglepatch", *args], capture_output=True, text=True, timeout=timeout, env=env)
-
-
-def ok(r: subprocess.CompletedProcess) -> dict:
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+cli, ok = run_cli, ok_json
 
 
 def test_predict_by_batch_size_and_doctor_on_a_world_that_batches(standins, tmp_path):
@@ -89,15 +77,7 @@ def test_predict_by_batch_size_and_doctor_on_a_world_that_batches(standins, tmp_
     sweep's winner leads by 20% or more, and put 2 steps' gain over no speculation within 25 points of the
     measured one (at 1, 4 and 16); doctor, on the server put back and loaded over the same ladder, must say from which batch size
     speculation stops paying."""
-    tree = H.make_tree(tmp_path / "site", H.V1_WORKER)
-    port = standins.port()
-    standins.launch(tree, tmp_path / "work", port, *ARGS, STANDIN_SLOWDOWN=str(SLOWDOWN))
-    H.wait_http(port, timeout=30)
-    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "client cache"))
-    env.pop("EAGLEPATCH_DEBUG", None)
-    target = str(tree / "sglang")
-    logs = tmp_path / "timing logs"
-    ok(cli(env, "apply", target, "--log-dir", str(logs), "--timeout", "60", "--json"))
+    target, port, env, logs = patched_standin(standins, tmp_path, *ARGS, STANDIN_SLOWDOWN=str(SLOWDOWN))
 
     sweep = ok(cli(env, "sweep", target, "--grid", "speculative-num-steps=2,5", "--baseline", "--concurrency",
                    "1,4,16,32", *LOAD, "--timeout", "60", "--json"))

@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -24,11 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from safety import ADAPTIVE, H, make_install, up
+from safety import ADAPTIVE, make_install, ok_json, patched_standin, run_cli, up
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
-PY = sys.executable
 ARGS = ("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
         "--speculative-num-draft-tokens", "4", "--sim-batch", "--sim-base-ms", "2", "--cuda-graph-max-bs", "32",
         "--tp", "1")
@@ -85,12 +83,10 @@ class OtherClient:
 
 
 def cli(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "eaglepatch", *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return run_cli(env, *args, timeout=timeout)
 
 
-def ok(r: subprocess.CompletedProcess) -> dict:
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+ok = ok_json
 
 
 def wait_for_others(logs: Path, timeout: float = 20.0) -> None:
@@ -107,15 +103,7 @@ def wait_for_others(logs: Path, timeout: float = 20.0) -> None:
 @pytest.fixture
 def batching(standins, tmp_path):
     """A patched stand-in that batches: (target, port, env, logs, the load's --prompts file)."""
-    tree = H.make_tree(tmp_path / "site", H.V1_WORKER)
-    port = standins.port()
-    standins.launch(tree, tmp_path / "work", port, *ARGS)
-    H.wait_http(port, timeout=30)
-    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "client cache"))
-    env.pop("EAGLEPATCH_DEBUG", None)
-    target = str(tree / "sglang")
-    logs = tmp_path / "timing logs"
-    ok(cli(env, "apply", target, "--log-dir", str(logs), "--timeout", "60", "--json"))
+    target, port, env, logs = patched_standin(standins, tmp_path, *ARGS)
     mine = tmp_path / "load.jsonl"
     mine.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in prompts(0, 16, "load")))
     return target, port, env, logs, mine
