@@ -40,31 +40,21 @@ import sys
 import tempfile
 import time
 
+from peak import PEAK_KB
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-_CHILD = r"""
-import resource, sys, json
+_CHILD = PEAK_KB + r"""
+import sys, json
 sys.path.insert(0, sys.argv[1])
 from eaglepatch.report import aggregate
 files = sys.argv[3:]
 if sys.argv[2] == "run":
     r = aggregate(files)
     assert r.records > 0
-# ru_maxrss survives execve on Linux (it starts at the forking parent's size), so prefer VmHWM, the peak of
-# this process image alone.
-kb = None
-try:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                kb = int(line.split()[1])
-except OSError:
-    pass
-if kb is None:
-    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"maxrss_kb": kb}))
+print(json.dumps({"maxrss_kb": peak_kb()}))
 """
 
 

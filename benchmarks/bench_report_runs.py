@@ -32,29 +32,21 @@ import sys
 import tempfile
 import time
 
+from peak import PEAK_KB
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TARGET_MB = 200.0
 
 # The child: the CLI's entry point from the tree given, its peak resident size written to a file at exit.
-_CHILD = r"""
-import atexit, resource, sys
+_CHILD = PEAK_KB + r"""
+import atexit, sys
 tree, out, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
 sys.path.insert(0, tree)
 
 def peak():
-    kb = None
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    kb = int(line.split()[1])
-    except OSError:
-        pass
-    if kb is None:
-        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with open(out, "w") as f:
-        f.write(str(kb))
+        f.write(str(peak_kb()))
 
 atexit.register(peak)
 if argv[0] == "--stream":  # the JSON handed to stdout piece by piece (reporting.report's write=)
