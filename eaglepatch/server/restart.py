@@ -304,8 +304,9 @@ class _Run:
         False, or none came in ``timeout`` + ``VERDICT_GRACE_S`` s (node rank 0's own timeout may end later)."""
         node = self.node
         assert node is not None
-        self.say(f"waiting up to {timeout:.0f} s for node rank 0 of this server to be ready (this node, pid {pid}, "
-                 "serves no health endpoint: its process is watched)")
+        self.say(f"waiting up to {timeout:.0f} s (and {VERDICT_GRACE_S:.0f} s more for node rank 0's own verdict) for "
+                 f"node rank 0 of this server to be ready (this node, pid {pid}, serves no health endpoint: its "
+                 "process is watched)")
         t0, limit, last = self.clock(), timeout + VERDICT_GRACE_S, {}
         while True:
             try:
