@@ -96,6 +96,58 @@ def server_info(host, port, api_key, timeout):
     return {"endpoint": None, "status": 404, "doc": None, "error": "no /server_info or /get_server_info"}
 
 
+def requests_in(endpoint, doc):
+    """The requests a server holds (running and waiting, all its data-parallel ranks) in what ``endpoint`` answered:
+    ``/v1/loads`` (``{"loads": [{"num_running_reqs", "num_waiting_reqs", ...}]}``) or the older ``/get_load``
+    (``[{"num_reqs", ...}]``); None when the answer is not of that shape."""
+    rows = doc.get("loads") if endpoint.startswith("/v1/loads") and isinstance(doc, dict) else doc
+    if not isinstance(rows, list) or not rows:
+        return None
+    total = 0
+    for row in rows:
+        if not isinstance(row, dict):
+            return None
+        keys = ("num_running_reqs", "num_waiting_reqs") if endpoint.startswith("/v1/loads") else ("num_reqs",)
+        for key in keys:
+            value = row.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                return None
+            total += value
+    return total
+
+
+def op_loads(payload):
+    """How many requests the server on ``port`` holds, read ``samples`` times ``interval`` s apart from its own
+    ``/v1/loads`` (else, before that endpoint, ``/get_load``): ``{"endpoint", "samples": [n, ...], "error"}``
+    (``endpoint`` None and no samples when it answers neither)."""
+    import time
+
+    host = payload.get("host") or "127.0.0.1"
+    base = "http://%s:%d" % ("[%s]" % host if ":" in host else host, int(payload["port"]))
+    timeout, api_key = float(payload.get("http_timeout", 5)), payload.get("api_key")
+    samples, interval = max(1, int(payload.get("samples", 3))), float(payload.get("interval", 0.5))
+    endpoint, err, got = None, None, []
+    for candidate in ("/v1/loads?include=core", "/get_load"):
+        status, doc, err = http_json(base + candidate, timeout, api_key)
+        if status == 404:
+            continue
+        n = requests_in(candidate, doc) if status == 200 else None
+        if n is None:
+            return {"endpoint": candidate, "samples": [], "error": err or "an answer of another shape"}
+        endpoint, got = candidate, [n]
+        break
+    if endpoint is None:
+        return {"endpoint": None, "samples": [], "error": err or "no /v1/loads or /get_load"}
+    while len(got) < samples:
+        time.sleep(interval)
+        status, doc, err = http_json(base + endpoint, timeout, api_key)
+        n = requests_in(endpoint, doc) if status == 200 else None
+        if n is None:
+            return {"endpoint": endpoint, "samples": got, "error": err or "an answer of another shape"}
+        got.append(n)
+    return {"endpoint": endpoint, "samples": got, "error": None}
+
+
 def hf_snapshot(name, env):
     """config.json of a Hugging Face repo id in the server's hub cache (HF_HUB_CACHE, HF_HOME/hub,
     ~/.cache/huggingface/hub), or None."""

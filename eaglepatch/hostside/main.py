@@ -24,6 +24,7 @@ OPS = {
     "logs": ("logs", "op_logs"),
     "live": ("live", "op_live"),
     "doctor": ("doctor", "op_doctor"),
+    "loads": ("doctor", "op_loads"),
 }
 
 

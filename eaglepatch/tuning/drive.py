@@ -269,8 +269,8 @@ SHARED_TAIL_BYTES = 2 << 20  # of each rank's newest log: some 5,000 records, a 
 
 def _check_shared(host: Host, name: str, python: str, facts: Any, server: Any, say: Say) -> None:
     """Raise UsageError (exit 2, nothing changed) when the server's timing records of the last SHARED_LOOKBACK_S
-    seconds hold decode cycles with requests that are not eaglepatch's (the records' ``"others"``). An unpatched
-    server has no records: nothing can be told then, and nothing is refused."""
+    seconds hold decode cycles with requests that are not eaglepatch's (the records' ``"others"``), else when the
+    server holds requests now by its own count (``_check_busy``: patched or not)."""
     import os
     import tempfile
 
@@ -280,11 +280,13 @@ def _check_shared(host: Host, name: str, python: str, facts: Any, server: Any, s
 
     log_dir = patched_log_dir(facts)
     if log_dir is None:
+        _check_busy(host, name, python, server, say)
         return
     pids = {server.pid, *server.children}
     offset, unc = clock_offset(host, python)
     tails = log_tails(host, python, log_dir, pids, SHARED_TAIL_BYTES)  # not the logs whole: up to --max-log-mb
     if not tails:
+        _check_busy(host, name, python, server, say)
         return
     with tempfile.TemporaryDirectory(prefix="eaglepatch-shared-") as tmp:
         files = []
@@ -295,6 +297,40 @@ def _check_shared(host: Host, name: str, python: str, facts: Any, server: Any, s
         cycles = traffic.others_since(files, time.time() + offset - unc - SHARED_LOOKBACK_S, pids)
     if cycles:
         raise UsageError(traffic.refusal(name, cycles, f"of its last {SHARED_LOOKBACK_S:.0f} s"))
+    _check_busy(host, name, python, server, say)  # records without request ids (0.5.12's V2 batch) tell nothing
+
+
+# How a restart sweep reads the server's own load before its first restart: LOAD_SAMPLES answers, LOAD_INTERVAL_S
+# apart (requests of steady traffic are in flight at any moment; a lull of a second between bursts is not seen).
+LOAD_SAMPLES = 3
+LOAD_INTERVAL_S = 0.5
+
+
+def _check_busy(host: Host, name: str, python: str, server: Any, say: Say) -> None:
+    """Raise UsageError (exit 2, nothing changed) when the server holds requests now, by its own count (sglang's
+    ``/v1/loads``, else ``/get_load``): before the first restart the sweep has sent none, so they are others'. Patched
+    or not, and whatever its records carry. A server that answers neither gets a note: nothing can be told then."""
+    from eaglepatch.errors import HelperFailed
+    from eaglepatch.hosts.agent import call
+
+    try:
+        ans = call(host, python, "loads", timeout=60, host=server.probe_host, port=server.port,
+                   api_key=server.api_key, samples=LOAD_SAMPLES, interval=LOAD_INTERVAL_S, http_timeout=5)
+    except HelperFailed as exc:
+        ans = {"endpoint": None, "samples": [], "error": str(exc)}
+    samples = ans.get("samples") or []
+    if ans.get("error") or not samples:
+        say(f"note: {name}: cannot tell whether the server on :{server.port} serves others' requests now "
+            f"({ans.get('endpoint') or '/v1/loads, /get_load'}: {ans.get('error') or 'no answer'})")
+        return
+    busy = max(samples)
+    if busy > 0:
+        endpoint = ans["endpoint"].split("?", 1)[0]
+        raise UsageError(f"{name}: the server on :{server.port} (pid {server.pid}) holds {busy} request(s) now that "
+                         f"are not this sweep's (its {endpoint}, read {len(samples)} times over "
+                         f"{LOAD_INTERVAL_S * (len(samples) - 1):.0f} s: {', '.join(map(str, samples))}): a restart "
+                         "would cut them off; nothing was changed: sweep it while it serves no one else (take it "
+                         "out of its router first), or give --allow-shared-traffic")
 
 
 @contextlib.contextmanager

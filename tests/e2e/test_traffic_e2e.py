@@ -191,3 +191,27 @@ def test_a_live_sweep_of_its_own_says_nothing_of_others(standins, tmp_path):
     doc = _live_sweep(standins, tmp_path, beside_others=False)
     assert "shared_cycles" not in doc
     assert not [n for n in doc["notes"] if "not the sweep's" in n], doc["notes"]
+
+
+@pytest.mark.parametrize("loads,endpoint", [("both", "/v1/loads"), ("legacy", "/get_load")])
+def test_a_restart_sweep_refuses_an_unpatched_server_that_holds_others_requests(standins, tmp_path, loads, endpoint):
+    """An unpatched server has no timing records: the server's own count of the requests it holds (sglang's
+    /v1/loads, else /get_load) says it serves others; the sweep refuses before anything changes. Before: nothing
+    was refused, and the restart cut the other client's requests off."""
+    install = make_install(standins, tmp_path / "install", "venv-by-path")
+    port, _proc = up(install, standins, tmp_path / "work", *ARGS, "--standin-loads", loads)
+    [pid] = standins.launcher_pids(port)
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "client cache"))
+    env.pop("EAGLEPATCH_DEBUG", None)
+    grid = ("--grid", "speculative-num-steps=2", "--timeout", "60", "--requests", "8", "--concurrency", "2",
+            "--max-new-tokens", "16", "--warmup", "0", "--log-wait", "0", "--prompts", "random-ids")
+    with OtherClient(port, slots=2, new_tokens=400) as other:
+        deadline = time.monotonic() + 20
+        while other.sent == 0 and time.monotonic() < deadline:  # the other client's requests under way
+            time.sleep(0.1)
+        r = cli(env, "sweep", str(install.pkg), *grid)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert "request(s) now that are not this sweep's" in lines[-1] and endpoint in lines[-1], r.stderr
+    assert "--allow-shared-traffic" in lines[-1] and "nothing was changed" in lines[-1], r.stderr
+    assert standins.launcher_pids(port) == [pid]  # not restarted

@@ -117,3 +117,77 @@ def test_op_doctor_reads_a_live_process(tmp_path):
     assert [x["lines"] for x in srv["logs"]] == [["[t] server_args=ServerArgs(tp_size=1)",
                                                  "[t] Decode batch, #running-req: 1, accept len: 1.00, cuda graph: True"]]
     assert "server_info" not in srv and isinstance(res["gpus"], dict)
+
+
+def _load_server(routes: dict) -> tuple:
+    """A local HTTP server answering GET paths (query included) from ``routes`` (path -> (status, JSON)), else 404;
+    (server, port, the paths asked, their Authorization headers)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    asked, auth = [], []
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(self.path)
+            auth.append(self.headers.get("Authorization"))
+            status, doc = routes.get(self.path, (404, {"detail": "Not Found"}))
+            body = json.dumps(doc).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, srv.server_address[1], asked, auth
+
+
+def test_loads_reads_v1_loads_over_every_dp_rank_with_the_api_key():
+    routes = {"/v1/loads?include=core": (200, {"loads": [{"dp_rank": 0, "num_running_reqs": 3, "num_waiting_reqs": 1},
+                                                         {"dp_rank": 1, "num_running_reqs": 2, "num_waiting_reqs": 0}]}),
+              "/get_load": (200, [{"num_reqs": 99}])}
+    srv, port, asked, auth = _load_server(routes)
+    try:
+        got = host.op_loads({"port": port, "api_key": "k", "samples": 3, "interval": 0.01})
+    finally:
+        srv.shutdown()
+    assert got == {"endpoint": "/v1/loads?include=core", "samples": [6, 6, 6], "error": None}
+    assert asked == ["/v1/loads?include=core"] * 3 and auth == ["Bearer k"] * 3
+
+
+def test_loads_falls_back_to_get_load_and_says_when_neither_answers():
+    srv, port, asked, _ = _load_server({"/get_load": (200, [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0}])})
+    try:
+        got = host.op_loads({"port": port, "samples": 2, "interval": 0.01})
+    finally:
+        srv.shutdown()
+    assert got == {"endpoint": "/get_load", "samples": [0, 0], "error": None}
+    assert asked == ["/v1/loads?include=core", "/get_load", "/get_load"]
+    srv, port, _, _ = _load_server({})
+    try:
+        got = host.op_loads({"port": port})
+    finally:
+        srv.shutdown()
+    assert got["endpoint"] is None and got["samples"] == [] and got["error"]
+
+
+def test_loads_of_another_shape_or_refused_are_no_count():
+    """A 401 (a key not given), a count that is not a non-negative integer, rows that are not objects: no count, an
+    error said (the sweep then notes that it cannot tell, and refuses nothing on it)."""
+    for routes in ({"/v1/loads?include=core": (401, {"error": "unauthorized"})},
+                   {"/v1/loads?include=core": (200, {"loads": [{"num_running_reqs": -1}]})},
+                   {"/v1/loads?include=core": (200, {"loads": [{"num_running_reqs": "3"}]})},
+                   {"/v1/loads?include=core": (200, {"loads": ["x"]})},
+                   {"/get_load": (200, {"num_reqs": 3})}):
+        srv, port, _, _ = _load_server(routes)
+        try:
+            got = host.op_loads({"port": port, "samples": 2, "interval": 0.01})
+        finally:
+            srv.shutdown()
+        assert got["samples"] == [] and got["error"], (routes, got)
+    assert host.requests_in("/v1/loads?include=core", {"loads": [{"num_running_reqs": True}]}) is None
+    assert host.requests_in("/get_load", [{"num_reqs": 4}, {"num_reqs": 1}]) == 5

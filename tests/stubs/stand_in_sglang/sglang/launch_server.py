@@ -104,6 +104,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr")
     p.add_argument("--standin-rendezvous", action="store_true")
+    # the server's own count of the requests it holds: sglang's /v1/loads (0.5.x: also the older /get_load);
+    # "legacy": /get_load alone, as before /v1/loads; "none": neither, as releases before both
+    p.add_argument("--standin-loads", choices=("both", "legacy", "none"), default="both")
     return p.parse_known_args(argv)
 
 
@@ -583,6 +586,14 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                         "internal_states": [{"avg_spec_accept_length": state.speed.accept or 0.0}],
                     },
                 )
+            if path == "/v1/loads" and args.standin_loads == "both":
+                return self._send(200, {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+                                        "version": "0.0.0+stand-in",
+                                        "loads": [{"dp_rank": 0, "num_running_reqs": state.decode_log.active,
+                                                   "num_waiting_reqs": 0, "num_total_tokens": 0}]})
+            if path == "/get_load" and args.standin_loads != "none":
+                return self._send(200, [{"dp_rank": 0, "num_reqs": state.decode_log.active, "num_waiting_reqs": 0,
+                                         "num_tokens": 0, "num_pending_tokens": 0, "ts_tic": time.monotonic()}])
             if path == "/v1/models":
                 return self._send(200, {"object": "list", "data": [{"id": args.served_model_name or args.model_path}]})
             return self._send(404, {"detail": "Not Found"})
