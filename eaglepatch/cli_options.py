@@ -57,8 +57,9 @@ SharedTrafficOpt = typer.Option(False, "--allow-shared-traffic", help="Sweep a s
                                 "that are not the sweep's: a restart sweep stops them, a live sweep pins their step "
                                 "count too while they share a batch with its own (without it a restart sweep refuses, "
                                 "a live sweep pins only batches of its own requests).")
-LogWaitOpt = typer.Option(4.5, "--log-wait", help="Seconds to wait after the load for the timing records "
-                          "(the runtime writes every 2 s); only when the target is patched.")
+LogWaitOpt = typer.Option(4.5, "--log-wait", help="Seconds at most to wait after the load for the timing "
+                          "records: the wait ends once every rank's log was written after the load (the runtime "
+                          "writes every 2 s); only when the target is patched.")
 
 
 # The connection options, as --help lists them: after a command's own (and --server-port).

@@ -199,6 +199,48 @@ def _line_end(f, start, size, piece):
     return None
 
 
+_CHAIN = re.compile(r"-([0-9]+)-rank([0-9]+)(?:[.][0-9]+)?[.]jsonl$")
+
+
+def op_log_times(payload):
+    """When each rank of the processes ``pids`` last wrote its timing log (the newest modification time, host
+    clock, over its chain's files), in every folder ``op_logs`` would read: ``{"ranks": [{"pid", "rank",
+    "mtime"}]}``. No byte of a log is read."""
+    pids = set(int(p) for p in payload.get("pids") or ())
+    owners = _log_owners(sorted(pids))
+    log_dir = os.path.normpath(payload["log_dir"])
+    candidates = [(log_dir, "configured")]
+    candidates += [(d, "open") for d in _dirs_in_use(sorted(pids))]
+    candidates += [(d, "fallback") for d in _fallback_dirs(owners, _temp_dirs(sorted(pids)))]
+    newest, seen = {}, set()
+    for path, kind in candidates:
+        if path in seen:
+            continue
+        seen.add(path)
+        try:
+            dfd, _st = _open_log_dir(path, owners)
+        except _Refused:
+            continue
+        try:
+            listed = sorted(n for n in os.listdir(dfd) if LOG_NAME.match(n))
+            if kind != "configured" and not _fell_back_from(dfd, listed, log_dir, owners):
+                continue
+            for name in listed:
+                m = _CHAIN.search(name)
+                if not m or int(m.group(1)) not in pids:
+                    continue
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    key = (int(m.group(1)), int(m.group(2)))
+                    newest[key] = max(newest.get(key, 0.0), st.st_mtime)
+        finally:
+            os.close(dfd)
+    return {"ranks": [{"pid": k[0], "rank": k[1], "mtime": v} for k, v in sorted(newest.items())]}
+
+
 def op_logs(payload):
     """New bytes of the timing logs, read by the runtime's own rules (real folders and regular files of this user
     or the servers' users, no links followed, nothing others may write), from every folder the runtime writes to:

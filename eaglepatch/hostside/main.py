@@ -22,6 +22,7 @@ OPS = {
     "unlock": ("lock", "op_unlock"),
     "execute": ("execute", "op_execute"),
     "logs": ("logs", "op_logs"),
+    "log_times": ("logs", "op_log_times"),
     "live": ("live", "op_live"),
     "doctor": ("doctor", "op_doctor"),
     "loads": ("doctor", "op_loads"),

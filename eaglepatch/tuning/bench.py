@@ -230,6 +230,38 @@ def bench_on(host: Host, name: str, python: str, server: Any, log_dir: str | Non
     return doc
 
 
+# After the load, each rank's timing log is written again once its buffer falls due (the runtime writes every
+# flush_seconds, 2 s, at the latest, and resolves a cycle waiting for its CUDA events after 0.05 s of quiet, before it
+# writes): a write RECORDS_MARGIN_S past the window's end (host clock, its uncertainty included) holds every cycle of
+# the window. How often bench looks, within --log-wait:
+RECORDS_MARGIN_S = 0.25
+RECORDS_POLL_S = 0.25
+
+
+def wait_for_records(host: Host, python: str, log_dir: str, pids: set[int], end: float, limit: float,
+                     clock: Callable[[], float] = time.monotonic,
+                     sleep: Callable[[float], None] = time.sleep) -> float:
+    """Wait until every rank of ``pids`` with a timing log has written it RECORDS_MARGIN_S past ``end`` (the
+    load's window's end, host clock), ``limit`` seconds at most (``--log-wait``: also when a rank writes nothing
+    more, or its log's time cannot be read); the seconds waited."""
+    from eaglepatch.errors import HelperFailed
+    from eaglepatch.hosts.agent import call
+
+    t0 = clock()
+    while True:
+        left = limit - (clock() - t0)
+        if left <= 0:
+            return clock() - t0
+        sleep(min(RECORDS_POLL_S, left))
+        try:
+            ranks = call(host, python, "log_times", timeout=60, log_dir=log_dir, pids=sorted(pids))["ranks"]
+            done = bool(ranks) and all(float(r["mtime"]) >= end + RECORDS_MARGIN_S for r in ranks)
+        except (HelperFailed, KeyError, TypeError, ValueError):
+            done = False  # looked at again, until the limit
+        if done:
+            return clock() - t0
+
+
 def collect_timings(host: Host, name: str, python: str, log_dir: str, pids: set[int],
                     window: tuple[float, float], wait: float, say: Say, notes: list[str],
                     argv: Sequence[str] = (), extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -242,8 +274,8 @@ def collect_timings(host: Host, name: str, python: str, log_dir: str, pids: set[
     from eaglepatch.report.predict import MIN_CYCLES, predict
 
     if wait > 0:
-        say(f"waiting {wait:g} s for the server to write its timing records")
-        time.sleep(wait)
+        said = wait_for_records(host, python, log_dir, pids, window[1], wait)
+        say(f"waited {said:.1f} s for the server to write its timing records")
     try:
         folder = fetch_logs_from(host, name, python, log_dir, lambda _m: None, pids=pids)
     except UsageError as exc:
