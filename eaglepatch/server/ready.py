@@ -58,7 +58,7 @@ def wait_until_ready(
     pid: int | None = None,
     *,
     python: str = "python3",
-    poll_interval: float = 2.0,
+    poll_interval: float = 1.0,
     log_offset: int = 0,
     api_key: str | None = None,
     start: int | None = None,

@@ -96,7 +96,7 @@ class RestartOptions:
     systemd_unit: str | None = None
     timeout: float = 900.0
     grace: float = 30.0
-    poll_interval: float = 2.0
+    poll_interval: float = 1.0
     port_timeout: float = 60.0
     stop_on_failure: bool = False
 
