@@ -53,6 +53,16 @@ def bench_set(name: str) -> dict:
             "phases_p50": {k: (v or {}).get("p50") for k, v in (g.get("phases") or {}).items()}}
 
 
+def bench_sets(names: list[str], into: dict) -> None:
+    """``bench_set`` of each set in turn into ``into`` (saved after each), while the budget lasts."""
+    for name in names:
+        if S.left() < 40:
+            into[name] = {"skipped": "budget"}
+            continue
+        into[name] = bench_set(name)
+        S.save("smol_story")
+
+
 def launch(name: str, spec: list[str]) -> S.Server | None:
     srv = S.Server(name, [S.PY, "-m", "sglang.launch_server", "--model-path", HF, *spec, *S.COMMON, *EXTRA])
     if not srv.up(min(240.0, S.left() - 30)):
@@ -80,24 +90,14 @@ def main() -> int:
         story["summary"] = {"ngram_launch": "failed"}
         S.save("smol_story")
         return 1
-    for name in SETS:
-        if S.left() < 40:
-            results[name] = {"skipped": "budget"}
-            continue
-        results[name] = bench_set(name)
-        S.save("smol_story")
+    bench_sets(SETS, results)
     srv.down()
     base: dict = {}
     story["base"] = base
     if S.left() > 150:
         srv = launch("base", [])
         if srv is not None:
-            for name in BASE_SETS:
-                if S.left() < 40:
-                    base[name] = {"skipped": "budget"}
-                    continue
-                base[name] = bench_set(name)
-                S.save("smol_story")
+            bench_sets(BASE_SETS, base)
             srv.down()
     summary = {}
     for name, r in results.items():

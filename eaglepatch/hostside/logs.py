@@ -199,6 +199,14 @@ def _line_end(f, start, size, piece):
     return None
 
 
+def _candidates(log_dir, pids, owners):
+    """The folders the runtime may have written the logs of ``pids`` to, each with how it was found: the configured
+    one, those the processes have a log open in, the private ones it falls back to (read only when their logs say
+    they fell back from ``log_dir``)."""
+    return ([(log_dir, "configured")] + [(d, "open") for d in _dirs_in_use(pids)]
+            + [(d, "fallback") for d in _fallback_dirs(owners, _temp_dirs(pids))])
+
+
 _CHAIN = re.compile(r"-([0-9]+)-rank([0-9]+)(?:[.][0-9]+)?[.]jsonl$")
 
 
@@ -209,11 +217,8 @@ def op_log_times(payload):
     pids = set(int(p) for p in payload.get("pids") or ())
     owners = _log_owners(sorted(pids))
     log_dir = os.path.normpath(payload["log_dir"])
-    candidates = [(log_dir, "configured")]
-    candidates += [(d, "open") for d in _dirs_in_use(sorted(pids))]
-    candidates += [(d, "fallback") for d in _fallback_dirs(owners, _temp_dirs(sorted(pids)))]
     newest, seen = {}, set()
-    for path, kind in candidates:
+    for path, kind in _candidates(log_dir, sorted(pids), owners):
         if path in seen:
             continue
         seen.add(path)
@@ -277,11 +282,8 @@ def op_logs(payload):
     owners = _log_owners(pids)
     budget = limit = int(payload.get("budget") or LOG_BATCH)
     log_dir = os.path.normpath(payload["log_dir"])
-    candidates = [(log_dir, "configured")]
-    candidates += [(d, "open") for d in _dirs_in_use(pids)]
-    candidates += [(d, "fallback") for d in _fallback_dirs(owners, _temp_dirs(pids))]
     dirs, files, blobs, names, sizes, seen, more = [], [], [], {}, {}, set(), False
-    for path, kind in candidates:
+    for path, kind in _candidates(log_dir, pids, owners):
         if path in seen:
             continue
         seen.add(path)
