@@ -28,8 +28,9 @@ sshd:
 # then the few that measure rates on the CPU alone (marker serial). --dist loadscope: a file is one unit of work, a
 # test class one of its own; --no-loadscope-reorder: the units are handed out in the collection's order, the longest
 # files first (SLOW_FIRST in tests/e2e/conftest.py), so no long one starts last. On the 2-core machine the side-by-side
-# phase took 593 s with 4 workers and 554 s with 6 (one run each, 2026-12-07).
-JOBS ?= 6
+# phase took 593 s with 4 workers and 554-636 s with 6, but with 6 two tests that compare the stand-in's timed
+# cycles failed in one of three runs (the CPU too contended): 4 it stays (2026-12-07).
+JOBS ?= 4
 test: install sshd
 	$(BIN)/python -m pytest -q -p no:cacheprovider -rs -n $(JOBS) --dist loadscope --no-loadscope-reorder -m 'not serial'
 	$(BIN)/python -m pytest -q -p no:cacheprovider -rs -m serial
