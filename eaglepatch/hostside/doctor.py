@@ -126,26 +126,21 @@ def op_loads(payload):
     base = "http://%s:%d" % ("[%s]" % host if ":" in host else host, int(payload["port"]))
     timeout, api_key = float(payload.get("http_timeout", 5)), payload.get("api_key")
     samples, interval = max(1, int(payload.get("samples", 3))), float(payload.get("interval", 0.5))
-    endpoint, err, got = None, None, []
-    for candidate in ("/v1/loads?include=core", "/get_load"):
-        status, doc, err = http_json(base + candidate, timeout, api_key)
-        if status == 404:
-            continue
-        n = requests_in(candidate, doc) if status == 200 else None
-        if n is None:
-            return {"endpoint": candidate, "samples": [], "error": err or "an answer of another shape"}
-        endpoint, got = candidate, [n]
-        break
-    if endpoint is None:
-        return {"endpoint": None, "samples": [], "error": err or "no /v1/loads or /get_load"}
+    endpoints, err, got = ["/v1/loads?include=core", "/get_load"], None, []
     while len(got) < samples:
-        time.sleep(interval)
-        status, doc, err = http_json(base + endpoint, timeout, api_key)
-        n = requests_in(endpoint, doc) if status == 200 else None
+        if got:
+            time.sleep(interval)
+        status, doc, err = http_json(base + endpoints[0], timeout, api_key)
+        if status == 404 and not got and len(endpoints) > 1:
+            endpoints.pop(0)  # before /v1/loads: the older endpoint
+            continue
+        if status == 404 and not got:
+            return {"endpoint": None, "samples": [], "error": err or "no /v1/loads or /get_load"}
+        n = requests_in(endpoints[0], doc) if status == 200 else None
         if n is None:
-            return {"endpoint": endpoint, "samples": got, "error": err or "an answer of another shape"}
+            return {"endpoint": endpoints[0], "samples": got, "error": err or "an answer of another shape"}
         got.append(n)
-    return {"endpoint": endpoint, "samples": got, "error": None}
+    return {"endpoint": endpoints[0], "samples": got, "error": None}
 
 
 def hf_snapshot(name, env):

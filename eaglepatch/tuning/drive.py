@@ -270,7 +270,14 @@ SHARED_TAIL_BYTES = 2 << 20  # of each rank's newest log: some 5,000 records, a 
 def _check_shared(host: Host, name: str, python: str, facts: Any, server: Any, say: Say) -> None:
     """Raise UsageError (exit 2, nothing changed) when the server's timing records of the last SHARED_LOOKBACK_S
     seconds hold decode cycles with requests that are not eaglepatch's (the records' ``"others"``), else when the
-    server holds requests now by its own count (``_check_busy``: patched or not)."""
+    server holds requests now by its own count (``_check_busy``: patched or not; records without request ids, as
+    0.5.12's V2 batch writes, tell nothing)."""
+    _check_records(host, name, python, facts, server)
+    _check_busy(host, name, python, server, say)
+
+
+def _check_records(host: Host, name: str, python: str, facts: Any, server: Any) -> None:
+    """``_check_shared``'s look at the timing records (none on an unpatched server: nothing refused then)."""
     import os
     import tempfile
 
@@ -280,13 +287,11 @@ def _check_shared(host: Host, name: str, python: str, facts: Any, server: Any, s
 
     log_dir = patched_log_dir(facts)
     if log_dir is None:
-        _check_busy(host, name, python, server, say)
         return
     pids = {server.pid, *server.children}
     offset, unc = clock_offset(host, python)
     tails = log_tails(host, python, log_dir, pids, SHARED_TAIL_BYTES)  # not the logs whole: up to --max-log-mb
     if not tails:
-        _check_busy(host, name, python, server, say)
         return
     with tempfile.TemporaryDirectory(prefix="eaglepatch-shared-") as tmp:
         files = []
@@ -297,7 +302,6 @@ def _check_shared(host: Host, name: str, python: str, facts: Any, server: Any, s
         cycles = traffic.others_since(files, time.time() + offset - unc - SHARED_LOOKBACK_S, pids)
     if cycles:
         raise UsageError(traffic.refusal(name, cycles, f"of its last {SHARED_LOOKBACK_S:.0f} s"))
-    _check_busy(host, name, python, server, say)  # records without request ids (0.5.12's V2 batch) tell nothing
 
 
 # How a restart sweep reads the server's own load before its first restart: LOAD_SAMPLES answers, LOAD_INTERVAL_S
