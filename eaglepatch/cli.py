@@ -367,7 +367,8 @@ def bench(
 @app.command()
 @connected(server_port=True)
 def sweep(
-    target: str = typer.Argument(..., help="SSH destination or local path."),
+    targets: List[str] = typer.Argument(..., help="SSH destination or local path (several: every node of one "
+                                        "multi-node server, restarted together per point)."),
     grid: List[str] = typer.Option([], "--grid", help="FLAG=v1,v2: a launch flag and its values (repeatable)."),
     env: List[str] = typer.Option([], "--env", help="NAME=a,b: an environment variable of the server and its "
                                   "values (repeatable)."),
@@ -429,6 +430,9 @@ def sweep(
     bench_opts = _bench_options(requests, concurrency, input_len, max_new_tokens, warmup, seed, log_wait,
                                 request_rate, prompts, temperature, top_p, ignore_eos, url)
     goal = sw.Objective(objective, max_tpot_ms)  # bad input: exit 2 before the target is touched
+    if live and len(targets) > 1:
+        raise UsageError("sweep --live takes one TARGET: it does not yet run across the nodes of a multi-node "
+                         "server; sweep without --live (every node restarted together per point)")
     if live:
         from eaglepatch.tuning import drive_live
 
@@ -458,11 +462,18 @@ def sweep(
             allow_shared_traffic=allow_shared_traffic)
         opts.points()  # bad input: exit 2 before the target is touched
         run = lambda t: tuning.sweep(t, c, opts, say)  # noqa: E731
+        if len(targets) > 1:  # the nodes of one multi-node server
+            from eaglepatch.ops.target import check_targets
+            from eaglepatch.tuning import drive_nodes
+
+            specs = check_targets(targets, c)  # a bad TARGET: exit 2 before any is touched
+            run = lambda _t: drive_nodes.sweep_nodes(specs, c, opts, say)  # noqa: E731
     if chart is not None:
         from eaglepatch.report.chart.draw import check_chart_path
 
         check_chart_path(chart)  # folder, .svg/.png, matplotlib for .png: exit 2 before the sweep runs
-    [outcome] = for_each_target([target], c, run)
+    target = targets[0] if len(targets) == 1 else " + ".join(targets)
+    [outcome] = for_each_target(targets[:1], c, run)
     if outcome.error is not None:
         finish([outcome], json_out, None)
     doc = outcome.value

@@ -63,14 +63,16 @@ def _where(nodes: Nodes) -> str:
     return f"node rank {nodes.rank} of a {nodes.count}-node server ({addr})"
 
 
-def check(restarting: Sequence[Any], named: Iterable[Any], verb: str, name: str, several: bool = True) -> None:
+def check(restarting: Sequence[Any], named: Iterable[Any], verb: str, name: str, several: bool = True,
+          fix: str | None = None) -> None:
     """Refuse, before anything changes, a restart of any server in ``restarting`` that is one side of a prefill/decode
     pair whose other side ``named`` lacks (``UsageError``, exit 2; a one-TARGET command always: it cannot name both),
     or one node of a multi-node server whose node ranks ``named`` (every TARGET's servers, ``Recorded`` ones too)
     does not all hold (``UsageError``, exit 2, naming the missing ranks). Returns when every node is named (the
     nodes then restart together: ``NodeGroup``) and for single-node servers. ``several``: the command takes several
-    TARGETs (the message says to name the missing nodes; sweep takes one, so it never restarts a multi-node
-    server)."""
+    TARGETs (the message says to name the missing nodes; sweep --live takes one, so it never restarts a
+    multi-node server). ``fix``: what the message for a missing node says to do instead (a restart sweep: name every
+    node in it)."""
     named = list(named)
     ranks = named_ranks(named)
     sides = {s.disaggregation for s in named}
@@ -79,12 +81,12 @@ def check(restarting: Sequence[Any], named: Iterable[Any], verb: str, name: str,
         if side is not None:
             other = "decode" if side == "prefill" else "prefill"
             if other not in sides or not several:
-                fix = (f"name the {other} server's host in the same command (eaglepatch {verb} PREFILL DECODE), or "
-                       "pass --no-restart") if several else f"{verb} takes one TARGET, so it cannot act on one yet"
+                pair = (f"name the {other} server's host in the same command (eaglepatch {verb} PREFILL DECODE), "
+                        "or pass --no-restart") if several else f"{verb} takes one TARGET, so it cannot act on one yet"
                 raise UsageError(
                     f"{name}: the server on :{srv.port} (pid {srv.pid}) is the {side} side of a prefill/decode pair "
                     f"(--disaggregation-mode {side}): {verb} would restart it without its {other} side, and requests "
-                    f"through the pair would fail meanwhile; nothing was changed: {fix}")
+                    f"through the pair would fail meanwhile; nothing was changed: {pair}")
         nodes = srv.nodes
         if nodes is None:
             continue
@@ -94,13 +96,13 @@ def check(restarting: Sequence[Any], named: Iterable[Any], verb: str, name: str,
             missing = missing or [r for r in range(nodes.count) if r != nodes.rank]
         if missing:
             which = ", ".join(str(r) for r in missing)
-            fix = ("name every node's host in the same command (eaglepatch " + verb + " NODE0 NODE1 ...), or pass "
-                   "--no-restart") if several else (
+            todo = fix or (("name every node's host in the same command (eaglepatch " + verb + " NODE0 NODE1 ...), "
+                            "or pass --no-restart") if several else (
                 f"{verb} takes one TARGET, so it cannot restart a multi-node server: patch it with 'eaglepatch apply "
-                "NODE0 NODE1 ...' (every node) and measure it with 'eaglepatch bench'")
+                "NODE0 NODE1 ...' (every node) and measure it with 'eaglepatch bench'"))
             raise UsageError(
                 f"{head}: {verb} would restart it without node rank{'s' if len(missing) > 1 else ''} {which}, which "
-                f"would take the whole server down; nothing was changed: {fix}")
+                f"would take the whole server down; nothing was changed: {todo}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -138,12 +138,16 @@ class _Owned:
     the user started their own server meanwhile, and the sweep stops rather than stop it or start a second."""
 
     def __init__(self, host: Host, python: str, package_dir: str, state: Any, launches: Sequence[Any],
-                 original: Any, env_names: Sequence[str], ports: Sequence[int]):
+                 original: Any, env_names: Sequence[str], ports: Sequence[int],
+                 head: Callable[[], dict[str, Any]] | None = None):
         self.host, self.python, self.package_dir, self.state = host, python, package_dir, state
         self.launches, self.original, self.env_names, self.ports = list(launches), original, env_names, ports
+        # where the state file says which server the sweep started from and which ran beside it: its header, or
+        # (a sweep across the nodes of a server: drive_nodes) this node's entry in it
+        self._head = head or (lambda: self.state.header or {})
 
     def _ours(self, srv: Any) -> bool:
-        head = self.state.header or {}
+        head = self._head()
         first = head.get("server") or {}
         if srv.pid == first.get("pid") and srv.start == first.get("start"):
             return True
@@ -153,7 +157,7 @@ class _Owned:
 
     def _beside(self, srv: Any) -> bool:
         return any(srv.pid == o.get("pid") and srv.start == o.get("start")
-                   for o in (self.state.header or {}).get("beside") or ())
+                   for o in self._head().get("beside") or ())
 
     def current(self, port: int, settle: Any = None, settle_wait: float = 0.0) -> Any:
         """The server of the install on ``port`` that the sweep may stop (None when none runs); raises
@@ -212,7 +216,9 @@ def sweep(spec: TargetSpec, c: Connect, opts: SweepOptions, say: Say) -> dict[st
             check_side(name, server.disaggregation, f"the server on :{server.port} (pid {server.pid})",
                        opts.bench.url, "sweep")
         if server is not None:  # before anything changes: one node of a multi-node server is never restarted alone
-            nodes.check([server], [server], "sweep", name, several=False)
+            nodes.check([server], [server], "sweep", name, several=False,
+                        fix="name every node's host in the same sweep (eaglepatch sweep NODE0 NODE1 ... --grid "
+                            "...): every node is restarted together per point")
         if server is not None and state.header is None and not opts.allow_shared_traffic:
             # before the first restart: a server serving others' requests is not stopped without the option
             _check_shared(host, name, python, facts, server, say)
@@ -453,7 +459,6 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
 
 def _one_run(host: Host, name: str, python: str, launch: Any, ropts: Any, log_dir: str | None,
              opts: SweepOptions, index: int, rep: int, point: Any, say: Say, owned: _Owned) -> dict[str, Any]:
-    from eaglepatch.tuning import sweep_summary
     from eaglepatch.server.restart import restart
 
     base = {"point": point.key, "index": index, "rep": rep, "argv": list(launch.argv),
@@ -472,6 +477,14 @@ def _one_run(host: Host, name: str, python: str, launch: Any, ropts: Any, log_di
     server = owned.current(launch.port)
     if server is None or server.pid != res.pid:
         return dict(base, status="failed", error=f"the server on :{launch.port} was ready, then gone", pid=res.pid)
+    return measure(host, name, python, server, log_dir, opts, base, say, res.seconds)
+
+
+def measure(host: Host, name: str, python: str, server: Any, log_dir: str | None, opts: SweepOptions,
+            base: dict[str, Any], say: Say, ready_s: float) -> dict[str, Any]:
+    """The loads of one run on the launch ``server`` that came up in ``ready_s``: the run's saved figures."""
+    from eaglepatch.tuning import sweep_summary
+
     loads = []
     for one in opts.bench.each():  # a ladder of concurrencies: each in turn, in this one launch
         ladder = len(opts.bench.ladder) > 1
@@ -491,7 +504,7 @@ def _one_run(host: Host, name: str, python: str, launch: Any, ropts: Any, log_di
                           notes=doc["notes"]))
     first = dict(loads[0])
     first.pop("concurrency")
-    run = dict(base, status="ok", pid=server.pid, ready_s=round(res.seconds, 2), **first)
+    run = dict(base, status="ok", pid=server.pid, ready_s=round(ready_s, 2), **first)
     if len(loads) > 1:
         run["loads"] = loads
     return run

@@ -187,10 +187,27 @@ def test_the_verdict_ends_every_wait_at_once_and_a_failure_wins():
     assert g.verdict("rollback") is None  # each phase has its own
 
 
-def test_sweep_says_it_takes_one_target():
+def test_a_live_sweep_says_it_takes_one_target_and_a_restart_sweep_says_to_name_every_node():
     n0 = server(10, "--nnodes", "2")
-    with pytest.raises(UsageError, match="sweep takes one TARGET"):
-        nodes.check([n0], [n0], "sweep", "gpu1", several=False)
+    with pytest.raises(UsageError, match="sweep --live takes one TARGET"):
+        nodes.check([n0], [n0], "sweep --live", "gpu1", several=False)
+    with pytest.raises(UsageError, match=r"without node rank 1,.*nothing was changed: name every node, then"):
+        nodes.check([n0], [n0], "sweep", "gpu1", several=False, fix="name every node, then")
+
+
+def test_a_sweep_across_targets_takes_the_nodes_of_one_server_each_rank_once():
+    from eaglepatch.tuning.drive_nodes import _one_server
+
+    a, b = spec("gpu1"), spec("gpu2")
+    n0 = server(10, "--nnodes", "2", "--dist-init-addr", "h:5")
+    n1 = server(11, "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "h:5")
+    assert _one_server([b, a], [n1, n0]) == [1, 0]
+    other = server(12, "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "h:6")
+    single = server(13)
+    for servers, want in (([n0, other], "each node rank 0..N-1 once"), ([n0, n0], "each node rank 0..N-1 once"),
+                          ([n0, single], "runs on one node"), ([n0, None], "no sglang server is running")):
+        with pytest.raises((UsageError, Unsupported), match=want):
+            _one_server([a, b], servers)
 
 
 def spec(text: str):
