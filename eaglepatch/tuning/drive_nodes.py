@@ -80,6 +80,13 @@ def _one_server(specs: Sequence[TargetSpec], servers: Sequence[Any]) -> list[int
             raise UsageError(f"{spec.name}: the server on :{srv.port} (pid {srv.pid}) runs on one node: sweep takes "
                              "several TARGETs only for the nodes of one multi-node server (--nnodes N); nothing was "
                              "changed: sweep one TARGET at a time")
+    for spec, srv in zip(specs, servers):
+        if srv.disaggregation is not None:  # a sweep names one server: the other side of its pair would be left alone
+            other = "decode" if srv.disaggregation == "prefill" else "prefill"
+            raise UsageError(f"{spec.name}: the server on :{srv.port} (pid {srv.pid}) is the {srv.disaggregation} "
+                             f"side of a prefill/decode pair (--disaggregation-mode {srv.disaggregation}): sweep "
+                             f"would restart it without its {other} side, and requests through the pair would fail "
+                             "meanwhile; nothing was changed: sweep takes the nodes of one server only")
     keys = {s.nodes.key for s in servers}
     ranks = sorted(s.nodes.rank for s in servers)
     count = servers[0].nodes.count

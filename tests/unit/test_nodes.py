@@ -205,7 +205,9 @@ def test_a_sweep_across_targets_takes_the_nodes_of_one_server_each_rank_once():
     other = server(12, "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "h:6")
     single = server(13)
     for servers, want in (([n0, other], "each node rank 0..N-1 once"), ([n0, n0], "each node rank 0..N-1 once"),
-                          ([n0, single], "runs on one node"), ([n0, None], "no sglang server is running")):
+                          ([n0, single], "runs on one node"), ([n0, None], "no sglang server is running"),
+                          ([n0, server(14, "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "h:5",
+                                       "--disaggregation-mode", "prefill")], "without its decode side")):
         with pytest.raises((UsageError, Unsupported), match=want):
             _one_server([a, b], servers)
 
