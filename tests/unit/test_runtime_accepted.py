@@ -143,18 +143,23 @@ def test_the_worker_never_waits_for_the_writers_lock(load, logs, fake_torch):
     def writer_busy():
         with rt._plock:
             held.set()
-            release.wait(5)
+            release.wait(60)
 
     t = threading.Thread(target=writer_busy)
     t.start()
     held.wait(5)
+    done = threading.Event()
+    cycle = threading.Thread(target=lambda: (w.forward_batch_generation(Batch()), done.set()))
     try:
-        t0 = time.perf_counter()
-        w.forward_batch_generation(Batch())
-        assert time.perf_counter() - t0 < 0.5
+        cycle.start()
+        # the cycle ends while the lock is still held: a worker that waited for it would end only after the release
+        # (no time limit to meet: 30 s is there only so that such a worker fails rather than hangs)
+        assert done.wait(30), "the cycle waited for the writer's lock"
+        assert t.is_alive() and not release.is_set()
     finally:
         release.set()
         t.join(5)
+        cycle.join(5)
     rt.flush()
     assert len(records(logs)) == 2
 

@@ -75,8 +75,10 @@ def test_events_timer_resolves_later_without_host_sync(load, logs, fake_torch):
         assert list(rec["phases"]) == list(rec["host_phases"]) == ["draft", "verify", "draft_extend"]
         # the fake GPU clock runs twice as slow as the host's: GPU columns are about 2x the host ones
         for name, host_ms in rec["host_phases"].items():
-            assert rec["phases"][name] == pytest.approx(2 * host_ms, rel=0.01, abs=0.01)
-        assert rec["cycle_ms"] == pytest.approx(2 * rec["host_cycle_ms"], rel=0.01, abs=0.01)
+            # within 10%: the host's clock is read beside the events, not at them (8.56 against 8.32 ms under a
+            # loaded CPU); a host timer would give 1x
+            assert rec["phases"][name] == pytest.approx(2 * host_ms, rel=0.1, abs=0.01)
+        assert rec["cycle_ms"] == pytest.approx(2 * rec["host_cycle_ms"], rel=0.1, abs=0.01)
         assert rec["host_phases"]["verify"] >= 4.0 and rec["host_cycle_ms"] >= 7.0
     assert 1 <= len(fake_torch.pinned) <= 2                     # reused once the writer read the first copy
 
