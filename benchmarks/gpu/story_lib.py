@@ -47,9 +47,10 @@ def ep(*args: str, timeout: float = 300) -> tuple[int, str, str]:
                            stderr=subprocess.PIPE, text=True, timeout=timeout)
         rc, out, err = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired as exc:
-        rc, out, err = 124, exc.stdout or "", (exc.stderr or "") + "\n(timed out)"
-        out = out.decode() if isinstance(out, bytes) else out
-        err = err.decode() if isinstance(err, bytes) else err
+        out, err = exc.stdout or "", exc.stderr or ""  # bytes, even with text=True (CPython's TimeoutExpired)
+        out = out.decode(errors="replace") if isinstance(out, bytes) else out
+        err = (err.decode(errors="replace") if isinstance(err, bytes) else err) + "\n(timed out)"
+        rc = 124
     log(f"$ eaglepatch {' '.join(args)}: exit {rc} in {time.time() - t:.1f}s")
     for line in err.strip().splitlines()[-5:]:
         print("  | " + line, flush=True)
