@@ -125,7 +125,7 @@ def sweep_nodes(specs: Sequence[TargetSpec], c: Connect, opts: SweepOptions, say
             say(f"{label}: this sweep is complete ({state.path}): nothing was started; --fresh runs it again")
             summary = opts.summarize(head.get("target") or label, points, state.runs)
             summary.update(state_file=state.path, restore=dict(state.restore, restarted=False),
-                           nodes=[n.get("target") for n in head.get("nodes") or ()])
+                           nodes=[n.get("name") or n.get("target") for n in head.get("nodes") or ()])
             return summary
         members: list[_Node] = []
         if head is None:
@@ -185,7 +185,7 @@ def sweep_nodes(specs: Sequence[TargetSpec], c: Connect, opts: SweepOptions, say
                 doc = dict(header_of(name, zero.facts, zero.original, zero.args_index, zero.server),
                            points=[p.key for p in points], repeat=opts.repeat, load=opts.bench.load_json())
                 doc["nodes"] = [dict(header_of(n.name, n.facts, n.original, n.args_index, n.server),
-                                     target=n.text, rank=n.rank) for n in members]
+                                     target=n.text, name=n.name, rank=n.rank) for n in members]
                 state.write_header(doc)
             env_names = [a.name for a in env_axes]
             for k, n in enumerate(members):

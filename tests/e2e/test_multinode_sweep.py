@@ -78,6 +78,7 @@ def test_a_sweep_restarts_every_node_together_per_point_and_puts_both_back(stand
     again = two.run(*SWEEP).expect(0)
     two.targets.reverse()
     assert "this sweep is complete" in again.err and two.up() == after, again
+    assert again.json()["nodes"] == two.targets  # in node-rank order, as saved
 
     # sweep --live does not run across nodes yet: refused before anything is read
     live = two.run("sweep", "--live", "--grid", "speculative-num-steps=0,1").expect(2)
