@@ -395,7 +395,6 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
             f"complete in {state.path}")
     if log_dir is None:
         say(f"note: the target is not patched: {CLIENT} and accept length only, no per-phase timings")
-    restore_doc: dict[str, Any] | None = None
     interrupted: BaseException | None = None
     took: list[float] = []  # seconds of each run of this invocation: the estimate of what is left
     progress.stage(name, "a sweep under way: its server may run a sweep point: run the same sweep again to resume "
@@ -426,13 +425,22 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
             target_launch, why = launches[summary["best"]], f"the best point's (#{summary['best']})"
         else:
             notes.append("--keep-best: no point ran: the original command line is back")
+    return finish(name, state, summary, notes, interrupted, say,
+                  lambda: _restore(host, python, target_launch, env_names, ropts, why, say, owned),
+                  lambda line: progress.stage(name, line))
+
+
+def finish(name: str, state: Any, summary: dict[str, Any], notes: list[str], interrupted: BaseException | None,
+           say: Say, restore: Callable[[], dict[str, Any]], stage: Callable[[str], None]) -> dict[str, Any]:
+    """The end of a restart sweep (``_run_sweep``, ``drive_nodes``): the server put back (``restore``, also after
+    Ctrl-C or an error, which is then raised again with what was put back and how to resume), the summary
+    completed. ``stage``: says the target's state (``progress.stage``) of every TARGET."""
     try:
         if interrupted is not None:
-            progress.stage(name, "a sweep interrupted: its original server being put back (run the same sweep "
-                                 "again to resume)")
-        restore_doc = _restore(host, python, target_launch, env_names, ropts, why, say, owned)
+            stage("a sweep interrupted: its original server being put back (run the same sweep again to resume)")
+        restore_doc = restore()
         if restore_doc.get("ready"):
-            progress.stage(name, "the sweep's server put back and ready")
+            stage("the sweep's server put back and ready")
         if interrupted is None and restore_doc.get("ready"):
             state.add_restore(restore_doc)
     except BaseException as exc:  # noqa: BLE001

@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable, Iterator, Sequence
 
 from eaglepatch import progress
-from eaglepatch.errors import EaglepatchError, Interrupted, Unsupported, UsageError
+from eaglepatch.errors import Unsupported, UsageError
 from eaglepatch.failpoints import failpoint
 from eaglepatch.hosts.spec import TargetSpec
 from eaglepatch.ops import nodes
@@ -32,8 +32,8 @@ from eaglepatch.report.labels import CLIENT
 from eaglepatch.server.eagle_limits import check_speculative_point
 from eaglepatch.transform.recipe import builtin_recipe
 from eaglepatch.tuning.bench import no_server, patched_log_dir
-from eaglepatch.tuning.drive import (SweepOptions, _check_shared, _eta, _Owned, _pending, _runs, header_of, measure,
-                                     server_flags)
+from eaglepatch.tuning.drive import (SweepOptions, _check_shared, _eta, _Owned, _pending, _runs, finish, header_of,
+                                     measure, server_flags)
 from eaglepatch.tuning.target_url import check_side
 
 Say = Callable[[str], None]
@@ -340,38 +340,13 @@ def _run(members: list[_Node], state: Any, points: list[Any], launches: list[lis
             target, why = [lc[summary["best"]] for lc in launches], f"the best point's (#{summary['best']})"
         else:
             notes.append("--keep-best: no point ran: the original command lines are back")
-    restore_doc: dict[str, Any]
-    try:
-        if interrupted is not None:
-            for n in members:
-                progress.stage(n.text, "a sweep interrupted: its original server being put back on every node (run "
-                                       "the same sweep again to resume)")
-        restore_doc = _restore(members, target, env_names, ropts, why, say)
-        if restore_doc.get("ready"):
-            for n in members:
-                progress.stage(n.text, "the sweep's server put back and ready")
-        if interrupted is None and restore_doc.get("ready"):
-            state.add_restore(restore_doc)
-    except BaseException as exc:  # noqa: BLE001
-        if interrupted is None:
-            raise
-        restore_doc = {"ready": False, "message": f"could not put the server back: {exc}"}
-    if interrupted is not None:
-        hint = (f"{restore_doc.get('message', '')}; {len(state.runs)} run(s) are saved: run the same command again "
-                "to resume")
-        if isinstance(interrupted, (KeyboardInterrupt, Interrupted)):
-            say(f"{name}: interrupted; {hint}")
-            raise interrupted
-        if isinstance(interrupted, EaglepatchError):
-            err = EaglepatchError(f"{interrupted}; {hint}")
-            err.exit_code = interrupted.exit_code
-            raise err from None
-        say(f"{name}: {hint}")
-        raise interrupted
-    summary["notes"] = notes + summary["notes"]
-    summary["state_file"] = state.path
-    summary["restore"] = restore_doc
-    return summary
+
+    def stage(line: str) -> None:
+        for n in members:
+            progress.stage(n.text, line)
+
+    return finish(name, state, summary, notes, interrupted, say,
+                  lambda: _restore(members, target, env_names, ropts, why, say), stage)
 
 
 def _one(members: list[_Node], launches: list[Any], ropts: Any, log_dir: str | None, opts: SweepOptions,
