@@ -64,7 +64,7 @@ class _Node:
         return self.t.spec.name
 
 
-def several(specs: Sequence[TargetSpec]) -> str:
+def _names(specs: Sequence[TargetSpec]) -> str:
     """The names of the TARGETs of a sweep across nodes, for messages: ``a + b``."""
     return " + ".join(s.name for s in specs)
 
@@ -72,7 +72,7 @@ def several(specs: Sequence[TargetSpec]) -> str:
 def _one_server(specs: Sequence[TargetSpec], servers: Sequence[Any]) -> list[int]:
     """Each TARGET's node rank when the TARGETs run the nodes of one multi-node server, each node once; else
     UsageError (nothing changed)."""
-    name = several(specs)
+    name = _names(specs)
     for spec, srv in zip(specs, servers):
         if srv is None:
             raise no_server(spec.name)
