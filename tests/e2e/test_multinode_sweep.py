@@ -108,3 +108,22 @@ def test_a_killed_sweep_across_nodes_resumes_and_puts_both_back(standins, tmp_pa
     assert [identity(p)["argv"] for p in final] == [f["argv"] for f in two.first], shlex.join(
         identity(final[0])["argv"])
     assert two.digests() == two.pristine
+
+
+def test_a_point_that_does_not_come_up_is_failed_and_no_node_of_it_is_left_running(standins, tmp_path, sshd, host1):
+    """17 steps: the stand-in refuses them at start (exit 1, as sglang does a bad flag), on every node. The point is
+    saved as failed with the node that said so, the sweep goes on (the next launch starts every node from nothing
+    running), and at the end both nodes run their original command lines, one server each, node 1 joined to node
+    0."""
+    two = TwoNodes(standins, tmp_path, sshd, host1, extra=SPEC)
+    r = two.run("sweep", "--grid", "speculative-num-steps=2,17", "--requests", "4", "--concurrency", "2",
+                "--max-new-tokens", "8", "--warmup", "0", "--timeout", "30", "--json", "--fresh").expect(0)
+    doc = r.json()
+    by = {p["flags"]["speculative-num-steps"]: p for p in doc["points"]}
+    assert by["2"]["status"] == "ok" and by["17"]["status"] == "failed", doc["points"]
+    assert "node rank" in by["17"]["error"], by["17"]
+    assert doc["restore"]["ready"] is True, doc["restore"]
+    final = two.up()  # one launcher per node, node 1 joined node 0
+    assert [identity(p)["argv"] for p in final] == [f["argv"] for f in two.first]
+    assert sorted(launched_steps(two, 1)[1:]) == [2, 3, 17], launched_steps(two, 1)
+    assert two.digests() == two.pristine
