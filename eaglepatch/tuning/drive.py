@@ -237,24 +237,7 @@ def sweep(spec: TargetSpec, c: Connect, opts: SweepOptions, say: Say) -> dict[st
                 raise Unsupported(f"{name}: the server's command line is not one eaglepatch can rewrite: "
                                   f"{shown_argv(original.argv)}")
         cmdline.check_speculation(original.argv[args_index:], flag_axes, flags)
-        launches = []
-        notes: list[str] = []
-        refused: dict[str, str] = {}  # point key -> why sglang would not start with it
-        for p in points:
-            argv, derived = cmdline.point_argv(original.argv, args_index, p, flags)
-            notes.extend(derived)
-            launches.append(dataclasses.replace(original, argv=argv, env=cmdline.point_env(original.env, p)))
-            why = None if p.baseline else check_speculative_point(cmdline.flag_values(argv[args_index:], flags))
-            if why:
-                refused[p.key] = why
-        if refused and len(refused) == sum(1 for p in points if not p.baseline):
-            raise UsageError(f"{name}: sglang would refuse every point of this grid at start: "
-                             + "; ".join(f"{p.label}: {refused[p.key]}" for p in points if p.key in refused))
-        for p in points:
-            if p.key in refused:
-                notes.append(f"not launched: {p.label}: {refused[p.key]}")
-        if not cmdline.runs_speculation(original.argv[args_index:], flags) and opts.baseline:
-            notes.append("the server runs no speculation: the baseline is its own command line")
+        launches, notes, refused = point_launches(name, original, args_index, points, flags, opts.baseline)
 
         with sweep_locks(host, python, facts, state):
             if state.header is None:
@@ -266,6 +249,32 @@ def sweep(spec: TargetSpec, c: Connect, opts: SweepOptions, say: Say) -> dict[st
                            c.facts.server_ports)
             return _run_sweep(host, name, python, facts, state, points, launches, original, opts, notes, say,
                               env_names=env_names, plan=plan, owned=owned, refused=refused)
+
+
+def point_launches(name: str, original: Any, args_index: int, points: Sequence[Any], flags: Any,
+                   baseline: bool) -> tuple[list[Any], list[str], dict[str, str]]:
+    """Each point's launch (``original`` with the point's flags and environment), the notes they call for, and the
+    points sglang would refuse at start (point key -> why: saved as failed, never launched); UsageError when it
+    would refuse every point but the baseline."""
+    from eaglepatch.tuning import cmdline
+
+    launches = []
+    notes: list[str] = []
+    refused: dict[str, str] = {}
+    for p in points:
+        argv, derived = cmdline.point_argv(original.argv, args_index, p, flags)
+        notes.extend(derived)
+        launches.append(dataclasses.replace(original, argv=argv, env=cmdline.point_env(original.env, p)))
+        why = None if p.baseline else check_speculative_point(cmdline.flag_values(argv[args_index:], flags))
+        if why:
+            refused[p.key] = why
+    if refused and len(refused) == sum(1 for p in points if not p.baseline):
+        raise UsageError(f"{name}: sglang would refuse every point of this grid at start: "
+                         + "; ".join(f"{p.label}: {refused[p.key]}" for p in points if p.key in refused))
+    notes.extend(f"not launched: {p.label}: {refused[p.key]}" for p in points if p.key in refused)
+    if not cmdline.runs_speculation(original.argv[args_index:], flags) and baseline:
+        notes.append("the server runs no speculation: the baseline is its own command line")
+    return launches, notes, refused
 
 
 # How far back a restart sweep looks in the server's timing records for requests that are not eaglepatch's.
@@ -395,29 +404,11 @@ def _run_sweep(host: Host, name: str, python: str, facts: Any, state: Any, point
             f"complete in {state.path}")
     if log_dir is None:
         say(f"note: the target is not patched: {CLIENT} and accept length only, no per-phase timings")
-    interrupted: BaseException | None = None
-    took: list[float] = []  # seconds of each run of this invocation: the estimate of what is left
     progress.stage(name, "a sweep under way: its server may run a sweep point: run the same sweep again to resume "
                          "and put the original server back")
-    try:
-        for n, (i, rep) in enumerate(pending, 1):
-            p, launch = points[i], launches[i]
-            if p.key in state.failed_points():
-                continue  # it did not come up before: no more launches of it
-            if p.key in refused:
-                state.add_run({"point": p.key, "index": i, "rep": rep, "argv": list(launch.argv),
-                               "env": dict(p.env), "t": round(time.time(), 3), "status": "failed",
-                               "error": f"not launched: sglang would refuse it at start: {refused[p.key]}"})
-                continue
-            left = f", about {_eta(took, len(pending) - n + 1)} left" if took else ""
-            say(f"run {len(plan) - len(pending) + n}/{len(plan)}: point #{i} ({p.label}), "
-                f"repetition {rep + 1}/{opts.repeat}{left}")
-            t_run = time.monotonic()
-            state.add_run(_one_run(host, name, python, launch, ropts, log_dir, opts, i, rep, p, say, owned))
-            took.append(time.monotonic() - t_run)
-            failpoint("sweep:after-run")
-    except BaseException as exc:  # Ctrl-C, a lost connection, a bug: put the server back, then report it
-        interrupted = exc
+    interrupted = run_points(state, points, plan, pending, opts, refused, say, launches,
+                             lambda base: _one_run(host, name, python, launches[base["index"]], ropts, log_dir, opts,
+                                                   base, say, owned))
     summary = opts.summarize(name, points, state.runs)
     target_launch, why = original, "the original command line"
     if opts.keep_best and interrupted is None:
@@ -465,12 +456,40 @@ def finish(name: str, state: Any, summary: dict[str, Any], notes: list[str], int
     return summary
 
 
-def _one_run(host: Host, name: str, python: str, launch: Any, ropts: Any, log_dir: str | None,
-             opts: SweepOptions, index: int, rep: int, point: Any, say: Say, owned: _Owned) -> dict[str, Any]:
-    from eaglepatch.server.restart import restart
+def run_points(state: Any, points: Sequence[Any], plan: Sequence[tuple[int, int]], pending: Sequence[tuple[int, int]],
+               opts: SweepOptions, refused: dict[str, str], say: Say, launches: Sequence[Any],
+               one: Callable[[dict[str, Any]], dict[str, Any]]) -> BaseException | None:
+    """The pending runs of a restart sweep, each saved as it ends: ``one(base)`` makes a run's record from its
+    ``base`` (point, index, repetition, the launch's argv (``launches[i]``: node rank 0's across nodes), env, time);
+    a point that failed before is not launched again, one sglang would refuse is saved as failed. Returns what ended
+    the loop early (Ctrl-C, a lost connection, a bug: the caller puts the server back, then raises it), else None."""
+    took: list[float] = []  # seconds of each run of this invocation: the estimate of what is left
+    try:
+        for n, (i, rep) in enumerate(pending, 1):
+            p = points[i]
+            if p.key in state.failed_points():
+                continue  # it did not come up before: no more launches of it
+            base = {"point": p.key, "index": i, "rep": rep, "argv": list(launches[i].argv), "env": dict(p.env),
+                    "t": round(time.time(), 3)}
+            if p.key in refused:
+                state.add_run(dict(base, status="failed",
+                                   error=f"not launched: sglang would refuse it at start: {refused[p.key]}"))
+                continue
+            left = f", about {_eta(took, len(pending) - n + 1)} left" if took else ""
+            say(f"run {len(plan) - len(pending) + n}/{len(plan)}: point #{i} ({p.label}), "
+                f"repetition {rep + 1}/{opts.repeat}{left}")
+            t_run = time.monotonic()
+            state.add_run(one(base))
+            took.append(time.monotonic() - t_run)
+            failpoint("sweep:after-run")
+    except BaseException as exc:  # noqa: BLE001 - handed to the caller, which puts the server back first
+        return exc
+    return None
 
-    base = {"point": point.key, "index": index, "rep": rep, "argv": list(launch.argv),
-            "env": dict(point.env), "t": round(time.time(), 3)}
+
+def _one_run(host: Host, name: str, python: str, launch: Any, ropts: Any, log_dir: str | None,
+             opts: SweepOptions, base: dict[str, Any], say: Say, owned: _Owned) -> dict[str, Any]:
+    from eaglepatch.server.restart import restart
     from eaglepatch.server.control import lock_wait
 
     # read once no relaunch of the port runs on the host: one whose client was killed goes on there (a sweep

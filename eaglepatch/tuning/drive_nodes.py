@@ -21,7 +21,6 @@ from typing import Any, Callable, Iterator, Sequence
 
 from eaglepatch import progress
 from eaglepatch.errors import Unsupported, UsageError
-from eaglepatch.failpoints import failpoint
 from eaglepatch.hosts.spec import TargetSpec
 from eaglepatch.ops import nodes
 from eaglepatch.ops.lifecycle import launch_of
@@ -29,11 +28,10 @@ from eaglepatch.ops.session import Session, new_lock_owner
 from eaglepatch.ops.target import Connect, Target, target_facts
 from eaglepatch.redact import mask_argv, shown_argv
 from eaglepatch.report.labels import CLIENT
-from eaglepatch.server.eagle_limits import check_speculative_point
 from eaglepatch.transform.recipe import builtin_recipe
 from eaglepatch.tuning.bench import no_server, patched_log_dir
-from eaglepatch.tuning.drive import (SweepOptions, _check_shared, _eta, _Owned, _pending, _runs, finish, header_of,
-                                     measure, server_flags)
+from eaglepatch.tuning.drive import (SweepOptions, _check_shared, _Owned, _pending, _runs, finish, header_of, measure,
+                                     point_launches, run_points, server_flags)
 from eaglepatch.tuning.target_url import check_side
 
 Say = Callable[[str], None]
@@ -154,30 +152,11 @@ def sweep_nodes(specs: Sequence[TargetSpec], c: Connect, opts: SweepOptions, say
         if head is None and not opts.allow_shared_traffic:
             # before the first restart, on node rank 0 (the one that serves): others' requests are not cut off
             _check_shared(zero.t.host, name, zero.facts.python, zero.facts, zero.server, say)
-        args0 = zero.original.argv[zero.args_index:]
-        cmdline.check_speculation(args0, flag_axes, flags)
-        launches: list[list[Any]] = []  # per node, per point
-        notes: list[str] = []
-        for n in members:
-            mine = []
-            for p in points:
-                argv, derived = cmdline.point_argv(n.original.argv, n.args_index, p, flags)
-                if n is zero:
-                    notes.extend(derived)
-                mine.append(dataclasses.replace(n.original, argv=argv, env=cmdline.point_env(n.original.env, p)))
-            launches.append(mine)
-        refused: dict[str, str] = {}
-        for p, launch in zip(points, launches[0]):
-            why = None if p.baseline else check_speculative_point(
-                cmdline.flag_values(launch.argv[zero.args_index:], flags))
-            if why:
-                refused[p.key] = why
-        if refused and len(refused) == sum(1 for p in points if not p.baseline):
-            raise UsageError(f"{name}: sglang would refuse every point of this grid at start: "
-                             + "; ".join(f"{p.label}: {refused[p.key]}" for p in points if p.key in refused))
-        notes.extend(f"not launched: {p.label}: {refused[p.key]}" for p in points if p.key in refused)
-        if not cmdline.runs_speculation(args0, flags) and opts.baseline:
-            notes.append("the server runs no speculation: the baseline is its own command line")
+        cmdline.check_speculation(zero.original.argv[zero.args_index:], flag_axes, flags)
+        # per node, per point; what node rank 0's launches call for (notes, points refused) is the sweep's
+        launches, notes, refused = point_launches(name, zero.original, zero.args_index, points, flags, opts.baseline)
+        launches = [launches] + [point_launches(n.name, n.original, n.args_index, points, flags, False)[0]
+                                 for n in members[1:]]
         notes.append(f"every node of the {len(members)}-node server restarted together per point; the load and "
                      f"the timing records through node rank 0 ({name})")
         with _locks(members, state):
@@ -307,32 +286,13 @@ def _run(members: list[_Node], state: Any, points: list[Any], launches: list[lis
             f"results saved as they complete in {state.path}")
     if log_dir is None:
         say(f"note: node rank 0 is not patched: {CLIENT} and accept length only, no per-phase timings")
-    interrupted: BaseException | None = None
-    took: list[float] = []
     for n in members:
         progress.stage(n.text, "a sweep under way: every node may run a sweep point: run the same sweep again to "
                                "resume and put the original server back")
     record = lambda st, port: state.add_launch(st.pid, st.start, port)  # noqa: E731
-    try:
-        for k, (i, rep) in enumerate(pending, 1):
-            p = points[i]
-            if p.key in state.failed_points():
-                continue
-            base = {"point": p.key, "index": i, "rep": rep, "argv": list(launches[0][i].argv),
-                    "env": dict(p.env), "t": round(time.time(), 3)}
-            if p.key in refused:
-                state.add_run(dict(base, status="failed",
-                                   error=f"not launched: sglang would refuse it at start: {refused[p.key]}"))
-                continue
-            left = f", about {_eta(took, len(pending) - k + 1)} left" if took else ""
-            say(f"run {len(plan) - len(pending) + k}/{len(plan)}: point #{i} ({p.label}), repetition "
-                f"{rep + 1}/{opts.repeat}{left}")
-            t_run = time.monotonic()
-            state.add_run(_one(members, [lc[i] for lc in launches], ropts, log_dir, opts, base, say, record))
-            took.append(time.monotonic() - t_run)
-            failpoint("sweep:after-run")
-    except BaseException as exc:  # Ctrl-C, a lost connection, a bug: put the server back, then report it
-        interrupted = exc
+    interrupted = run_points(state, points, plan, pending, opts, refused, say, launches[0],
+                             lambda base: _one(members, [lc[base["index"]] for lc in launches], ropts, log_dir, opts,
+                                               base, say, record))
     summary = opts.summarize(name, points, state.runs)
     target, why = [n.original for n in members], "the original command lines"
     if opts.keep_best and interrupted is None:
