@@ -264,6 +264,10 @@ def test_a_good_request_rate_reaches_the_target(tmp_path, local):
 
 
 SWEEP = [*LOAD, "--timeout", "30"]
+# for a sweep whose best point is asserted: 2 steps lead 1 by 23% by design, which 6 requests (half a second of load)
+# did not always show on a loaded CPU (a .ci/run named 1 step best once); 16 requests average over more of it
+RANKED_SWEEP = list(SWEEP)
+RANKED_SWEEP[RANKED_SWEEP.index("--requests") + 1] = "16"
 
 
 def check_contract_shape(doc: dict, n_points: int) -> None:
@@ -333,7 +337,7 @@ def test_sweep_over_ssh_patched_gives_phases_and_keep_best(standins, tmp_path, s
     srv = spec_server(standins, tmp_path)
     apply(ssh, srv, tmp_path)
     r = ssh.run("sweep", srv.tree, "--grid", "speculative-num-steps=1,2", "--baseline", "--keep-best",
-                "--json", *SWEEP)
+                "--json", *RANKED_SWEEP)
     doc = jdoc(r)
     check_contract_shape(doc, 3)
     base, k1, k2 = doc["points"]
@@ -348,7 +352,8 @@ def test_sweep_over_ssh_patched_gives_phases_and_keep_best(standins, tmp_path, s
     assert argv == srv.argv[:srv.argv.index("--speculative-num-steps") + 1] + ["2"] + \
         srv.argv[srv.argv.index("--speculative-num-steps") + 2:]
     assert "the best point's (#2)" in doc["restore"]["message"]
-    table = ssh.run("sweep", srv.tree, "--grid", "speculative-num-steps=1,2", "--baseline", "--keep-best", *SWEEP)
+    table = ssh.run("sweep", srv.tree, "--grid", "speculative-num-steps=1,2", "--baseline", "--keep-best",
+                    *RANKED_SWEEP)
     assert table.returncode == 0, table.stderr
     assert "*2" in table.stdout and "speculative-num-steps=2" in table.stdout
 
